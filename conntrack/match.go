@@ -1,0 +1,149 @@
+package conntrack
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+)
+
+// Tuple is one direction of a flow, as conntrack records it.
+type Tuple struct {
+	Src netip.AddrPort
+	Dst netip.AddrPort
+}
+
+// Flow is one conntrack entry, reduced to what draind decides on.
+//
+// Orig is the tuple the client sent (for a Service flow: client -> VIP);
+// Reply is the tuple the kernel expects back (pod -> client after DNAT), so
+// Reply.Src is the endpoint that actually serves the flow.
+type Flow struct {
+	Proto Proto
+	Orig  Tuple
+	Reply Tuple
+	// Zone is the conntrack zone the flow lives in (0 = default).
+	Zone uint16
+	// Start is when conntrack created the entry; zero when the entry has no
+	// timestamp (created while nf_conntrack_timestamp was off).
+	Start time.Time
+	// State is the TCP state; meaningful for TCP flows only.
+	State TCPState
+}
+
+// verdict is what a set of filters decides for one flow.
+type verdict uint8
+
+const (
+	// skip: no filter selects the flow.
+	skip verdict = iota
+	// keep: a filter selects the flow's tuple, but the flow is younger than
+	// every such filter's CreatedBefore (a new pod on a reused IP).
+	keep
+	// expire: at least one filter selects the flow and finds it old enough.
+	expire
+)
+
+// validate normalises a filter (IPv4-mapped IPv6 addresses become IPv4) and
+// rejects filters the kernel could not express or that would match too much:
+// an empty ReplySrc would select every flow of the protocol.
+func (f Filter) validate() (Filter, error) {
+	if f.Proto != TCP && f.Proto != UDP {
+		return f, fmt.Errorf("unsupported protocol %s (only tcp and udp)", f.Proto)
+	}
+	if !f.ReplySrc.Addr().IsValid() {
+		return f, errors.New("reply source address is not set")
+	}
+	f.ReplySrc = netip.AddrPortFrom(f.ReplySrc.Addr().Unmap(), f.ReplySrc.Port())
+	if f.OrigDst.Addr().IsValid() {
+		f.OrigDst = netip.AddrPortFrom(f.OrigDst.Addr().Unmap(), f.OrigDst.Port())
+		if f.OrigDst.Addr().Is4() != f.ReplySrc.Addr().Is4() {
+			return f, fmt.Errorf("original destination %s and reply source %s are of different address families", f.OrigDst, f.ReplySrc)
+		}
+	} else if f.OrigDst.Port() != 0 {
+		return f, errors.New("original destination has a port but no address")
+	}
+	return f, nil
+}
+
+// validateFilters returns the normalised copies of filters, or the first
+// error, naming the filter by its position.
+func validateFilters(filters []Filter) ([]Filter, error) {
+	out := make([]Filter, len(filters))
+	for i, f := range filters {
+		n, err := f.validate()
+		if err != nil {
+			return nil, fmt.Errorf("validating filter %d: %w", i, err)
+		}
+		out[i] = n
+	}
+	return out, nil
+}
+
+// matchesTuple reports whether the flow belongs to the endpoint the filter
+// names, ignoring CreatedBefore. It is the single definition of a match:
+// Netlink re-checks every flow the kernel returns with it (the kernel filter
+// is an accelerator, not the authority) and Fake uses it directly.
+func (f Filter) matchesTuple(fl Flow) bool {
+	if fl.Proto != f.Proto {
+		return false
+	}
+	if fl.Reply.Src.Addr().Unmap() != f.ReplySrc.Addr() {
+		return false
+	}
+	if f.ReplySrc.Port() != 0 && fl.Reply.Src.Port() != f.ReplySrc.Port() {
+		return false
+	}
+	if f.OrigDst.Addr().IsValid() {
+		if fl.Orig.Dst.Addr().Unmap() != f.OrigDst.Addr() {
+			return false
+		}
+		if f.OrigDst.Port() != 0 && fl.Orig.Dst.Port() != f.OrigDst.Port() {
+			return false
+		}
+	}
+	return true
+}
+
+// isOld reports whether the flow started before CreatedBefore. A flow without
+// a timestamp is old: it predates timestamping, so it cannot belong to a pod
+// that appeared after draind enabled it.
+func (f Filter) isOld(fl Flow) bool {
+	if f.CreatedBefore.IsZero() || fl.Start.IsZero() {
+		return true
+	}
+	return fl.Start.Before(f.CreatedBefore)
+}
+
+// classify applies filters to one flow. When a flow is expired, idx is the
+// first filter that expires it (the one credited in PerFilter).
+func classify(filters []Filter, fl Flow) (v verdict, idx int) {
+	v, idx = skip, -1
+	for i, f := range filters {
+		if !f.matchesTuple(fl) {
+			continue
+		}
+		if f.isOld(fl) {
+			return expire, i
+		}
+		v = keep
+	}
+	return v, idx
+}
+
+// add counts one flow into c.
+func (c *Counts) add(fl Flow) {
+	switch fl.Proto {
+	case TCP:
+		s := fl.State
+		if s >= numTCPStates {
+			// A state this package does not know (or none reported, as for
+			// offloaded flows) is counted as live: undercounting live
+			// connections would end a drain too early.
+			s = TCPNone
+		}
+		c.TCP[s]++
+	case UDP:
+		c.UDP++
+	}
+}
