@@ -1,0 +1,215 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * Shared definitions of draind's BPF programs: map keys and values (exported
+ * to Go through bpf2go -type, never hand-copied) and the maps both programs
+ * read. Addresses are 16 bytes; IPv4 is stored IPv4-mapped (::ffff:a.b.c.d) so
+ * that one key shape serves connect4, connect6 on dual-stack sockets and the
+ * skb observer alike. Ports are in host byte order.
+ */
+#ifndef DRAIND_H
+#define DRAIND_H
+
+#include <linux/types.h>
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#define DRAIND_MAX_FRONTENDS 16384
+#define DRAIND_MAX_SERVICES 16384
+#define DRAIND_MAX_BACKENDS 131072
+#define DRAIND_MAX_DRAINS 65536
+
+/* An (address, port, protocol) triple: a Service frontend or a draining pod
+ * endpoint. port == 0 in a drain key means "every port of this pod IP" (a
+ * drain Lease for a registry-only workload names no port). */
+struct ep_key {
+	__u8 addr[16];
+	__u16 port;
+	__u8 proto;
+	__u8 pad;
+};
+
+enum frontend_flags {
+	/* Go decided this frontend must not be steered (sessionAffinity,
+	 * traffic policy it cannot honour); kept in the map so the skip is
+	 * counted instead of silent. */
+	FRONTEND_NO_STEER = 1 << 0,
+};
+
+struct frontend_val {
+	__u32 svc_id;
+	__u32 flags;
+	__u64 expires_ns; /* CLOCK_BOOTTIME; 0 or past = ignored */
+};
+
+/* The selectable backend set of one service-port. Backends live in two
+ * generations; Go fills the inactive one, then flips gen here with a single
+ * map update, so a connect() sees either the old or the new set, never a mix
+ * that contains a backend which just started draining. */
+struct svc_val {
+	__u32 count;
+	__u32 gen;
+	__u64 expires_ns;
+};
+
+struct backend_key {
+	__u32 svc_id;
+	__u16 slot;
+	__u8 gen;
+	__u8 pad;
+};
+
+struct backend_val {
+	__u8 addr[16];
+	__u16 port;
+	__u8 pad[2];
+};
+
+enum drain_policy {
+	POLICY_REWRITE = 0,
+	POLICY_REFUSE = 1,
+	POLICY_OFF = 2,
+};
+
+struct drain_val {
+	__u32 svc_id; /* 0: no service-port (registry-only), nothing to rewrite to */
+	__u8 policy;
+	__u8 pad[3];
+	__u64 expires_ns;
+};
+
+/* Per draining endpoint activity, written by the programs only. Go reads it
+ * and deletes it when the drain is forgotten. */
+struct drain_stats {
+	__u64 syns;        /* SYNs that reached the pod (observe.c) */
+	__u64 last_syn_ns; /* CLOCK_BOOTTIME of the last one */
+	__u64 steered;     /* connect()s to the pod IP rewritten elsewhere */
+	__u64 refused;     /* connect()s to the pod IP refused */
+	__u64 passed;      /* connect()s to the pod IP let through (off, no backend) */
+};
+
+enum outcome {
+	OUT_STEERED_CLUSTERIP = 0, /* frontend rewritten to a selectable backend */
+	OUT_STEERED_PODIP,         /* draining pod IP rewritten (rewrite policy) */
+	OUT_REFUSED,               /* draining pod IP refused (refuse policy) */
+	OUT_PASS_OFF,              /* draining pod IP let through (off policy) */
+	OUT_PASS_NO_STEER,         /* frontend marked do-not-steer */
+	OUT_NO_BACKEND_CLUSTERIP,  /* frontend, but no selectable backend: fail open */
+	OUT_NO_BACKEND_PODIP,      /* draining pod IP, rewrite, no backend: fail open */
+	OUT_EXPIRED,               /* matching entry past its expiry: fail open */
+	OUT_SYN_DRAINING,          /* SYN arrived at a draining endpoint (observe.c) */
+	OUT_MAX,
+};
+
+/* Referenced so the enums reach BTF: the Go side (bpf2go -type) names outcomes
+ * and policies from them instead of a hand-kept copy, and checks its counter
+ * layout against draind_num_outcomes at load. */
+volatile const enum outcome draind_num_outcomes = OUT_MAX;
+volatile const enum drain_policy draind_max_policy = POLICY_OFF;
+
+enum family_idx {
+	FAMILY_V4 = 0,
+	FAMILY_V6 = 1,
+	FAMILY_MAX,
+};
+
+/* Frontends of service-ports that currently have a draining endpoint. Written
+ * by Go only while a drain lasts; outside it kube-proxy does its normal job. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, DRAIND_MAX_FRONTENDS);
+	__type(key, struct ep_key);
+	__type(value, struct frontend_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} draind_frontends SEC(".maps");
+
+/* Service-port id -> size and generation of its selectable backend set. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, DRAIND_MAX_SERVICES);
+	__type(key, __u32);
+	__type(value, struct svc_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} draind_services SEC(".maps");
+
+/* (service-port id, generation, slot) -> a ready, non-draining backend. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, DRAIND_MAX_BACKENDS);
+	__type(key, struct backend_key);
+	__type(value, struct backend_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} draind_backends SEC(".maps");
+
+/* Draining pod endpoints, cluster-wide. steer.c acts on connect()s to them;
+ * observe.c counts SYNs reaching the local ones. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, DRAIND_MAX_DRAINS);
+	__type(key, struct ep_key);
+	__type(value, struct drain_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} draind_drains SEC(".maps");
+
+/* Activity per draining endpoint (same key as the matched draind_drains
+ * entry). Created by the programs on first use. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, DRAIND_MAX_DRAINS);
+	__type(key, struct ep_key);
+	__type(value, struct drain_stats);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} draind_drain_stats SEC(".maps");
+
+/* Outcome counters, index outcome * FAMILY_MAX + family. Per CPU so the
+ * connect() path never contends on a cache line. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, OUT_MAX * FAMILY_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} draind_counters SEC(".maps");
+
+static __always_inline void count(enum outcome o, enum family_idx f)
+{
+	__u32 idx = (__u32)o * FAMILY_MAX + (__u32)f;
+	__u64 *v = bpf_map_lookup_elem(&draind_counters, &idx);
+
+	if (v)
+		*v += 1;
+}
+
+/* stats_of returns the activity record of a draining endpoint, creating it. */
+static __always_inline struct drain_stats *stats_of(const struct ep_key *key)
+{
+	struct drain_stats *st = bpf_map_lookup_elem(&draind_drain_stats, key);
+
+	if (!st) {
+		struct drain_stats zero = {};
+
+		/* A full map only loses statistics, never steering. */
+		bpf_map_update_elem(&draind_drain_stats, key, &zero, BPF_NOEXIST);
+		st = bpf_map_lookup_elem(&draind_drain_stats, key);
+	}
+	return st;
+}
+
+/* find_drain looks the endpoint up, then its all-ports entry. On a hit, key
+ * is left as the matched key. */
+static __always_inline struct drain_val *find_drain(struct ep_key *key)
+{
+	struct drain_val *dr = bpf_map_lookup_elem(&draind_drains, key);
+
+	if (dr)
+		return dr;
+	key->port = 0;
+	return bpf_map_lookup_elem(&draind_drains, key);
+}
+
+#endif /* DRAIND_H */

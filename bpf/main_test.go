@@ -1,0 +1,13 @@
+package bpf_test
+
+import (
+	"os"
+	"testing"
+
+	"github.com/draind/draind/test/bed"
+)
+
+func TestMain(m *testing.M) {
+	bed.HelperMain() // servers and clients of the privileged tests
+	os.Exit(m.Run())
+}
