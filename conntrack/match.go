@@ -131,6 +131,12 @@ func classify(filters []Filter, fl Flow) (v verdict, idx int) {
 	return v, idx
 }
 
+// countedFor reports whether Count(addr) includes fl: every flow whose
+// reply-direction source is addr, whatever its protocol or port.
+func countedFor(addr netip.Addr, fl Flow) bool {
+	return fl.Reply.Src.Addr().Unmap() == addr
+}
+
 // add counts one flow into c.
 func (c *Counts) add(fl Flow) {
 	switch fl.Proto {

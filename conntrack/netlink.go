@@ -299,7 +299,7 @@ func (n *Netlink) Count(ctx context.Context, addr netip.Addr) (Counts, error) {
 		}
 	}
 	err = n.dumpFlows(ctx, dump, kf, func(ent *ctEntry) error {
-		if ent.Reply.Src.Addr() == addr {
+		if countedFor(addr, ent.Flow) {
 			c.add(ent.Flow)
 		}
 		return nil
