@@ -1,0 +1,11 @@
+//go:build tools
+
+// Package tools pins the Kubernetes components the cluster bed builds, so that
+// go.mod and go.sum carry everything `go build` of them needs.
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
+)
