@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -240,6 +241,14 @@ func (n *Netlink) Expire(ctx context.Context, filters []Filter) (ExpireResult, e
 	for _, g := range groupFilters(fs) {
 		kf := g.kf
 		if kf.replySrc.Is6() {
+			// The probe uses the delete socket (and may replace it): send
+			// what is pending first, so a batch never spans two sockets.
+			if err := b.flush(); err != nil {
+				if b.sendErr != nil {
+					n.discard(del)
+				}
+				return res, fmt.Errorf("expiring flows: %w", err)
+			}
 			kf.noAddr = !n.ipv6AddrFilter(ctx)
 			if dump, del, err = n.sockets(); err != nil {
 				return res, fmt.Errorf("expiring flows: %w", err)
@@ -463,11 +472,13 @@ type deleteBatch struct {
 func (b *deleteBatch) full() bool { return len(b.filter) >= b.max }
 
 func (b *deleteBatch) add(ent *ctEntry, filterIdx int) {
-	seq := b.sock.nextSeq()
+	// A batch's sequence numbers are consecutive: flush finds a reply's
+	// message by seq-first and waits for first+n-1.
 	if len(b.filter) == 0 {
-		b.first = seq
+		b.first = b.sock.seq + 1
 		b.e.b = b.e.b[:0]
 	}
+	seq := b.first + uint32(len(b.filter))
 	b.filter = append(b.filter, filterIdx)
 	b.lastStart = len(b.e.b)
 	encodeDelete(&b.e, seq, ent, false)
@@ -483,13 +494,16 @@ func (b *deleteBatch) flush() error {
 	defer func() { b.filter = b.filter[:0] }()
 	setAck(b.e.b, b.lastStart)
 	last := b.first + uint32(n) - 1
+	b.sock.seq = last
 	if err := b.sock.send(b.e.b); err != nil {
 		b.sendErr = err
 		return fmt.Errorf("sending %d deletes: %w", n, err)
 	}
 	b.failed = append(b.failed[:0], make([]bool, n)...)
+	ctx, cancel := context.WithTimeout(b.ctx, replyTimeout)
+	defer cancel()
 	for done := false; !done; {
-		buf, err := b.sock.recv(b.ctx)
+		buf, err := b.sock.recv(ctx)
 		if err != nil {
 			// ENOBUFS means replies were dropped, so the outcome of this
 			// batch is unknown; either way the socket is replaced.
@@ -537,6 +551,11 @@ func (b *deleteBatch) flush() error {
 	}
 	return nil
 }
+
+// replyTimeout bounds the wait for the kernel's answers to requests it has
+// already processed (inside sendmsg): they are queued before send returns,
+// so only a lost reply can make the wait long, and then it must not hang.
+const replyTimeout = 10 * time.Second
 
 // setAck sets NLM_F_ACK on the message that starts at off.
 func setAck(b []byte, off int) {

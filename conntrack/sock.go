@@ -159,6 +159,8 @@ func (s *nlSock) request(ctx context.Context, b []byte, seq uint32) (unix.Errno,
 	if err := s.send(b); err != nil {
 		return 0, err
 	}
+	ctx, cancel := context.WithTimeout(ctx, replyTimeout)
+	defer cancel()
 	for {
 		buf, err := s.recv(ctx)
 		if err != nil {
