@@ -8,7 +8,12 @@
 //
 // The netlink implementation never dumps the whole table per event: dumps are
 // filtered in the kernel (CTA_FILTER on the reply tuple) and deletions are
-// batched, so expiring many endpoints costs one pass each.
+// batched, so expiring many endpoints costs one pass each. The kernel filter
+// only narrows the dump; every returned flow is re-checked in userspace with
+// the same rules Fake applies, so a kernel filter that mis-compares (the
+// IPv6 address comparison is inverted up to at least 6.18; Netlink probes
+// for it and then filters IPv6 by protocol and port only) costs speed,
+// never correctness.
 package conntrack
 
 import (

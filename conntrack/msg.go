@@ -38,7 +38,6 @@ const (
 const (
 	ctaTupleOrig  = 1
 	ctaTupleReply = 2
-	ctaStatus     = 3
 	ctaProtoinfo  = 4
 	ctaTimeout    = 7
 	ctaID         = 12
