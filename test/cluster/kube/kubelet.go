@@ -5,10 +5,15 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/retry"
 )
 
@@ -153,3 +158,53 @@ func (k *Kubelet) log() *slog.Logger {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// OnDeletion calls handle, in its own goroutine, once for every pod on this
+// node whose deletionTimestamp appears (a graceful delete), as the kubelet
+// starts terminating a pod when it sees that. handle typically ends with
+// Terminate. It returns once the pod watch has synced; stop ends the watch
+// (handlers already started keep running).
+func (k *Kubelet) OnDeletion(ctx context.Context, handle func(ctx context.Context, pod *corev1.Pod)) (stop func(), err error) {
+	wctx, cancel := context.WithCancel(ctx)
+	factory := informers.NewSharedInformerFactoryWithOptions(k.Client, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", k.NodeName).String()
+		}))
+	inf := factory.Core().V1().Pods().Informer()
+	var mu sync.Mutex
+	seen := map[types.UID]bool{}
+	check := func(obj any) {
+		pod, ok := obj.(*corev1.Pod)
+		if !ok || pod.DeletionTimestamp == nil || pod.Spec.NodeName != k.NodeName {
+			return
+		}
+		mu.Lock()
+		first := !seen[pod.UID]
+		seen[pod.UID] = true
+		mu.Unlock()
+		if first {
+			go handle(wctx, pod.DeepCopy())
+		}
+	}
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    check,
+		UpdateFunc: func(_, o any) { check(o) },
+	}); err != nil {
+		cancel()
+		return nil, fmt.Errorf("watching pods of node %s: %w", k.NodeName, err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		inf.Run(wctx.Done())
+	}()
+	stop = func() {
+		cancel()
+		<-done
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+		stop()
+		return nil, fmt.Errorf("watching pods of node %s: %w", k.NodeName, context.Cause(ctx))
+	}
+	return stop, nil
+}
