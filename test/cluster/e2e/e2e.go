@@ -6,7 +6,6 @@ package e2e
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/netip"
 	"strconv"
@@ -149,7 +148,7 @@ func ClusterIPs(svc *corev1.Service) (map[corev1.IPFamily]netip.Addr, error) {
 		out[fam] = a
 	}
 	if len(out) == 0 {
-		return nil, errors.New("service has no clusterIPs")
+		return nil, fmt.Errorf("reading clusterIPs of %s/%s: service has none", svc.Namespace, svc.Name)
 	}
 	return out, nil
 }

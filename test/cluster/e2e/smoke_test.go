@@ -272,7 +272,7 @@ func runGracefulDelete(t *testing.T, nodeNames []string, podNodes []int) {
 		}
 	}
 	t.Logf("  kubelet stand-in's grace-0 delete at %s; endpoint left the slice at %s (rules polled every %v)",
-		ms(terminated.Sub(deleted)), ms(gone.At.Sub(deleted)), 5*time.Millisecond)
+		ms(terminated.Sub(deleted)), ms(gone.At.Sub(deleted)), kube.RulesPollInterval)
 }
 
 // removal follows, in one poller per IP family, when kube-proxy stops

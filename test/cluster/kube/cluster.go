@@ -21,6 +21,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -118,10 +119,14 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 		}
 	}
 	if c.Dir == "" {
-		if c.Dir, err = os.MkdirTemp("", "draind-cluster-"); err != nil {
+		removeStaleDirs(c.log)
+		if c.Dir, err = os.MkdirTemp("", tempDirPrefix); err != nil {
 			return nil, fmt.Errorf("creating cluster directory: %w", err)
 		}
 		c.ownDir = true
+		if err := os.WriteFile(filepath.Join(c.Dir, ownerFile), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+			return nil, fmt.Errorf("writing cluster directory owner: %w", err)
+		}
 	}
 	defer func() {
 		if err != nil {
@@ -452,6 +457,37 @@ func (c *Cluster) Stop() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// A cluster's temporary directory is named tempDirPrefix* and holds the
+// pid of the process that owns it in ownerFile. A test process killed with
+// SIGKILL cannot clean up (its components die with it: Pdeathsig), so the
+// next Start removes directories whose owner is gone.
+const (
+	tempDirPrefix = "draind-cluster-"
+	ownerFile     = "owner.pid"
+)
+
+func removeStaleDirs(log *slog.Logger) {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), tempDirPrefix+"*"))
+	for _, d := range dirs {
+		b, err := os.ReadFile(filepath.Join(d, ownerFile))
+		if err != nil {
+			continue // not ours, or still being created
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil || pid <= 0 {
+			continue
+		}
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err == nil {
+			continue // owner alive
+		}
+		if err := os.RemoveAll(d); err != nil {
+			log.Warn("removing a crashed run's cluster directory failed", "dir", d, "err", err)
+			continue
+		}
+		log.Info("removed a crashed run's cluster directory", "dir", d, "owner_pid", pid)
+	}
 }
 
 // freePort asks the kernel for a loopback port nobody is listening on.

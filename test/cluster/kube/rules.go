@@ -205,9 +205,9 @@ func splitRule(line string) ([]string, error) {
 	return toks, nil
 }
 
-// rulesPollInterval bounds how late WaitRules notices a change: a dump of a
+// RulesPollInterval bounds how late WaitRules notices a change: a dump of a
 // small nat table takes a few milliseconds.
-const rulesPollInterval = 5 * time.Millisecond
+const RulesPollInterval = 5 * time.Millisecond
 
 // Rules reads kube-proxy's nat rules for family in the node's namespace.
 func (n *Node) Rules(ctx context.Context, family corev1.IPFamily) (*Rules, error) {
@@ -224,12 +224,12 @@ func (n *Node) Rules(ctx context.Context, family corev1.IPFamily) (*Rules, error
 
 // WaitRules polls the node's nat rules for family until cond holds and
 // returns when the dump that satisfied it completed — an upper bound on
-// when the data path changed, late by at most one poll (rulesPollInterval
+// when the data path changed, late by at most one poll (RulesPollInterval
 // plus a dump).
 func (n *Node) WaitRules(ctx context.Context, family corev1.IPFamily, cond func(*Rules) bool) (time.Time, error) {
 	var at time.Time
 	var lastErr error
-	err := poll(ctx, rulesPollInterval, func() (bool, error) {
+	err := poll(ctx, RulesPollInterval, func() (bool, error) {
 		if err := n.c.Healthy(); err != nil {
 			return false, err
 		}
