@@ -1,0 +1,227 @@
+package daemon
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"sync"
+
+	"github.com/draind/draind/bpf"
+)
+
+// Datapath is what the reconciler drives: the real one is *bpf.Datapath,
+// tests use FakeDatapath.
+type Datapath interface {
+	UpsertFrontend(bpf.Frontend) error
+	DeleteFrontend(bpf.EndpointKey) error
+	SetBackends(bpf.Backends) error
+	DeleteBackends(bpf.ServicePortID) error
+	UpsertDrain(bpf.Drain) error
+	DeleteDrain(bpf.EndpointKey) error
+	DrainStats(bpf.EndpointKey) (bpf.DrainStats, error)
+	Counters() (bpf.Counters, error)
+	MapStats() ([]bpf.MapStat, error)
+	Dump() (*bpf.Dump, error)
+}
+
+var _ Datapath = (*bpf.Datapath)(nil)
+var _ Datapath = (*FakeDatapath)(nil)
+
+// FakeDatapath keeps the maps in memory and counts operations.
+type FakeDatapath struct {
+	mu        sync.Mutex
+	Frontends map[bpf.EndpointKey]bpf.Frontend
+	Backends  map[bpf.ServicePortID]bpf.Backends
+	Drains    map[bpf.EndpointKey]bpf.Drain
+	Stats     map[bpf.EndpointKey]bpf.DrainStats
+	Ctr       bpf.Counters
+	// Ops counts every mutating call.
+	Ops int
+	// FailNext makes the next n mutating calls fail.
+	FailNext int
+	// Capacity limits the drains map (0: unlimited), as a full BPF map would.
+	Capacity int
+}
+
+// NewFakeDatapath returns an empty fake.
+func NewFakeDatapath() *FakeDatapath {
+	return &FakeDatapath{
+		Frontends: map[bpf.EndpointKey]bpf.Frontend{},
+		Backends:  map[bpf.ServicePortID]bpf.Backends{},
+		Drains:    map[bpf.EndpointKey]bpf.Drain{},
+		Stats:     map[bpf.EndpointKey]bpf.DrainStats{},
+	}
+}
+
+func (f *FakeDatapath) op() error {
+	f.Ops++
+	if f.FailNext > 0 {
+		f.FailNext--
+		return fmt.Errorf("fake datapath: injected failure")
+	}
+	return nil
+}
+
+// UpsertFrontend implements Datapath.
+func (f *FakeDatapath) UpsertFrontend(fe bpf.Frontend) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.op(); err != nil {
+		return err
+	}
+	f.Frontends[fe.Key] = fe
+	return nil
+}
+
+// DeleteFrontend implements Datapath.
+func (f *FakeDatapath) DeleteFrontend(k bpf.EndpointKey) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.op(); err != nil {
+		return err
+	}
+	delete(f.Frontends, k)
+	return nil
+}
+
+// SetBackends implements Datapath.
+func (f *FakeDatapath) SetBackends(b bpf.Backends) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.op(); err != nil {
+		return err
+	}
+	b.Backends = slices.Clone(b.Backends)
+	f.Backends[b.Service] = b
+	return nil
+}
+
+// DeleteBackends implements Datapath.
+func (f *FakeDatapath) DeleteBackends(id bpf.ServicePortID) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.op(); err != nil {
+		return err
+	}
+	delete(f.Backends, id)
+	return nil
+}
+
+// UpsertDrain implements Datapath.
+func (f *FakeDatapath) UpsertDrain(d bpf.Drain) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.op(); err != nil {
+		return err
+	}
+	if _, ok := f.Drains[d.Key]; !ok && f.Capacity > 0 && len(f.Drains) >= f.Capacity {
+		return fmt.Errorf("updating draind_drains: %w", bpf.ErrMapFull)
+	}
+	f.Drains[d.Key] = d
+	return nil
+}
+
+// DeleteDrain implements Datapath.
+func (f *FakeDatapath) DeleteDrain(k bpf.EndpointKey) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.op(); err != nil {
+		return err
+	}
+	delete(f.Drains, k)
+	delete(f.Stats, k)
+	return nil
+}
+
+// DrainStats implements Datapath.
+func (f *FakeDatapath) DrainStats(k bpf.EndpointKey) (bpf.DrainStats, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.Stats[k], nil
+}
+
+// SetStats sets what DrainStats returns (a test's stand-in for the programs).
+func (f *FakeDatapath) SetStats(k bpf.EndpointKey, st bpf.DrainStats) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.Stats[k] = st
+}
+
+// Counters implements Datapath.
+func (f *FakeDatapath) Counters() (bpf.Counters, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.Ctr, nil
+}
+
+// MapStats implements Datapath.
+func (f *FakeDatapath) MapStats() ([]bpf.MapStat, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	nb := 0
+	for _, b := range f.Backends {
+		nb += len(b.Backends)
+	}
+	return []bpf.MapStat{
+		{Name: bpf.MapFrontends, Entries: len(f.Frontends), Capacity: 16384},
+		{Name: bpf.MapServices, Entries: len(f.Backends), Capacity: 16384},
+		{Name: bpf.MapBackends, Entries: nb, Capacity: 131072},
+		{Name: bpf.MapDrains, Entries: len(f.Drains), Capacity: max(f.Capacity, 65536)},
+		{Name: bpf.MapDrainStats, Entries: len(f.Stats), Capacity: 65536},
+		{Name: bpf.MapCounters, Entries: bpf.NumOutcomes * 2, Capacity: bpf.NumOutcomes * 2},
+	}, nil
+}
+
+// Dump implements Datapath.
+func (f *FakeDatapath) Dump() (*bpf.Dump, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	d := &bpf.Dump{Stats: map[bpf.EndpointKey]bpf.DrainStats{}, Counters: f.Ctr}
+	for _, fe := range f.Frontends {
+		d.Frontends = append(d.Frontends, fe)
+	}
+	for _, b := range f.Backends {
+		b.Backends = slices.Clone(b.Backends)
+		d.Backends = append(d.Backends, b)
+	}
+	for _, dr := range f.Drains {
+		d.Drains = append(d.Drains, dr)
+	}
+	for k, s := range f.Stats {
+		d.Stats[k] = s
+	}
+	slices.SortFunc(d.Frontends, func(a, b bpf.Frontend) int { return a.Key.Compare(b.Key) })
+	slices.SortFunc(d.Drains, func(a, b bpf.Drain) int { return a.Key.Compare(b.Key) })
+	slices.SortFunc(d.Backends, func(a, b bpf.Backends) int { return int(a.Service) - int(b.Service) })
+	return d, nil
+}
+
+// DrainKeys returns the drained keys, sorted (for test assertions).
+func (f *FakeDatapath) DrainKeys() []bpf.EndpointKey {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []bpf.EndpointKey
+	for k := range f.Drains {
+		out = append(out, k)
+	}
+	slices.SortFunc(out, bpf.EndpointKey.Compare)
+	return out
+}
+
+// BackendsOfFrontend returns the backends a frontend steers to.
+func (f *FakeDatapath) BackendsOfFrontend(vip netip.AddrPort, proto bpf.Protocol) ([]netip.AddrPort, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	fe, ok := f.Frontends[bpf.EndpointKey{Addr: vip.Addr(), Port: vip.Port(), Proto: proto}]
+	if !ok {
+		return nil, false
+	}
+	return slices.Clone(f.Backends[fe.Service].Backends), true
+}
+
+// OpCount returns the number of mutating calls so far.
+func (f *FakeDatapath) OpCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.Ops
+}

@@ -1,0 +1,288 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	testingclock "k8s.io/utils/clock/testing"
+
+	"github.com/draind/draind/bpf"
+	"github.com/draind/draind/conntrack"
+	"github.com/draind/draind/k8s"
+)
+
+const (
+	testNode = "node-a"
+	testNS   = "draind-system"
+)
+
+// harness runs a Daemon against the client-go fake clientset, the fake
+// datapath, the fake conntrack and a fake clock. Passes are driven by the
+// test (pass), not by the runner loop, so every assertion is deterministic.
+type harness struct {
+	t      *testing.T
+	client *fake.Clientset
+	dp     *FakeDatapath
+	ct     *conntrack.Fake
+	clock  *testingclock.FakeClock
+	d      *Daemon
+	ctx    context.Context
+}
+
+func newHarness(t *testing.T, mod ...func(*Config)) *harness {
+	t.Helper()
+	h := &harness{t: t, client: fake.NewClientset(), dp: NewFakeDatapath(), ct: conntrack.NewFake(),
+		clock: testingclock.NewFakeClock(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))}
+	cfg := Config{Node: testNode, Namespace: testNS, Clock: h.clock, RegistryOnlyPolicy: bpf.PolicyRefuse,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	for _, m := range mod {
+		m(&cfg)
+	}
+	h.d = New(cfg, h.client, h.dp, h.ct)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	h.ctx = ctx
+	h.d.inf.Run(ctx)
+	if err := h.d.inf.WaitForSync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	h.d.synced.Store(true)
+	h.d.SetAttached(true)
+	return h
+}
+
+// do runs an API call and waits until the daemon's handlers saw n events.
+func (h *harness) do(n int, fn func(context.Context) error) {
+	h.t.Helper()
+	before := h.d.events.Load()
+	if err := fn(h.ctx); err != nil {
+		h.t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for h.d.events.Load() < before+uint64(n) {
+		if time.Now().After(deadline) {
+			h.t.Fatalf("timed out waiting for %d informer events", n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// pass runs one reconciler pass and returns the datapath operations it made.
+func (h *harness) pass() int {
+	before := h.dp.OpCount()
+	h.d.sync()
+	return h.dp.OpCount() - before
+}
+
+func (h *harness) addService(s *corev1.Service) {
+	h.do(1, func(ctx context.Context) error {
+		_, err := h.client.CoreV1().Services(s.Namespace).Create(ctx, s, metav1.CreateOptions{})
+		return err
+	})
+}
+
+func (h *harness) updateService(s *corev1.Service) {
+	h.do(1, func(ctx context.Context) error {
+		_, err := h.client.CoreV1().Services(s.Namespace).Update(ctx, s, metav1.UpdateOptions{})
+		return err
+	})
+}
+
+func (h *harness) deleteService(ns, name string) {
+	h.do(1, func(ctx context.Context) error {
+		return h.client.CoreV1().Services(ns).Delete(ctx, name, metav1.DeleteOptions{})
+	})
+}
+
+func (h *harness) putSlice(s *discoveryv1.EndpointSlice) {
+	h.do(1, func(ctx context.Context) error {
+		api := h.client.DiscoveryV1().EndpointSlices(s.Namespace)
+		if _, err := api.Get(ctx, s.Name, metav1.GetOptions{}); err == nil {
+			_, err = api.Update(ctx, s, metav1.UpdateOptions{})
+			return err
+		}
+		_, err := api.Create(ctx, s, metav1.CreateOptions{})
+		return err
+	})
+}
+
+func (h *harness) deleteSlice(ns, name string) {
+	h.do(1, func(ctx context.Context) error {
+		return h.client.DiscoveryV1().EndpointSlices(ns).Delete(ctx, name, metav1.DeleteOptions{})
+	})
+}
+
+func (h *harness) putPod(p *corev1.Pod) {
+	h.do(1, func(ctx context.Context) error {
+		api := h.client.CoreV1().Pods(p.Namespace)
+		if _, err := api.Get(ctx, p.Name, metav1.GetOptions{}); err == nil {
+			_, err = api.Update(ctx, p, metav1.UpdateOptions{})
+			return err
+		}
+		_, err := api.Create(ctx, p, metav1.CreateOptions{})
+		return err
+	})
+}
+
+func (h *harness) deletePod(ns, name string) {
+	h.do(1, func(ctx context.Context) error {
+		return h.client.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{})
+	})
+}
+
+// lease publishes a drain Lease as another node (or draind drain) would.
+func (h *harness) lease(uid types.UID, ns, name, holder, reason string, dur time.Duration, ips ...string) {
+	var addrs []netip.Addr
+	for _, ip := range ips {
+		addrs = append(addrs, netip.MustParseAddr(ip))
+	}
+	h.do(1, func(ctx context.Context) error {
+		l := &k8s.Leases{Client: h.client, Namespace: testNS}
+		_, _, err := l.Publish(ctx, k8s.DrainRequest{PodNamespace: ns, PodName: name, PodUID: uid, IPs: addrs,
+			Node: holder, Reason: reason, Duration: dur}, h.clock.Now())
+		return err
+	})
+}
+
+func (h *harness) deleteLease(uid types.UID) {
+	h.do(1, func(ctx context.Context) error {
+		return h.client.CoordinationV1().Leases(testNS).Delete(ctx, k8s.LeaseName(uid), metav1.DeleteOptions{})
+	})
+}
+
+func (h *harness) rawLease(l *coordinationv1.Lease) {
+	h.do(1, func(ctx context.Context) error {
+		_, err := h.client.CoordinationV1().Leases(testNS).Create(ctx, l, metav1.CreateOptions{})
+		return err
+	})
+}
+
+// --- object builders -----------------------------------------------------------
+
+type svcOpt func(*corev1.Service)
+
+func svc(name string, clusterIPs []string, ports []corev1.ServicePort, opts ...svcOpt) *corev1.Service {
+	s := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+		Spec:       corev1.ServiceSpec{Type: corev1.ServiceTypeClusterIP, ClusterIPs: clusterIPs, Ports: ports},
+	}
+	if len(clusterIPs) > 0 {
+		s.Spec.ClusterIP = clusterIPs[0]
+	}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
+
+func withAnnotation(v string) svcOpt {
+	return func(s *corev1.Service) { s.Annotations = map[string]string{k8s.AnnotationPodIPSteering: v} }
+}
+
+func port(name string, p int32, proto corev1.Protocol) corev1.ServicePort {
+	return corev1.ServicePort{Name: name, Port: p, Protocol: proto}
+}
+
+type epSpec struct {
+	ip                          string
+	uid                         string
+	ready, serving, terminating bool
+	node                        string
+}
+
+func ready(ip, uid string) epSpec {
+	return epSpec{ip: ip, uid: uid, ready: true, serving: true, node: testNode}
+}
+func terminating(ip, uid string) epSpec {
+	return epSpec{ip: ip, uid: uid, serving: true, terminating: true, node: testNode}
+}
+func notReady(ip, uid string) epSpec   { return epSpec{ip: ip, uid: uid, node: testNode} }
+func onNode(e epSpec, n string) epSpec { e.node = n; return e }
+
+type slicePort struct {
+	name  string
+	port  int32
+	proto corev1.Protocol
+}
+
+func slice(name, service string, fam discoveryv1.AddressType, ports []slicePort, eps ...epSpec) *discoveryv1.EndpointSlice {
+	s := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: name, Namespace: "default", Labels: map[string]string{discoveryv1.LabelServiceName: service}},
+		AddressType: fam,
+	}
+	for _, p := range ports {
+		s.Ports = append(s.Ports, discoveryv1.EndpointPort{Name: &p.name, Port: &p.port, Protocol: &p.proto})
+	}
+	for _, e := range eps {
+		ep := discoveryv1.Endpoint{
+			Addresses:  []string{e.ip},
+			Conditions: discoveryv1.EndpointConditions{Ready: &e.ready, Serving: &e.serving, Terminating: &e.terminating},
+			NodeName:   &e.node,
+		}
+		if e.uid != "" {
+			ep.TargetRef = &corev1.ObjectReference{Kind: "Pod", Namespace: "default", Name: "pod-" + e.uid, UID: types.UID(e.uid)}
+		}
+		s.Endpoints = append(s.Endpoints, ep)
+	}
+	return s
+}
+
+func pod(name, uid string, ips ...string) *corev1.Pod {
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID(uid)},
+		Spec:       corev1.PodSpec{NodeName: testNode},
+		Status:     corev1.PodStatus{Phase: corev1.PodRunning},
+	}
+	for i, ip := range ips {
+		if i == 0 {
+			p.Status.PodIP = ip
+		}
+		p.Status.PodIPs = append(p.Status.PodIPs, corev1.PodIP{IP: ip})
+	}
+	return p
+}
+
+func key(ap string, proto bpf.Protocol) bpf.EndpointKey {
+	a := netip.MustParseAddrPort(ap)
+	return bpf.EndpointKey{Addr: a.Addr(), Port: a.Port(), Proto: proto}
+}
+
+func wildcard(ip string, proto bpf.Protocol) bpf.EndpointKey {
+	return bpf.EndpointKey{Addr: netip.MustParseAddr(ip), Proto: proto}
+}
+
+func aps(s ...string) []netip.AddrPort {
+	out := make([]netip.AddrPort, len(s))
+	for i, x := range s {
+		out[i] = netip.MustParseAddrPort(x)
+	}
+	return out
+}
+
+// describe renders the fake datapath for failure messages.
+func (h *harness) describe() string {
+	d, _ := h.dp.Dump()
+	var b strings.Builder
+	for _, f := range d.Frontends {
+		fmt.Fprintf(&b, "frontend %v -> svc %d nosteer=%v\n", f.Key, f.Service, f.NoSteer)
+	}
+	for _, be := range d.Backends {
+		fmt.Fprintf(&b, "backends %d: %v\n", be.Service, be.Backends)
+	}
+	for _, dr := range d.Drains {
+		fmt.Fprintf(&b, "drain %v svc %d %v\n", dr.Key, dr.Service, dr.Policy)
+	}
+	return b.String()
+}

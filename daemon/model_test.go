@@ -1,0 +1,577 @@
+package daemon
+
+import (
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/draind/draind/bpf"
+	"github.com/draind/draind/k8s"
+)
+
+var (
+	v4 = discoveryv1.AddressTypeIPv4
+	v6 = discoveryv1.AddressTypeIPv6
+)
+
+func httpPorts(p int32) []slicePort { return []slicePort{{"http", p, corev1.ProtocolTCP}} }
+
+func webService(opts ...svcOpt) *corev1.Service {
+	return svc("web", []string{"10.96.0.10"}, []corev1.ServicePort{port("http", 80, corev1.ProtocolTCP)}, opts...)
+}
+
+// expect is what the fake datapath should hold after a pass.
+type expect struct {
+	frontends  map[string][]string // "vip:port" -> sorted backends
+	nFrontends int                 // when a VIP:port has several protocols
+	noSteer    []string            // frontends that must carry NoSteer
+	drains     map[bpf.EndpointKey]bpf.Policy
+}
+
+func (h *harness) check(e expect) {
+	h.t.Helper()
+	d, _ := h.dp.Dump()
+	if n := max(e.nFrontends, len(e.frontends)); len(d.Frontends) != n {
+		h.t.Errorf("want %d frontends, have:\n%s", len(e.frontends), h.describe())
+	}
+	for vip, want := range e.frontends {
+		ap := netip.MustParseAddrPort(vip)
+		got, ok := h.dp.BackendsOfFrontend(ap, bpf.TCP)
+		if !ok {
+			got, ok = h.dp.BackendsOfFrontend(ap, bpf.UDP)
+		}
+		if !ok || !slices.Equal(got, aps(want...)) {
+			h.t.Errorf("frontend %s: want backends %v, got %v (present %v)\n%s", vip, want, got, ok, h.describe())
+		}
+	}
+	for _, vip := range e.noSteer {
+		ap := netip.MustParseAddrPort(vip)
+		if fe := h.dp.Frontends[bpf.EndpointKey{Addr: ap.Addr(), Port: ap.Port(), Proto: bpf.TCP}]; !fe.NoSteer {
+			h.t.Errorf("frontend %s must not steer", vip)
+		}
+	}
+	if len(d.Drains) != len(e.drains) {
+		h.t.Errorf("want %d drains %v, have:\n%s", len(e.drains), e.drains, h.describe())
+	}
+	for k, p := range e.drains {
+		dr, ok := h.dp.Drains[k]
+		if !ok || dr.Policy != p {
+			h.t.Errorf("drain %v: want %v, got %v (present %v)\n%s", k, p, dr.Policy, ok, h.describe())
+		}
+		if ok && dr.Policy == bpf.PolicyRewrite {
+			if be := h.dp.Backends[dr.Service]; len(be.Backends) == 0 {
+				h.t.Errorf("drain %v rewrites to service-port %d which has no backends", k, dr.Service)
+			}
+		}
+	}
+}
+
+func TestCategorisation(t *testing.T) {
+	tcp := bpf.TCP
+	for _, tc := range []struct {
+		name string
+		eps  []epSpec
+		want expect
+	}{
+		{"all ready: nothing steered", []epSpec{ready("10.0.0.1", "a"), ready("10.0.0.2", "b"), ready("10.0.0.3", "c")}, expect{}},
+		{"one terminating: VIP steered to the ready ones, pod IP rewritten",
+			[]epSpec{terminating("10.0.0.1", "a"), ready("10.0.0.2", "b"), ready("10.0.0.3", "c")},
+			expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080", "10.0.0.3:8080"}},
+				drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", tcp): bpf.PolicyRewrite}}},
+		{"one not ready (not terminating) drains too",
+			[]epSpec{notReady("10.0.0.1", "a"), ready("10.0.0.2", "b")},
+			expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}},
+				drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", tcp): bpf.PolicyRewrite}}},
+		{"no ready endpoint left: serving-terminating ones stay usable, nothing steered",
+			[]epSpec{terminating("10.0.0.1", "a"), terminating("10.0.0.2", "b")},
+			expect{drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", tcp): bpf.PolicyOff, key("10.0.0.2:8080", tcp): bpf.PolicyOff}}},
+		{"ready condition with terminating set is not ready (kube-proxy)",
+			[]epSpec{{ip: "10.0.0.1", uid: "a", ready: true, serving: true, terminating: true, node: testNode}, ready("10.0.0.2", "b")},
+			expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}},
+				drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", tcp): bpf.PolicyRewrite}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			h.addService(webService())
+			h.putSlice(slice("web-1", "web", v4, httpPorts(8080), tc.eps...))
+			h.pass()
+			h.check(tc.want)
+		})
+	}
+}
+
+func TestDrainAndRecover(t *testing.T) {
+	h := newHarness(t)
+	h.addService(webService())
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+	if ops := h.pass(); ops != 0 {
+		t.Fatalf("nothing drains, yet %d datapath operations", ops)
+	}
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+	h.pass()
+	h.check(expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}},
+		drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyRewrite}})
+	// Ready again (a flapping probe): everything goes, nothing lingers.
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+	h.pass()
+	h.check(expect{})
+	if len(h.dp.Backends) != 0 {
+		t.Errorf("backends left behind: %v", h.dp.Backends)
+	}
+}
+
+func TestNamedTargetPorts(t *testing.T) {
+	h := newHarness(t)
+	h.addService(webService())
+	// The same port name, different numbers in two slices (two versions of
+	// a Deployment during a rollout).
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+	h.putSlice(slice("web-2", "web", v4, httpPorts(9090), ready("10.0.0.3", "c")))
+	h.pass()
+	h.check(expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080", "10.0.0.3:9090"}},
+		drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyRewrite}})
+}
+
+func TestMultiplePortsAndProtocols(t *testing.T) {
+	h := newHarness(t)
+	h.addService(svc("dns", []string{"10.96.0.53"}, []corev1.ServicePort{port("dns", 53, corev1.ProtocolUDP), port("dns-tcp", 53, corev1.ProtocolTCP)}))
+	ports := []slicePort{{"dns", 5353, corev1.ProtocolUDP}, {"dns-tcp", 5353, corev1.ProtocolTCP}}
+	h.putSlice(slice("dns-1", "dns", v4, ports, terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+	h.pass()
+	h.check(expect{frontends: map[string][]string{"10.96.0.53:53": {"10.0.0.2:5353"}}, nFrontends: 2,
+		drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:5353", bpf.TCP): bpf.PolicyRewrite, key("10.0.0.1:5353", bpf.UDP): bpf.PolicyRewrite}})
+	if len(h.dp.Frontends) != 2 {
+		t.Errorf("want a TCP and a UDP frontend:\n%s", h.describe())
+	}
+}
+
+func TestDualStack(t *testing.T) {
+	h := newHarness(t)
+	h.addService(svc("web", []string{"10.96.0.10", "fd00:96::10"}, []corev1.ServicePort{port("http", 80, corev1.ProtocolTCP)}))
+	h.putSlice(slice("web-v4", "web", v4, httpPorts(8080), ready("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+	h.putSlice(slice("web-v6", "web", v6, httpPorts(8080), ready("fd00::1", "a"), ready("fd00::2", "b")))
+	h.pass()
+	h.check(expect{})
+	// Pod a asks to go offline: both of its IPs drain.
+	h.lease("a", "default", "pod-a", "node-b", k8s.ReasonOffline, time.Minute, "10.0.0.1", "fd00::1")
+	h.pass()
+	h.check(expect{
+		frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}, "[fd00:96::10]:80": {"[fd00::2]:8080"}},
+		drains: map[bpf.EndpointKey]bpf.Policy{
+			key("10.0.0.1:8080", bpf.TCP): bpf.PolicyRewrite, key("[fd00::1]:8080", bpf.TCP): bpf.PolicyRewrite,
+			// all-ports entries of a listed pod only observe
+			wildcard("10.0.0.1", bpf.TCP): bpf.PolicyOff, wildcard("10.0.0.1", bpf.UDP): bpf.PolicyOff,
+			wildcard("fd00::1", bpf.TCP): bpf.PolicyOff, wildcard("fd00::1", bpf.UDP): bpf.PolicyOff,
+		}})
+	// Families never mix: the v4 frontend's service-port differs from v6's.
+	fe4 := h.dp.Frontends[key("10.96.0.10:80", bpf.TCP)]
+	fe6 := h.dp.Frontends[key("[fd00:96::10]:80", bpf.TCP)]
+	if fe4.Service == fe6.Service {
+		t.Errorf("v4 and v6 frontends share service-port %d", fe4.Service)
+	}
+}
+
+func TestSessionAffinityAndTrafficPolicy(t *testing.T) {
+	t.Run("sessionAffinity ClientIP: VIP never steered, pod IP still is", func(t *testing.T) {
+		h := newHarness(t)
+		h.addService(webService(func(s *corev1.Service) { s.Spec.SessionAffinity = corev1.ServiceAffinityClientIP }))
+		h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+		h.pass()
+		h.check(expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}}, noSteer: []string{"10.96.0.10:80"},
+			drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyRewrite}})
+	})
+	t.Run("internalTrafficPolicy Local: only this node's endpoints", func(t *testing.T) {
+		h := newHarness(t)
+		local := corev1.ServiceInternalTrafficPolicyLocal
+		h.addService(webService(func(s *corev1.Service) { s.Spec.InternalTrafficPolicy = &local }))
+		h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"),
+			onNode(ready("10.0.0.2", "b"), "node-b"), ready("10.0.0.3", "c")))
+		h.pass()
+		h.check(expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.3:8080"}},
+			drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyRewrite}})
+		// No local alternative left: kube-proxy would drop, draind does not steer.
+		h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"),
+			onNode(ready("10.0.0.2", "b"), "node-b"), terminating("10.0.0.3", "c")))
+		h.pass()
+		h.check(expect{drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyOff, key("10.0.0.3:8080", bpf.TCP): bpf.PolicyOff}})
+	})
+}
+
+func TestPodIPPolicy(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		svc      *corev1.Service
+		want     bpf.Policy
+		warnings float64
+	}{
+		{"default rewrite", webService(), bpf.PolicyRewrite, 0},
+		{"annotated refuse", webService(withAnnotation("refuse")), bpf.PolicyRefuse, 0},
+		{"annotated off", webService(withAnnotation("off")), bpf.PolicyOff, 0},
+		{"headless defaults to off", svc("web", []string{"None"}, []corev1.ServicePort{port("http", 80, corev1.ProtocolTCP)}), bpf.PolicyOff, 0},
+		{"headless annotated rewrite", svc("web", []string{"None"}, []corev1.ServicePort{port("http", 80, corev1.ProtocolTCP)}, withAnnotation("rewrite")), bpf.PolicyRewrite, 0},
+		{"invalid value: default plus one warning", webService(withAnnotation("yes-please")), bpf.PolicyRewrite, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			h.addService(tc.svc)
+			h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+			h.pass()
+			// Recompute the Service a few times: still one warning.
+			for i := 0; i < 3; i++ {
+				h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b"), ready("10.0.0.9", "z")))
+				h.pass()
+			}
+			if got := h.dp.Drains[key("10.0.0.1:8080", bpf.TCP)].Policy; got != tc.want {
+				t.Errorf("policy %v, want %v\n%s", got, tc.want, h.describe())
+			}
+			if got := testutilValue(t, h.d.Metrics.PolicyInvalid); got != tc.warnings {
+				t.Errorf("%v invalid-annotation warnings, want %v", got, tc.warnings)
+			}
+		})
+	}
+}
+
+func TestMostCautiousPolicyWins(t *testing.T) {
+	h := newHarness(t)
+	// A ClusterIP Service and a headless one over the same pods.
+	h.addService(webService())
+	h.addService(svc("web-hl", []string{"None"}, []corev1.ServicePort{port("http", 80, corev1.ProtocolTCP)}))
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+	h.putSlice(slice("web-hl-1", "web-hl", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+	h.pass()
+	h.check(expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}},
+		drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyOff}})
+	// Deleting the headless Service leaves the ClusterIP one's rewrite.
+	h.deleteService("default", "web-hl")
+	h.pass()
+	h.check(expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}},
+		drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyRewrite}})
+}
+
+func TestEndpointInSeveralSlices(t *testing.T) {
+	h := newHarness(t)
+	h.addService(webService())
+	// During a slice rebalance an endpoint is briefly listed twice; one
+	// listing already says terminating: draining wins.
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+	h.putSlice(slice("web-2", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.3", "c")))
+	h.pass()
+	h.check(expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080", "10.0.0.3:8080"}},
+		drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyRewrite}})
+	// Slice deletion: web-2 goes, the endpoint is listed (ready) only once.
+	h.deleteSlice("default", "web-2")
+	h.pass()
+	h.check(expect{})
+}
+
+func TestServiceDeletion(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.Linger = -1 })
+	h.addService(webService())
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+	h.pass()
+	h.deleteService("default", "web")
+	h.pass()
+	h.check(expect{})
+	if len(h.dp.Backends) != 0 {
+		t.Errorf("backends of a deleted Service remain: %v", h.dp.Backends)
+	}
+}
+
+func TestFQDNAndNoTargetRef(t *testing.T) {
+	h := newHarness(t)
+	h.addService(webService())
+	fq := slice("web-fqdn", "web", discoveryv1.AddressTypeFQDN, httpPorts(8080))
+	fq.Endpoints = []discoveryv1.Endpoint{{Addresses: []string{"example.com"}}}
+	h.putSlice(fq)
+	// An endpoint without targetRef (a manually managed slice) drains by its
+	// conditions like any other.
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", ""), ready("10.0.0.2", "")))
+	h.pass()
+	h.check(expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}},
+		drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyRewrite}})
+}
+
+func TestMalformedObjects(t *testing.T) {
+	h := newHarness(t)
+	h.addService(svc("bad", []string{"not-an-ip"}, []corev1.ServicePort{port("http", 80, corev1.ProtocolTCP)}))
+	bad := slice("bad-1", "bad", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b"))
+	bad.Endpoints = append(bad.Endpoints, discoveryv1.Endpoint{Addresses: []string{"300.1.2.3"}}, discoveryv1.Endpoint{})
+	h.putSlice(bad)
+	h.rawLease(&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "drain-x", Namespace: testNS, Labels: map[string]string{k8s.LabelDrain: "true"}}})
+	h.pass()
+	// The good parts still work; the bad parts are skipped and counted.
+	h.check(expect{drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyRewrite}})
+	if n := h.d.inf.Malformed.Load(); n < 3 {
+		t.Errorf("malformed objects counted %d, want ≥3 (service IP, slice addresses, lease)", n)
+	}
+}
+
+func TestPodIPReuse(t *testing.T) {
+	h := newHarness(t)
+	h.addService(webService())
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "old"), ready("10.0.0.2", "b")))
+	h.pass()
+	// The old pod leaves the slice: its IP lingers for stale callers.
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.2", "b")))
+	h.pass()
+	h.check(expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}},
+		drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyRewrite}})
+	// A new pod gets the IP (another Service) and becomes ready: never
+	// steered away from.
+	h.addService(svc("api", []string{"10.96.0.20"}, []corev1.ServicePort{port("http", 80, corev1.ProtocolTCP)}))
+	h.putSlice(slice("api-1", "api", v4, httpPorts(8080), ready("10.0.0.1", "new")))
+	h.pass()
+	h.check(expect{})
+}
+
+func TestPodIPReuseLocal(t *testing.T) {
+	h := newHarness(t)
+	h.lease("old", "default", "pod-old", "node-b", k8s.ReasonOffline, time.Minute, "10.0.0.7")
+	h.pass()
+	h.check(expect{drains: map[bpf.EndpointKey]bpf.Policy{wildcard("10.0.0.7", bpf.TCP): bpf.PolicyRefuse, wildcard("10.0.0.7", bpf.UDP): bpf.PolicyRefuse}})
+	// This node hosts a new pod with the IP (not even ready yet): the old
+	// drain is void at once here, before any slice says so.
+	h.putPod(pod("pod-new", "new", "10.0.0.7"))
+	h.pass()
+	h.check(expect{})
+}
+
+func TestRegistryOnlyLease(t *testing.T) {
+	h := newHarness(t)
+	h.lease("reg", "default", "nacos-client", "node-b", k8s.ReasonOffline, time.Minute, "10.0.0.5", "fd00::5")
+	h.pass()
+	h.check(expect{drains: map[bpf.EndpointKey]bpf.Policy{
+		wildcard("10.0.0.5", bpf.TCP): bpf.PolicyRefuse, wildcard("10.0.0.5", bpf.UDP): bpf.PolicyRefuse,
+		wildcard("fd00::5", bpf.TCP): bpf.PolicyRefuse, wildcard("fd00::5", bpf.UDP): bpf.PolicyRefuse,
+	}})
+	// Off, when configured so.
+	h2 := newHarness(t, func(c *Config) { c.RegistryOnlyPolicy = bpf.PolicyOff })
+	h2.lease("reg", "default", "nacos-client", "node-b", k8s.ReasonOffline, time.Minute, "10.0.0.5")
+	h2.pass()
+	h2.check(expect{drains: map[bpf.EndpointKey]bpf.Policy{wildcard("10.0.0.5", bpf.TCP): bpf.PolicyOff, wildcard("10.0.0.5", bpf.UDP): bpf.PolicyOff}})
+}
+
+func TestLeaseBeforeSlice(t *testing.T) {
+	h := newHarness(t)
+	h.addService(webService())
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+	h.pass()
+	// The Lease arrives before any slice changes: the pod drains now.
+	h.lease("a", "default", "pod-a", "node-b", k8s.ReasonOffline, time.Minute, "10.0.0.1")
+	h.pass()
+	h.check(expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}},
+		drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyRewrite,
+			wildcard("10.0.0.1", bpf.TCP): bpf.PolicyOff, wildcard("10.0.0.1", bpf.UDP): bpf.PolicyOff}})
+	// Lease deletion (undrain) ends it everywhere.
+	h.deleteLease("a")
+	h.pass()
+	h.check(expect{})
+}
+
+func TestLeaseExpiry(t *testing.T) {
+	h := newHarness(t)
+	h.addService(webService())
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+	h.lease("a", "default", "pod-a", "node-b", k8s.ReasonOffline, 30*time.Second, "10.0.0.1")
+	next := h.d.sync()
+	if want := h.clock.Now().Add(30 * time.Second); !next.Equal(want) {
+		t.Errorf("next pass at %v, want the Lease's expiry %v", next, want)
+	}
+	if len(h.dp.Drains) == 0 {
+		t.Fatal("lease did not drain")
+	}
+	// Entries never outlive the Lease: if nobody renews it, steering ends.
+	for k, dr := range h.dp.Drains {
+		if dr.Expires.After(h.clock.Now().Add(30 * time.Second)) {
+			t.Errorf("entry %v expires %v, after the Lease", k, dr.Expires)
+		}
+	}
+	h.clock.Step(31 * time.Second)
+	h.pass()
+	h.check(expect{})
+}
+
+func TestRestartWithLeasesPresent(t *testing.T) {
+	h := newHarness(t)
+	h.addService(webService())
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+	h.lease("a", "default", "pod-a", "node-b", k8s.ReasonOffline, time.Minute, "10.0.0.1")
+	h.pass()
+	want := h.describe()
+	// A new daemon over the same API and the same (pinned) maps, plus a
+	// leftover entry nobody wants any more.
+	stale := bpf.Drain{Key: key("10.9.9.9:80", bpf.TCP), Policy: bpf.PolicyRefuse, Expires: h.clock.Now().Add(time.Minute)}
+	h.dp.UpsertDrain(stale)
+	h2 := &harness{t: t, client: h.client, dp: h.dp, ct: h.ct, clock: h.clock}
+	h2.d = New(h.d.cfg, h.client, h.dp, h.ct)
+	h2.ctx = h.ctx
+	dump, _ := h.dp.Dump()
+	h2.d.rec.adopt(dump)
+	h2.d.inf.Run(h.ctx)
+	if err := h2.d.inf.WaitForSync(h.ctx); err != nil {
+		t.Fatal(err)
+	}
+	h2.pass()
+	if got := h2.describe(); got != want {
+		t.Errorf("after restart:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+func TestResyncMakesNoOperations(t *testing.T) {
+	h := newHarness(t)
+	h.addService(webService())
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+	h.pass()
+	// An update that changes nothing the model reads, and passes with no
+	// events at all, write nothing.
+	s := slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b"))
+	s.Annotations = map[string]string{"irrelevant": "x"}
+	h.putSlice(s)
+	if ops := h.pass(); ops != 0 {
+		t.Errorf("a no-op update cost %d datapath operations", ops)
+	}
+	for i := 0; i < 3; i++ {
+		h.clock.Step(time.Second)
+		if ops := h.pass(); ops != 0 {
+			t.Errorf("an idle pass cost %d datapath operations", ops)
+		}
+	}
+	// Refresh happens only when half the TTL is gone.
+	h.clock.Step(h.d.cfg.EntryTTL/2 + time.Second)
+	if ops := h.pass(); ops == 0 {
+		t.Error("entries were not refreshed before expiring")
+	}
+	if ops := h.pass(); ops != 0 {
+		t.Errorf("a second refresh right after the first cost %d operations", ops)
+	}
+}
+
+func TestDatapathFailureRetried(t *testing.T) {
+	h := newHarness(t)
+	h.addService(webService())
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+	h.dp.FailNext = 2
+	h.pass()
+	if got := testutilValue(t, h.d.Metrics.DatapathErrors.WithLabelValues("other")); got != 2 {
+		t.Errorf("datapath errors counted %v, want 2", got)
+	}
+	h.pass() // the retry
+	h.check(expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}},
+		drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyRewrite}})
+}
+
+func TestFullMapNeverCrashes(t *testing.T) {
+	h := newHarness(t)
+	h.dp.Capacity = 1
+	h.addService(webService())
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), terminating("10.0.0.3", "c"), ready("10.0.0.2", "b")))
+	h.pass()
+	if len(h.dp.Drains) != 1 {
+		t.Fatalf("want exactly the 1 entry that fits:\n%s", h.describe())
+	}
+	if got := testutilValue(t, h.d.Metrics.DatapathErrors.WithLabelValues("map_full")); got < 1 {
+		t.Errorf("map_full errors %v", got)
+	}
+	st := h.d.Status(StatusSource{})
+	_ = st
+	h.dp.Capacity = 0
+	h.pass()
+	if len(h.dp.Drains) != 2 {
+		t.Errorf("after room was made the missing entry was not written:\n%s", h.describe())
+	}
+}
+
+func TestLingerAfterDeparture(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.Linger = 2 * time.Minute })
+	h.addService(webService())
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+	h.pass()
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.2", "b")))
+	h.pass()
+	lingering := expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}},
+		drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyRewrite}}
+	h.check(lingering)
+	if ps := h.d.PodStatuses(); len(ps) != 1 || ps[0].State != StateLingering {
+		t.Errorf("status during linger: %+v", ps)
+	}
+	h.clock.Step(time.Minute)
+	h.pass()
+	h.check(lingering)
+	h.clock.Step(time.Minute + time.Second)
+	h.pass()
+	h.check(expect{})
+}
+
+func TestTCPExpiredOnlyOnceGone(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.GoneGrace = 5 * time.Second })
+	h.addService(webService())
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+	h.pass()
+	h.d.ct2.pass(h.ctx)
+	for _, call := range h.ct.ExpireCalls() {
+		for _, f := range call {
+			if f.Proto == 6 {
+				t.Fatalf("TCP flows expired while the endpoint still drains: %+v", f)
+			}
+		}
+	}
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.2", "b")))
+	goneAt := h.clock.Now()
+	h.pass()
+	h.d.ct2.pass(h.ctx)
+	if n := len(h.ct.ExpireCalls()); n != 0 {
+		t.Fatalf("expired before the grace period: %d calls", n)
+	}
+	h.clock.Step(6 * time.Second)
+	h.d.ct2.pass(h.ctx)
+	calls := h.ct.ExpireCalls()
+	if len(calls) != 1 || len(calls[0]) != 1 || calls[0][0].Proto != 6 || !calls[0][0].CreatedBefore.Equal(goneAt) ||
+		calls[0][0].ReplySrc != netip.MustParseAddrPort("10.0.0.1:8080") {
+		t.Fatalf("want one TCP expiry of 10.0.0.1:8080 created before %v, got %+v", goneAt, calls)
+	}
+	h.d.ct2.pass(h.ctx)
+	if n := len(h.ct.ExpireCalls()); n != 1 {
+		t.Errorf("a departure is expired once, got %d calls", n)
+	}
+}
+
+func TestUDPExpiredWhileDraining(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.UDPReexpire = 10 * time.Second })
+	h.addService(svc("dns", []string{"10.96.0.53"}, []corev1.ServicePort{port("dns", 53, corev1.ProtocolUDP)}))
+	h.putSlice(slice("dns-1", "dns", v4, []slicePort{{"dns", 53, corev1.ProtocolUDP}}, terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+	h.pass()
+	h.d.ct2.pass(h.ctx)
+	calls := h.ct.ExpireCalls()
+	if len(calls) != 1 || calls[0][0].Proto != 17 || calls[0][0].ReplySrc != netip.MustParseAddrPort("10.0.0.1:53") {
+		t.Fatalf("want the UDP flows of 10.0.0.1:53 expired as the drain starts, got %+v", calls)
+	}
+	h.clock.Step(5 * time.Second)
+	h.d.ct2.pass(h.ctx)
+	if n := len(h.ct.ExpireCalls()); n != 1 {
+		t.Fatalf("re-expired too early: %d calls", n)
+	}
+	h.clock.Step(6 * time.Second)
+	h.d.ct2.pass(h.ctx)
+	if n := len(h.ct.ExpireCalls()); n != 2 {
+		t.Fatalf("not re-expired while draining: %d calls", n)
+	}
+	// A failing table is retried, counted, and never blocks a pass.
+	h.ct.FailNext(1, nil)
+	h.clock.Step(11 * time.Second)
+	h.d.ct2.pass(h.ctx)
+	if got := testutilValue(t, h.d.Metrics.CTErrors); got != 1 {
+		t.Errorf("conntrack errors %v, want 1", got)
+	}
+	h.pass()
+	h.clock.Step(2 * time.Second)
+	h.d.ct2.pass(h.ctx)
+	if n := len(h.ct.ExpireCalls()); n != 4 {
+		t.Errorf("failed expiry not retried: %d calls", n)
+	}
+}

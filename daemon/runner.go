@@ -1,0 +1,66 @@
+package daemon
+
+import (
+	"context"
+	"time"
+
+	"k8s.io/utils/clock"
+)
+
+// runner calls fn on demand, at most once per minInterval (bursts of
+// signals coalesce into one run), and at least once per maxInterval or at
+// the deadline fn returns, whichever comes first. Like kube-proxy's
+// BoundedFrequencyRunner, but with minInterval 0 by default: draind's
+// passes are incremental and cheap, and a drain must reach the kernel in
+// well under a millisecond.
+type runner struct {
+	clock       clock.WithTicker
+	minInterval time.Duration
+	maxInterval time.Duration
+	fn          func() (next time.Time)
+	signal      chan struct{}
+}
+
+func newRunner(c clock.WithTicker, minInterval, maxInterval time.Duration, fn func() time.Time) *runner {
+	return &runner{clock: c, minInterval: minInterval, maxInterval: maxInterval, fn: fn, signal: make(chan struct{}, 1)}
+}
+
+// Run requests a run; it never blocks.
+func (r *runner) Run() {
+	select {
+	case r.signal <- struct{}{}:
+	default:
+	}
+}
+
+// Loop runs until ctx ends.
+func (r *runner) Loop(ctx context.Context) {
+	var last time.Time
+	next := r.clock.Now().Add(r.maxInterval)
+	for {
+		wait := max(next.Sub(r.clock.Now()), 0)
+		t := r.clock.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-r.signal:
+			t.Stop()
+		case <-t.C():
+		}
+		if r.minInterval > 0 && !last.IsZero() {
+			if d := r.minInterval - r.clock.Since(last); d > 0 {
+				select {
+				case <-ctx.Done():
+					return
+				case <-r.clock.After(d):
+				}
+			}
+		}
+		last = r.clock.Now()
+		next = last.Add(r.maxInterval)
+		if dl := r.fn(); !dl.IsZero() && dl.Before(next) {
+			next = dl
+		}
+	}
+}

@@ -1,0 +1,243 @@
+package k8s
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+)
+
+// Config selects what the informers watch.
+type Config struct {
+	// Namespace holds the drain Leases (draind's own namespace).
+	Namespace string
+	// NodeName restricts the Pod informer to this node's pods.
+	NodeName string
+	// Resync re-delivers every cached object periodically (0: never).
+	Resync time.Duration
+}
+
+// Informers are draind's four watches, each caching slim objects.
+type Informers struct {
+	Slices   cache.SharedIndexInformer
+	Services cache.SharedIndexInformer
+	Leases   cache.SharedIndexInformer
+	Pods     cache.SharedIndexInformer
+
+	// Malformed counts objects that could not be (fully) converted.
+	Malformed atomic.Uint64
+}
+
+// IndexByService indexes slices by "namespace/service".
+const IndexByService = "service"
+
+// NewInformers builds the informers; Start runs them.
+func NewInformers(client kubernetes.Interface, cfg Config) *Informers {
+	inf := &Informers{}
+	// Streaming lists (WatchList) only where the client supports them: the
+	// fake clientset of the tests does not.
+	lw := func(l *cache.ListWatch) cache.ListerWatcher {
+		return cache.ToListWatcherWithWatchListSemantics(l, client)
+	}
+	opts := func(ix cache.Indexers) cache.SharedIndexInformerOptions {
+		return cache.SharedIndexInformerOptions{ResyncPeriod: cfg.Resync, Indexers: ix}
+	}
+	disc := client.DiscoveryV1()
+	inf.Slices = cache.NewSharedIndexInformerWithOptions(lw(&cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			return disc.EndpointSlices(metav1.NamespaceAll).List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return disc.EndpointSlices(metav1.NamespaceAll).Watch(ctx, o)
+		},
+	}), &discoveryv1.EndpointSlice{}, opts(cache.Indexers{
+		cache.NamespaceIndex: cache.MetaNamespaceIndexFunc,
+		IndexByService: func(obj any) ([]string, error) {
+			s, ok := obj.(*Slice)
+			if !ok || s.Service == "" {
+				return nil, nil
+			}
+			return []string{s.Namespace + "/" + s.Service}, nil
+		},
+	}))
+	inf.Slices.SetTransform(func(obj any) (any, error) {
+		s, ok := obj.(*discoveryv1.EndpointSlice)
+		if !ok {
+			return obj, nil // tombstones pass through
+		}
+		sl, skipped := SliceFrom(s)
+		if skipped > 0 {
+			inf.Malformed.Add(1)
+		}
+		return sl, nil
+	})
+
+	core := client.CoreV1()
+	inf.Services = cache.NewSharedIndexInformerWithOptions(lw(&cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			return core.Services(metav1.NamespaceAll).List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return core.Services(metav1.NamespaceAll).Watch(ctx, o)
+		},
+	}), &corev1.Service{}, opts(cache.Indexers{}))
+	inf.Services.SetTransform(func(obj any) (any, error) {
+		s, ok := obj.(*corev1.Service)
+		if !ok {
+			return obj, nil
+		}
+		svc, skipped := ServiceFrom(s)
+		if skipped > 0 {
+			inf.Malformed.Add(1)
+		}
+		return svc, nil
+	})
+
+	coord := client.CoordinationV1()
+	leaseOpts := func(o *metav1.ListOptions) { o.LabelSelector = LeaseSelector() }
+	inf.Leases = cache.NewSharedIndexInformerWithOptions(lw(&cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			leaseOpts(&o)
+			return coord.Leases(cfg.Namespace).List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			leaseOpts(&o)
+			return coord.Leases(cfg.Namespace).Watch(ctx, o)
+		},
+	}), &coordinationv1.Lease{}, opts(cache.Indexers{}))
+	inf.Leases.SetTransform(func(obj any) (any, error) {
+		l, ok := obj.(*coordinationv1.Lease)
+		if !ok {
+			return obj, nil
+		}
+		dl, err := ParseLease(l)
+		if err != nil {
+			// Keep a keyed placeholder so updates and deletes still
+			// match, but with no pod: the model ignores it.
+			inf.Malformed.Add(1)
+			return &DrainLease{ObjectMeta: slimMeta(&l.ObjectMeta)}, nil
+		}
+		return dl, nil
+	})
+
+	podOpts := func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", cfg.NodeName).String()
+	}
+	inf.Pods = cache.NewSharedIndexInformerWithOptions(lw(&cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			podOpts(&o)
+			return core.Pods(metav1.NamespaceAll).List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			podOpts(&o)
+			return core.Pods(metav1.NamespaceAll).Watch(ctx, o)
+		},
+	}), &corev1.Pod{}, opts(cache.Indexers{}))
+	inf.Pods.SetTransform(func(obj any) (any, error) {
+		p, ok := obj.(*corev1.Pod)
+		if !ok {
+			return obj, nil
+		}
+		return PodFrom(p), nil
+	})
+	return inf
+}
+
+// All returns the informers with their names.
+func (inf *Informers) All() map[string]cache.SharedIndexInformer {
+	return map[string]cache.SharedIndexInformer{
+		"endpointslices": inf.Slices, "services": inf.Services, "leases": inf.Leases, "pods": inf.Pods,
+	}
+}
+
+// Run runs the informers until ctx ends.
+func (inf *Informers) Run(ctx context.Context) {
+	for _, i := range inf.All() {
+		go i.RunWithContext(ctx)
+	}
+}
+
+// WaitForSync blocks until every informer has synced or ctx ends.
+func (inf *Informers) WaitForSync(ctx context.Context) error {
+	for name, i := range inf.All() {
+		if !cache.WaitForCacheSync(ctx.Done(), i.HasSynced) {
+			return fmt.Errorf("waiting for the %s informer to sync: %w", name, ctx.Err())
+		}
+	}
+	return nil
+}
+
+// Synced reports per informer whether it has synced.
+func (inf *Informers) Synced() map[string]bool {
+	out := map[string]bool{}
+	for name, i := range inf.All() {
+		out[name] = i.HasSynced()
+	}
+	return out
+}
+
+// SlicesOf returns the cached slices of a Service ("namespace/name").
+func (inf *Informers) SlicesOf(key string) []*Slice {
+	objs, _ := inf.Slices.GetIndexer().ByIndex(IndexByService, key)
+	out := make([]*Slice, 0, len(objs))
+	for _, o := range objs {
+		if s, ok := o.(*Slice); ok {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// Service returns a cached Service ("namespace/name").
+func (inf *Informers) Service(key string) *Service {
+	o, ok, _ := inf.Services.GetIndexer().GetByKey(key)
+	if !ok {
+		return nil
+	}
+	s, _ := o.(*Service)
+	return s
+}
+
+// SlicesInNamespace returns the cached slices of a namespace.
+func (inf *Informers) SlicesInNamespace(ns string) []*Slice {
+	objs, _ := inf.Slices.GetIndexer().ByIndex(cache.NamespaceIndex, ns)
+	out := make([]*Slice, 0, len(objs))
+	for _, o := range objs {
+		if s, ok := o.(*Slice); ok {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// LocalPods returns this node's cached pods.
+func (inf *Informers) LocalPods() []*Pod {
+	var out []*Pod
+	for _, o := range inf.Pods.GetStore().List() {
+		if p, ok := o.(*Pod); ok {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// DrainLeases returns the cached, well-formed drain Leases.
+func (inf *Informers) DrainLeases() []*DrainLease {
+	var out []*DrainLease
+	for _, o := range inf.Leases.GetStore().List() {
+		if l, ok := o.(*DrainLease); ok && l.PodUID != "" {
+			out = append(out, l)
+		}
+	}
+	return out
+}

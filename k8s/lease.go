@@ -1,0 +1,247 @@
+package k8s
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/kubernetes"
+)
+
+// The drain Lease protocol.
+//
+// A drain Lease (coordination.k8s.io/v1, in draind's namespace) says "pod P
+// is going offline" to every draind in the cluster, before the pod is even
+// deleted. Its name derives from the pod UID, so a pod has at most one, and a
+// new pod that reuses the IP never inherits it. The holder is the node that
+// hosts the pod: that node's draind renews it while the drain lasts and
+// publishes progress on it; anyone (the pod's offline call, `draind drain`)
+// may create it. When renewal stops, the Lease expires and the drain ends
+// everywhere: the protocol fails open.
+const (
+	// LabelDrain selects drain Leases (value "true").
+	LabelDrain = "draind.io/drain"
+	// LabelPodNamespace and LabelPodName help `kubectl get lease -l`; they
+	// are omitted when the value is not a valid label value (names longer
+	// than 63 characters), the annotations are authoritative.
+	LabelPodNamespace = "draind.io/pod-namespace"
+	LabelPodName      = "draind.io/pod-name"
+
+	AnnPodNamespace = "draind.io/pod-namespace"
+	AnnPodName      = "draind.io/pod-name"
+	AnnPodUID       = "draind.io/pod-uid"
+	AnnPodIPs       = "draind.io/pod-ips" // comma-separated
+	AnnReason       = "draind.io/reason"
+	// AnnState and AnnProgress are written by the hosting node.
+	AnnState    = "draind.io/state"
+	AnnProgress = "draind.io/progress"
+)
+
+// Reasons a drain starts.
+const (
+	ReasonOffline     = "offline"      // the pod called /v1/offline
+	ReasonOperator    = "operator"     // draind drain
+	ReasonPodDeleting = "pod-deleting" // the pod was deleted (graceful)
+)
+
+// DrainLease is a parsed drain Lease.
+type DrainLease struct {
+	metav1.ObjectMeta
+	PodNamespace string
+	PodName      string
+	PodUID       types.UID
+	IPs          []netip.Addr
+	Holder       string // the node hosting the pod
+	Reason       string
+	Acquired     time.Time
+	Renewed      time.Time
+	Duration     time.Duration
+	State        string // progress published by the holder
+	Progress     string
+}
+
+// Expires is when the drain ends unless renewed.
+func (l *DrainLease) Expires() time.Time { return l.Renewed.Add(l.Duration) }
+
+// LeaseName is the Lease name for a pod.
+func LeaseName(uid types.UID) string { return "drain-" + string(uid) }
+
+// ParseLease validates and converts a drain Lease. A malformed Lease is an
+// error (the caller logs and counts it, and ignores the Lease).
+func ParseLease(l *coordinationv1.Lease) (*DrainLease, error) {
+	a := l.Annotations
+	out := &DrainLease{
+		ObjectMeta:   slimMeta(&l.ObjectMeta),
+		PodNamespace: a[AnnPodNamespace],
+		PodName:      a[AnnPodName],
+		PodUID:       types.UID(a[AnnPodUID]),
+		Reason:       a[AnnReason],
+		State:        a[AnnState],
+		Progress:     a[AnnProgress],
+	}
+	if out.PodUID == "" || out.PodName == "" || out.PodNamespace == "" {
+		return nil, fmt.Errorf("lease %s/%s: missing pod identity annotations", l.Namespace, l.Name)
+	}
+	if l.Name != LeaseName(out.PodUID) {
+		return nil, fmt.Errorf("lease %s/%s: name does not match pod uid %s", l.Namespace, l.Name, out.PodUID)
+	}
+	for _, s := range strings.Split(a[AnnPodIPs], ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		ip, err := netip.ParseAddr(s)
+		if err != nil {
+			return nil, fmt.Errorf("lease %s/%s: bad pod IP %q: %w", l.Namespace, l.Name, s, err)
+		}
+		out.IPs = append(out.IPs, ip)
+	}
+	if len(out.IPs) == 0 {
+		return nil, fmt.Errorf("lease %s/%s: no pod IPs", l.Namespace, l.Name)
+	}
+	if l.Spec.HolderIdentity != nil {
+		out.Holder = *l.Spec.HolderIdentity
+	}
+	if l.Spec.LeaseDurationSeconds == nil || *l.Spec.LeaseDurationSeconds <= 0 {
+		return nil, fmt.Errorf("lease %s/%s: no duration", l.Namespace, l.Name)
+	}
+	out.Duration = time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second
+	switch {
+	case l.Spec.RenewTime != nil:
+		out.Renewed = l.Spec.RenewTime.Time
+	case l.Spec.AcquireTime != nil:
+		out.Renewed = l.Spec.AcquireTime.Time
+	default:
+		return nil, fmt.Errorf("lease %s/%s: no renew or acquire time", l.Namespace, l.Name)
+	}
+	if l.Spec.AcquireTime != nil {
+		out.Acquired = l.Spec.AcquireTime.Time
+	} else {
+		out.Acquired = out.Renewed
+	}
+	return out, nil
+}
+
+// Leases publishes, renews and deletes drain Leases.
+type Leases struct {
+	Client    kubernetes.Interface
+	Namespace string
+}
+
+// DrainRequest describes a drain to publish.
+type DrainRequest struct {
+	PodNamespace, PodName string
+	PodUID                types.UID
+	IPs                   []netip.Addr
+	Node                  string // hosting node: the holder
+	Reason                string
+	Duration              time.Duration
+}
+
+func (r *DrainRequest) build(ns string, now time.Time) *coordinationv1.Lease {
+	ips := make([]string, len(r.IPs))
+	for i, ip := range r.IPs {
+		ips[i] = ip.String()
+	}
+	labels := map[string]string{LabelDrain: "true"}
+	for k, v := range map[string]string{LabelPodNamespace: r.PodNamespace, LabelPodName: r.PodName} {
+		if len(validation.IsValidLabelValue(v)) == 0 {
+			labels[k] = v
+		}
+	}
+	secs := int32(r.Duration / time.Second)
+	if secs < 1 {
+		secs = 1
+	}
+	holder := r.Node
+	mt := metav1.NewMicroTime(now)
+	return &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: LeaseName(r.PodUID), Namespace: ns, Labels: labels,
+			Annotations: map[string]string{
+				AnnPodNamespace: r.PodNamespace, AnnPodName: r.PodName, AnnPodUID: string(r.PodUID),
+				AnnPodIPs: strings.Join(ips, ","), AnnReason: r.Reason,
+			},
+		},
+		Spec: coordinationv1.LeaseSpec{
+			HolderIdentity: &holder, LeaseDurationSeconds: &secs, AcquireTime: &mt, RenewTime: &mt,
+		},
+	}
+}
+
+// Publish creates the pod's drain Lease, or renews it if it exists (joining
+// a drain in progress: the original reason and acquire time are kept).
+// created reports whether this call started the drain.
+func (c *Leases) Publish(ctx context.Context, r DrainRequest, now time.Time) (lease *DrainLease, created bool, err error) {
+	if r.PodUID == "" || len(r.IPs) == 0 {
+		return nil, false, errors.New("publishing drain lease: pod uid and IPs are required")
+	}
+	want := r.build(c.Namespace, now)
+	got, err := c.Client.CoordinationV1().Leases(c.Namespace).Create(ctx, want, metav1.CreateOptions{})
+	if err == nil {
+		l, perr := ParseLease(got)
+		return l, true, perr
+	}
+	if !apierrors.IsAlreadyExists(err) {
+		return nil, false, fmt.Errorf("creating drain lease for %s/%s: %w", r.PodNamespace, r.PodName, err)
+	}
+	l, err := c.Renew(ctx, want.Name, r.Duration, now, nil)
+	return l, false, err
+}
+
+// Renew moves a Lease's renew time to now and may update its annotations
+// (progress). It retries on conflicts.
+func (c *Leases) Renew(ctx context.Context, name string, duration time.Duration, now time.Time, ann map[string]string) (*DrainLease, error) {
+	api := c.Client.CoordinationV1().Leases(c.Namespace)
+	for attempt := 0; ; attempt++ {
+		cur, err := api.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return nil, fmt.Errorf("renewing drain lease %s: %w", name, err)
+		}
+		mt := metav1.NewMicroTime(now)
+		cur.Spec.RenewTime = &mt
+		if duration > 0 {
+			secs := int32(duration / time.Second)
+			cur.Spec.LeaseDurationSeconds = &secs
+		}
+		if len(ann) > 0 && cur.Annotations == nil {
+			cur.Annotations = map[string]string{}
+		}
+		for k, v := range ann {
+			cur.Annotations[k] = v
+		}
+		upd, err := api.Update(ctx, cur, metav1.UpdateOptions{})
+		if apierrors.IsConflict(err) && attempt < 5 {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("renewing drain lease %s: %w", name, err)
+		}
+		return ParseLease(upd)
+	}
+}
+
+// Delete removes a drain Lease; absent is fine.
+func (c *Leases) Delete(ctx context.Context, name string) error {
+	err := c.Client.CoordinationV1().Leases(c.Namespace).Delete(ctx, name, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("deleting drain lease %s: %w", name, err)
+	}
+	return nil
+}
+
+// LeaseSelector selects drain Leases.
+func LeaseSelector() string { return LabelDrain + "=true" }
+
+// FormatProgress renders the progress annotation.
+func FormatProgress(syns uint64, live int, steered uint64) string {
+	return "syns=" + strconv.FormatUint(syns, 10) + " live=" + strconv.Itoa(live) + " steered=" + strconv.FormatUint(steered, 10)
+}
