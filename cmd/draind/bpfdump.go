@@ -1,0 +1,92 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/draind/draind/bpf"
+)
+
+func newBPFCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "bpf", Short: "Inspect the datapath"}
+	var dir, output string
+	dump := &cobra.Command{
+		Use:   "dump",
+		Short: "Print the pinned maps (works while the daemon is down)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			p, err := bpf.OpenPinned(dir)
+			if err != nil {
+				return err
+			}
+			defer p.Close()
+			d, err := p.Dump()
+			if err != nil {
+				return err
+			}
+			return printDump(cmd.OutOrStdout(), d, output, time.Now())
+		},
+	}
+	dump.Flags().StringVar(&dir, "bpffs-dir", bpf.DefaultPinDir, "bpffs directory of the pinned maps")
+	dump.Flags().StringVarP(&output, "output", "o", "", "output format: json (default: text)")
+	cmd.AddCommand(dump)
+	return cmd
+}
+
+// dumpJSON is the stable JSON form of a dump.
+type dumpJSON struct {
+	Frontends []bpf.Frontend               `json:"frontends"`
+	Backends  []bpf.Backends               `json:"backends"`
+	Drains    []bpf.Drain                  `json:"drains"`
+	Stats     map[string]bpf.DrainStats    `json:"stats"`
+	Counters  map[string]map[string]uint64 `json:"counters"`
+}
+
+func printDump(w io.Writer, d *bpf.Dump, output string, now time.Time) error {
+	switch output {
+	case "json":
+		out := dumpJSON{Frontends: d.Frontends, Backends: d.Backends, Drains: d.Drains,
+			Stats: map[string]bpf.DrainStats{}, Counters: map[string]map[string]uint64{}}
+		for k, s := range d.Stats {
+			out.Stats[k.String()] = s
+		}
+		for o := bpf.Outcome(0); int(o) < bpf.NumOutcomes; o++ {
+			out.Counters[o.String()] = map[string]uint64{"ipv4": d.Counters.Get(o, bpf.IPv4), "ipv6": d.Counters.Get(o, bpf.IPv6)}
+		}
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(out)
+	case "":
+	default:
+		return fmt.Errorf("unknown output format %q (want json)", output)
+	}
+	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	fmt.Fprintf(tw, "FRONTEND\tSERVICE-PORT\tSTEER\tEXPIRES\n")
+	for _, f := range d.Frontends {
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", f.Key, f.Service, yesNo(!f.NoSteer), age(now, f.Expires))
+	}
+	fmt.Fprintf(tw, "\nSERVICE-PORT\tBACKENDS\tEXPIRES\n")
+	for _, b := range d.Backends {
+		var s []string
+		for _, ap := range b.Backends {
+			s = append(s, ap.String())
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\n", b.Service, strings.Join(s, ","), age(now, b.Expires))
+	}
+	fmt.Fprintf(tw, "\nDRAINING\tPOLICY\tSERVICE-PORT\tEXPIRES\tSYNS\tSTEERED\tREFUSED\tPASSED\n")
+	for _, dr := range d.Drains {
+		st := d.Stats[dr.Key]
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%d\t%d\t%d\n", dr.Key, dr.Policy, dr.Service, age(now, dr.Expires), st.SYNs, st.Steered, st.Refused, st.Passed)
+	}
+	fmt.Fprintf(tw, "\nCOUNTER\tIPV4\tIPV6\n")
+	for o := bpf.Outcome(0); int(o) < bpf.NumOutcomes; o++ {
+		fmt.Fprintf(tw, "%s\t%d\t%d\n", o, d.Counters.Get(o, bpf.IPv4), d.Counters.Get(o, bpf.IPv6))
+	}
+	return tw.Flush()
+}

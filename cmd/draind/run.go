@@ -1,0 +1,212 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+	"golang.org/x/sync/errgroup"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/draind/draind/bpf"
+	"github.com/draind/draind/conntrack"
+	"github.com/draind/draind/daemon"
+)
+
+// DefaultStatusSocket is where the daemon serves status.
+const DefaultStatusSocket = "/run/draind/draind.sock"
+
+type runOptions struct {
+	node, namespace, kubeconfig string
+	pinDir, cgroupPath          string
+	offlineAddr, metricsAddr    string
+	statusSocket                string
+	entryTTL, linger, leaseDur  time.Duration
+	goneGrace, udpReexpire      time.Duration
+	quiet, maxWait, minSync     time.Duration
+	maxWaiters                  int
+	registryOnlyPolicy          string
+	conntrack                   bool
+	logFormat, logLevel         string
+	apiQPS                      float32
+	apiBurst                    int
+}
+
+func newRunCmd() *cobra.Command {
+	o := &runOptions{}
+	cmd := &cobra.Command{
+		Use:   "run",
+		Short: "Run the node daemon (the DaemonSet's command)",
+		Long: `Run the node daemon: watch EndpointSlices, Services, drain Leases and this
+node's pods; steer new connections away from draining pods with the
+connect4/connect6 hooks; count what still reaches the pods of this node; answer
+their /v1/offline calls; expire stale conntrack flows; serve metrics and status.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return runDaemon(cmd.Context(), o) },
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.node, "node-name", "", "name of this node (required; the downward API's spec.nodeName)")
+	f.StringVar(&o.namespace, "namespace", "draind-system", "namespace of the drain Leases (draind's own)")
+	f.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster configuration)")
+	f.Float32Var(&o.apiQPS, "api-qps", 20, "client QPS towards the API server")
+	f.IntVar(&o.apiBurst, "api-burst", 40, "client burst towards the API server")
+	f.StringVar(&o.pinDir, "bpffs-dir", bpf.DefaultPinDir, "bpffs directory for pinned maps and links")
+	f.StringVar(&o.cgroupPath, "cgroup-path", "", "cgroup v2 directory to hook: the pods' cgroup (default: kubepods.slice or kubepods under the cgroup2 mount)")
+	f.StringVar(&o.offlineAddr, "offline-addr", ":9460", "listen address of the node-local offline API (/v1/offline, /v1/online, /healthz, /readyz)")
+	f.StringVar(&o.metricsAddr, "metrics-addr", ":9461", "listen address of /metrics (empty: off)")
+	f.StringVar(&o.statusSocket, "status-socket", DefaultStatusSocket, "unix socket for draind status (root-only)")
+	f.DurationVar(&o.entryTTL, "entry-ttl", time.Minute, "lifetime of a steering entry without refresh: if draind dies, steering stops within it")
+	f.DurationVar(&o.linger, "linger", 2*time.Minute, "keep steering a departed pod's IP this long (stale registry caches); ends at once if the IP is reused")
+	f.DurationVar(&o.leaseDur, "lease-duration", 30*time.Second, "duration of drain Leases (renewed at a third)")
+	f.DurationVar(&o.goneGrace, "gone-grace", 5*time.Second, "wait after an endpoint left every slice before cutting its TCP conntrack flows")
+	f.DurationVar(&o.udpReexpire, "udp-reexpire", 10*time.Second, "re-expire UDP flows of draining endpoints this often")
+	f.DurationVar(&o.quiet, "quiet", 2*time.Second, "default quiet period of /v1/offline: drained = no new SYN for this long and no live connection")
+	f.DurationVar(&o.maxWait, "max-wait", 10*time.Minute, "cap of /v1/offline?wait=")
+	f.IntVar(&o.maxWaiters, "max-waiters", 256, "concurrent /v1/offline waits before answering 429")
+	f.DurationVar(&o.minSync, "min-sync-interval", 0, "bounded frequency: at most one datapath pass per interval (0: as events arrive)")
+	f.StringVar(&o.registryOnlyPolicy, "registry-only-policy", "refuse", "pod-IP policy for drained pods no EndpointSlice lists: refuse or off")
+	f.BoolVar(&o.conntrack, "conntrack", true, "expire stale conntrack flows and count live connections")
+	f.StringVar(&o.logFormat, "log-format", "json", "log format: json or text")
+	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	withEnv(cmd)
+	return cmd
+}
+
+func newLogger(format, level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("log level %q: %w", level, err)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "json":
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+	}
+	return nil, fmt.Errorf("log format %q: want json or text", format)
+}
+
+func restConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig != "" {
+		return clientcmd.BuildConfigFromFlags("", kubeconfig)
+	}
+	cfg, err := rest.InClusterConfig()
+	if err != nil {
+		// Outside a cluster, fall back to the usual kubeconfig rules.
+		rules := clientcmd.NewDefaultClientConfigLoadingRules()
+		return clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, nil).ClientConfig()
+	}
+	return cfg, nil
+}
+
+func runDaemon(ctx context.Context, o *runOptions) error {
+	log, err := newLogger(o.logFormat, o.logLevel)
+	if err != nil {
+		return err
+	}
+	if o.node == "" {
+		return errors.New("--node-name is required (set it from the downward API: spec.nodeName)")
+	}
+	regPolicy, err := bpf.ParsePolicy(o.registryOnlyPolicy)
+	if err != nil || regPolicy == bpf.PolicyRewrite {
+		return fmt.Errorf("--registry-only-policy: want refuse or off, got %q", o.registryOnlyPolicy)
+	}
+	features, err := bpf.Probe()
+	if err != nil {
+		return fmt.Errorf("checking the kernel: %w", err)
+	}
+	cgroup := o.cgroupPath
+	if cgroup == "" {
+		if cgroup, err = bpf.FindPodsCgroup(features.Cgroup2); err != nil {
+			return err
+		}
+	}
+	cfg, err := restConfig(o.kubeconfig)
+	if err != nil {
+		return fmt.Errorf("loading the API client configuration: %w", err)
+	}
+	cfg.QPS, cfg.Burst = o.apiQPS, o.apiBurst
+	cfg.UserAgent = "draind/" + version
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("creating the API client: %w", err)
+	}
+
+	dp, err := bpf.Load(bpf.Options{PinDir: o.pinDir})
+	if err != nil {
+		return err
+	}
+	// Close keeps the pins: steering goes on while draind restarts.
+	defer dp.Close()
+	if n, err := dp.Prune(); err != nil {
+		log.Warn("pruning pinned maps", "err", err)
+	} else if n > 0 {
+		log.Info("pruned orphaned map entries", "entries", n)
+	}
+	var ct conntrack.Interface
+	if o.conntrack {
+		nl, err := conntrack.Open(conntrack.Options{})
+		if err != nil {
+			log.Warn("conntrack unavailable: no flow expiry, live connections not counted", "err", err)
+		} else {
+			defer nl.Close()
+			if !nl.Timestamps() {
+				log.Warn("conntrack timestamps are off (net.netfilter.nf_conntrack_timestamp): flows of a reused pod IP are then never expired")
+			}
+			ct = nl
+		}
+	}
+	d := daemon.New(daemon.Config{
+		Node: o.node, Namespace: o.namespace, Version: version,
+		EntryTTL: o.entryTTL, Linger: o.linger, LeaseDuration: o.leaseDur, GoneGrace: o.goneGrace,
+		UDPReexpire: o.udpReexpire, MinSyncInterval: o.minSync, RegistryOnlyPolicy: regPolicy,
+		Quiet: o.quiet, MaxWait: o.maxWait, MaxWaiters: o.maxWaiters, Logger: log,
+	}, client, dp, ct)
+	if err := dp.Attach(cgroup); err != nil {
+		return err
+	}
+	d.SetAttached(true)
+	log.Info("programs attached", "cgroup", cgroup, "kernel", features.Kernel, "pin_dir", o.pinDir)
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return d.Run(gctx) })
+	if o.offlineAddr != "" {
+		l, err := net.Listen("tcp", o.offlineAddr)
+		if err != nil {
+			return fmt.Errorf("listening for the offline API on %s: %w", o.offlineAddr, err)
+		}
+		g.Go(func() error { return daemon.Serve(gctx, d.NewHTTPServer(o.offlineAddr), l) })
+	}
+	if o.metricsAddr != "" {
+		l, err := net.Listen("tcp", o.metricsAddr)
+		if err != nil {
+			return fmt.Errorf("listening for metrics on %s: %w", o.metricsAddr, err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(d.Metrics.Registry, promhttp.HandlerOpts{}))
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		g.Go(func() error { return daemon.Serve(gctx, srv, l) })
+	}
+	if o.statusSocket != "" {
+		src := daemon.StatusSource{Features: features, Attached: dp.Attached}
+		g.Go(func() error {
+			return daemon.ServeStatus(gctx, o.statusSocket, func() daemon.Status { return d.Status(src) })
+		})
+	}
+	err = g.Wait()
+	if err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	log.Info("stopped; pinned steering stays until its entries expire", "entry_ttl", o.entryTTL.String())
+	return nil
+}

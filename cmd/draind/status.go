@@ -1,0 +1,160 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/draind/draind/daemon"
+)
+
+// errUnhealthy makes `draind status` exit non-zero after printing.
+var errUnhealthy = errors.New("draind is unhealthy")
+
+func newStatusCmd() *cobra.Command {
+	var socket, output string
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show the daemon's state on this node (exit status 1 when unhealthy)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			st, err := daemon.FetchStatus(cmd.Context(), socket)
+			if err != nil {
+				return err
+			}
+			if err := printStatus(cmd.OutOrStdout(), st, output); err != nil {
+				return err
+			}
+			if !st.Healthy {
+				return errUnhealthy
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&socket, "socket", DefaultStatusSocket, "the daemon's status socket")
+	cmd.Flags().StringVarP(&output, "output", "o", "", "output format: json or wide (default: text)")
+	return cmd
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+func age(now, t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	d := now.Sub(t)
+	if d < 0 {
+		return "in " + shortDur(-d)
+	}
+	return shortDur(d)
+}
+
+func shortDur(d time.Duration) string {
+	switch {
+	case d < time.Second:
+		return fmt.Sprintf("%dms", d.Milliseconds())
+	case d < time.Minute:
+		return fmt.Sprintf("%.1fs", d.Seconds())
+	case d < time.Hour:
+		return fmt.Sprintf("%dm%02ds", int(d.Minutes()), int(d.Seconds())%60)
+	}
+	return d.Round(time.Minute).String()
+}
+
+func printStatus(w io.Writer, st *daemon.Status, output string) error {
+	switch output {
+	case "json":
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(st)
+	case "", "wide":
+	default:
+		return fmt.Errorf("unknown output format %q (want json or wide)", output)
+	}
+	wide := output == "wide"
+	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	health := "yes"
+	if !st.Healthy {
+		health = "NO: " + strings.Join(st.Problems, "; ")
+	}
+	fmt.Fprintf(tw, "Node:\t%s\n", st.Node)
+	fmt.Fprintf(tw, "Version:\t%s\n", st.Version)
+	fmt.Fprintf(tw, "Healthy:\t%s\n", health)
+	f := st.Features
+	fmt.Fprintf(tw, "Kernel:\t%s (cgroup2 %s, BTF %s, set_retval %s)\n", f.Kernel, f.Cgroup2, yesNo(f.BTF), yesNo(f.HelperSetRetval))
+	attached := "none"
+	if len(st.Attached) > 0 {
+		attached = strings.Join(st.Attached, ", ")
+	}
+	fmt.Fprintf(tw, "Programs:\t%s\n", attached)
+	names := make([]string, 0, len(st.Informers))
+	for n := range st.Informers {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	var inf []string
+	for _, n := range names {
+		s := "synced"
+		if !st.Informers[n] {
+			s = "SYNCING"
+		}
+		inf = append(inf, n+" "+s)
+	}
+	fmt.Fprintf(tw, "Informers:\t%s\n", strings.Join(inf, ", "))
+	var maps []string
+	for _, m := range st.Maps {
+		s := fmt.Sprintf("%s %d/%d", strings.TrimPrefix(string(m.Name), "draind_"), m.Entries, m.Capacity)
+		if m.UpdateErrors > 0 {
+			s += fmt.Sprintf(" (%d errors)", m.UpdateErrors)
+		}
+		maps = append(maps, s)
+	}
+	fmt.Fprintf(tw, "Maps:\t%s\n", strings.Join(maps, ", "))
+	var ctr []string
+	for _, c := range st.Counters {
+		if c.IPv4+c.IPv6 > 0 || wide {
+			ctr = append(ctr, fmt.Sprintf("%s %d/%d", c.Outcome, c.IPv4, c.IPv6))
+		}
+	}
+	if len(ctr) == 0 {
+		ctr = []string{"none yet"}
+	}
+	fmt.Fprintf(tw, "Counters (v4/v6):\t%s\n", strings.Join(ctr, ", "))
+	tw.Flush()
+
+	fmt.Fprintf(w, "\nDraining endpoints: %d\n", len(st.Pods))
+	if len(st.Pods) == 0 {
+		return nil
+	}
+	tw = tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	hdr := "POD\tIPS\tREASON\tSINCE\tDEADLINE\tSYNS(10s)\tLIVE\tSTEERED\tSTATE"
+	if wide {
+		hdr += "\tSYNS\tUID\tENTRIES"
+	}
+	fmt.Fprintln(tw, hdr)
+	for _, p := range st.Pods {
+		syns, live := "-", "-"
+		if p.Local {
+			syns, live = fmt.Sprint(p.SYNsLast10s), fmt.Sprint(p.LiveConnections)
+		}
+		line := fmt.Sprintf("%s/%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s", p.Namespace, p.Name, strings.Join(p.IPs, ","), p.Reason,
+			age(st.Time, p.Since), age(st.Time, p.Deadline), syns, live, p.Steered, p.State)
+		if wide {
+			line += fmt.Sprintf("\t%d\t%s\t%s", p.SYNs, p.UID, strings.Join(p.Entries, ","))
+		}
+		fmt.Fprintln(tw, line)
+	}
+	return tw.Flush()
+}
