@@ -532,9 +532,9 @@ func (d *Daemon) publishView(now time.Time) {
 		if p.Reason == ReasonDeparted {
 			ps.State = StateLingering
 		}
-		d.local.annotate(&ps, p)
 		view = append(view, ps)
 	}
+	d.local.setKeys(pods)
 	for _, r := range drainReasons {
 		d.Metrics.DrainingEndpoints.WithLabelValues(r).Set(float64(counts[r]))
 	}
@@ -543,11 +543,16 @@ func (d *Daemon) publishView(now time.Time) {
 	d.mu.Unlock()
 }
 
-// PodStatuses returns the drained pods as of the last pass.
+// PodStatuses returns the drained pods as of the last pass, with this
+// node's current measurements of the pods it hosts.
 func (d *Daemon) PodStatuses() []PodStatus {
 	d.mu.Lock()
-	defer d.mu.Unlock()
-	return append([]PodStatus(nil), d.view...)
+	out := append([]PodStatus(nil), d.view...)
+	d.mu.Unlock()
+	for i := range out {
+		d.local.annotate(&out[i])
+	}
+	return out
 }
 
 func splitPod(s string) (string, string) {

@@ -2,11 +2,13 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/netip"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,8 +16,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/draind/draind/bpf"
@@ -39,12 +43,23 @@ type harness struct {
 	clock  *testingclock.FakeClock
 	d      *Daemon
 	ctx    context.Context
+	// Set to make the fake API fail Lease writes (reactors must be
+	// installed before any call: client-go's fake is not safe otherwise).
+	failLeaseCreate, failLeaseUpdate atomic.Bool
 }
 
 func newHarness(t *testing.T, mod ...func(*Config)) *harness {
 	t.Helper()
 	h := &harness{t: t, client: fake.NewClientset(), dp: NewFakeDatapath(), ct: conntrack.NewFake(),
 		clock: testingclock.NewFakeClock(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))}
+	for verb, flag := range map[string]*atomic.Bool{"create": &h.failLeaseCreate, "update": &h.failLeaseUpdate} {
+		h.client.PrependReactor(verb, "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
+			if flag.Load() {
+				return true, nil, errors.New("apiserver unavailable")
+			}
+			return false, nil, nil
+		})
+	}
 	cfg := Config{Node: testNode, Namespace: testNS, Clock: h.clock, RegistryOnlyPolicy: bpf.PolicyRefuse,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	for _, m := range mod {

@@ -152,14 +152,24 @@ func (l *localDrains) event(ld *localDrain, typ, reason, msg string) {
 	l.recorder.Event(ref, typ, reason, msg)
 }
 
-// annotate fills a status row with what this node measured (runner goroutine).
-func (l *localDrains) annotate(ps *PodStatus, p drainedPod) {
+// setKeys records the entry keys of every drained pod (runner goroutine):
+// the SYN counters of a local pod are read under them.
+func (l *localDrains) setKeys(pods []drainedPod) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if p.UID != "" {
-		l.keysFor[p.UID] = p.Keys
+	clear(l.keysFor)
+	for _, p := range pods {
+		if p.UID != "" {
+			l.keysFor[p.UID] = p.Keys
+		}
 	}
-	ld := l.pods[p.UID]
+}
+
+// annotate fills a status row with what this node measured.
+func (l *localDrains) annotate(ps *PodStatus) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ld := l.pods[types.UID(ps.UID)]
 	if ld == nil {
 		return
 	}
@@ -203,7 +213,7 @@ func (l *localDrains) reconcile(ctx context.Context) {
 	for _, p := range pods {
 		if p.Deleting() && !p.HostNetwork && len(p.IPs) > 0 {
 			if ld := l.pods[p.UID]; ld == nil || ld.state == StateCancelled {
-				ld = l.start(p, k8s.ReasonPodDeleting, now)
+				ld = l.start(p, k8s.ReasonPodDeleting, now, true)
 				publish = append(publish, ld)
 			}
 		}
@@ -217,9 +227,10 @@ func (l *localDrains) reconcile(ctx context.Context) {
 		}
 		ld := l.pods[uid]
 		if ld == nil || ld.state == StateCancelled {
-			ld = l.start(p, dl.Reason, now)
-			ld.started = dl.Acquired
+			// Adopted, not started: no second DrainStarted event.
+			ld = l.start(p, dl.Reason, dl.Acquired, false)
 			ld.published = true
+			ld.lastRenew = dl.Renewed
 		}
 		ld.leaseSeen = true
 	}
@@ -297,11 +308,16 @@ func result(err error) string {
 	return "ok"
 }
 
-// start records a new drain of a local pod (l.mu held).
-func (l *localDrains) start(p *k8s.Pod, reason string, now time.Time) *localDrain {
+// start records a drain of a local pod (l.mu held); announce is false
+// when adopting a drain already in progress (a Lease found at start-up).
+func (l *localDrains) start(p *k8s.Pod, reason string, since time.Time, announce bool) *localDrain {
 	ld := &localDrain{uid: p.UID, namespace: p.Namespace, name: p.Name, ips: slices.Clone(p.IPs),
-		reason: reason, started: now, state: StateDraining}
+		reason: reason, started: since, state: StateDraining}
 	l.pods[p.UID] = ld
+	if !announce {
+		l.d.log.Info("drain adopted", logKeyPod, p.Namespace+"/"+p.Name, logKeyReason, reason)
+		return ld
+	}
 	l.d.Metrics.DrainStarts.WithLabelValues(reason).Inc()
 	l.d.log.Info("drain started", logKeyPod, p.Namespace+"/"+p.Name, logKeyReason, reason)
 	l.event(ld, corev1.EventTypeNormal, EventDrainStarted, fmt.Sprintf("draind started draining the pod (reason %s, node %s)", reason, l.d.cfg.Node))

@@ -33,7 +33,7 @@ func (l *localDrains) offline(ctx context.Context, ip netip.Addr, wait, quiet ti
 	ld := l.pods[p.UID]
 	created := ld == nil || ld.state == StateCancelled
 	if created {
-		ld = l.start(p, k8s.ReasonOffline, now)
+		ld = l.start(p, k8s.ReasonOffline, now, true)
 	}
 	needPublish := !ld.published
 	l.mu.Unlock()

@@ -1,0 +1,400 @@
+package daemon
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/draind/draind/bpf"
+	"github.com/draind/draind/conntrack"
+	"github.com/draind/draind/k8s"
+)
+
+// localFixture: pod web-0 (10.0.0.1) on this node behind Service web with
+// a second, ready pod web-1 elsewhere.
+func localFixture(t *testing.T, mod ...func(*Config)) *harness {
+	h := newHarness(t, mod...)
+	h.addService(webService())
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.1", "p0"), onNode(ready("10.0.0.2", "p1"), "node-b")))
+	h.putPod(pod("pod-p0", "p0", "10.0.0.1"))
+	h.pass()
+	return h
+}
+
+var podIP = netip.MustParseAddr("10.0.0.1")
+
+type offlineCall struct {
+	done chan OfflineResult
+}
+
+// offline calls the offline API's logic as pod 10.0.0.1 would and waits
+// until the call is registered (lease visible, waiter queued).
+func (h *harness) offline(ip netip.Addr, wait, quiet time.Duration) *offlineCall {
+	h.t.Helper()
+	c := &offlineCall{done: make(chan OfflineResult, 1)}
+	waiters := func() int {
+		h.d.local.mu.Lock()
+		defer h.d.local.mu.Unlock()
+		return h.d.local.nwait
+	}
+	before := waiters()
+	go func() { c.done <- h.d.local.offline(h.ctx, ip, wait, quiet) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if wait > 0 && waiters() > before {
+			break
+		}
+		select {
+		case r := <-c.done: // answered at once (403, no wait, ...)
+			c.done <- r
+			return c
+		default:
+		}
+		if time.Now().After(deadline) {
+			h.t.Fatal("offline call never registered")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	h.waitLeases(1)
+	return c
+}
+
+func (c *offlineCall) result(t *testing.T) (OfflineResult, bool) {
+	select {
+	case r := <-c.done:
+		return r, true
+	case <-time.After(100 * time.Millisecond):
+		return OfflineResult{}, false
+	}
+}
+
+// waitLeases waits until the informer holds n drain Leases.
+func (h *harness) waitLeases(n int) {
+	h.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for len(h.d.state.DrainLeases()) != n {
+		if time.Now().After(deadline) {
+			h.t.Fatalf("want %d drain leases in the cache, have %d", n, len(h.d.state.DrainLeases()))
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// tick advances the fake clock and runs a model pass and a local pass.
+func (h *harness) tick(d time.Duration) {
+	h.clock.Step(d)
+	h.pass()
+	h.d.local.reconcile(h.ctx)
+}
+
+func (h *harness) setSYNs(n uint64) {
+	k := key("10.0.0.1:8080", bpf.TCP)
+	st, _ := h.dp.DrainStats(k)
+	st.SYNs = n
+	h.dp.SetStats(k, st)
+}
+
+func (h *harness) openConn() {
+	h.ct.AddFlow(conntrack.Flow{Proto: conntrack.TCP, State: conntrack.TCPEstablished,
+		Orig:  conntrack.Tuple{Src: netip.MustParseAddrPort("10.0.0.9:40000"), Dst: netip.MustParseAddrPort("10.96.0.10:80")},
+		Reply: conntrack.Tuple{Src: netip.MustParseAddrPort("10.0.0.1:8080"), Dst: netip.MustParseAddrPort("10.0.0.9:40000")}})
+}
+
+func (h *harness) closeConns() {
+	h.ct.Expire(h.ctx, []conntrack.Filter{{Proto: conntrack.TCP, ReplySrc: netip.AddrPortFrom(podIP, 0)}})
+}
+
+// events returns the Events with reason recorded so far (they are sent
+// asynchronously; wait for at least min).
+func (h *harness) events(reason string, min int) []corev1.Event {
+	h.t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		l, _ := h.client.CoreV1().Events("default").List(h.ctx, metav1.ListOptions{})
+		var out []corev1.Event
+		for _, e := range l.Items {
+			if e.Reason == reason {
+				out = append(out, e)
+			}
+		}
+		if len(out) >= min || time.Now().After(deadline) {
+			return out
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestOfflineReturnsWhenDrained(t *testing.T) {
+	h := localFixture(t)
+	call := h.offline(podIP, 30*time.Second, 2*time.Second)
+	h.tick(0)
+	// The Lease drains the pod everywhere: this node's map says so too.
+	if dr, ok := h.dp.Drains[key("10.0.0.1:8080", bpf.TCP)]; !ok || dr.Policy != bpf.PolicyRewrite {
+		t.Fatalf("pod not drained after its offline call:\n%s", h.describe())
+	}
+	h.setSYNs(3) // stale callers still arrive for a moment
+	h.openConn() // and one request is in flight
+	h.tick(time.Second)
+	h.setSYNs(5)
+	h.tick(time.Second)
+	h.tick(3 * time.Second)
+	if r, ok := call.result(t); ok {
+		t.Fatalf("answered %+v while a connection is live", r)
+	}
+	h.closeConns() // the in-flight request finished
+	h.tick(200 * time.Millisecond)
+	r, ok := call.result(t)
+	if !ok || r.code != 200 || !r.Drained || r.State != StateDrained || r.SYNs != 5 || r.LiveConnections != 0 {
+		t.Fatalf("want 200 drained with 5 SYNs, got %+v (answered %v)", r, ok)
+	}
+	if r.WaitedSeconds < 5 || r.WaitedSeconds > 6 {
+		t.Errorf("waited %.1fs, want ≈5.2s", r.WaitedSeconds)
+	}
+	if n := len(h.events(EventDrainStarted, 1)); n != 1 {
+		t.Errorf("%d DrainStarted events, want 1", n)
+	}
+	if n := len(h.events(EventDrained, 1)); n != 1 {
+		t.Errorf("%d Drained events, want 1", n)
+	}
+	// Still drained afterwards: steering goes on until the pod is gone.
+	for i := 0; i < 12; i++ {
+		h.tick(5 * time.Second)
+	}
+	if _, ok := h.dp.Drains[key("10.0.0.1:8080", bpf.TCP)]; !ok {
+		t.Error("steering stopped after the pod was drained, before it was deleted")
+	}
+}
+
+func TestOfflineTimesOutWithLiveConnection(t *testing.T) {
+	h := localFixture(t)
+	h.openConn()
+	call := h.offline(podIP, 10*time.Second, 2*time.Second)
+	h.tick(0)
+	for i := 0; i < 9; i++ {
+		h.tick(time.Second)
+	}
+	if r, ok := call.result(t); ok {
+		t.Fatalf("answered early: %+v", r)
+	}
+	h.tick(time.Second)
+	r, ok := call.result(t)
+	if !ok || r.code != 504 || r.Drained || r.State != StateTimedOut || r.LiveConnections != 1 {
+		t.Fatalf("want 504 timed-out with live_connections 1, got %+v (answered %v)", r, ok)
+	}
+	if ev := h.events(EventDrainTimedOut, 1); len(ev) != 1 || ev[0].Type != corev1.EventTypeWarning {
+		t.Errorf("DrainTimedOut events: %+v", ev)
+	}
+}
+
+func TestOfflineBeforeReady(t *testing.T) {
+	// The inverted timeline: offline is called before the app is even
+	// listed (registered); it must not be undone when it turns ready.
+	h := newHarness(t)
+	h.addService(webService())
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(ready("10.0.0.2", "p1"), "node-b")))
+	h.putPod(pod("pod-p0", "p0", "10.0.0.1"))
+	h.pass()
+	call := h.offline(podIP, 0, 0)
+	if r, _ := call.result(t); r.code != 200 || r.State != StateDraining {
+		t.Fatalf("offline without wait: %+v", r)
+	}
+	h.waitLeases(1)
+	h.tick(0)
+	// No slice lists it: a registry-only drain, refused outright.
+	if dr := h.dp.Drains[wildcard("10.0.0.1", bpf.TCP)]; dr.Policy != bpf.PolicyRefuse {
+		t.Fatalf("registry-only drain not refused:\n%s", h.describe())
+	}
+	// Now it registers and turns ready: still draining.
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.1", "p0"), onNode(ready("10.0.0.2", "p1"), "node-b")))
+	h.tick(time.Second)
+	h.check(expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}},
+		drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyRewrite,
+			wildcard("10.0.0.1", bpf.TCP): bpf.PolicyOff, wildcard("10.0.0.1", bpf.UDP): bpf.PolicyOff}})
+	if ps := h.d.PodStatuses(); len(ps) != 1 || ps[0].State != StateDraining || !ps[0].Local || ps[0].Reason != k8s.ReasonOffline {
+		t.Errorf("status: %+v", ps)
+	}
+}
+
+func TestConcurrentOfflineCalls(t *testing.T) {
+	h := localFixture(t)
+	a := h.offline(podIP, 30*time.Second, 2*time.Second)
+	b := h.offline(podIP, 30*time.Second, 2*time.Second)
+	h.tick(0)
+	h.tick(3 * time.Second)
+	for _, c := range []*offlineCall{a, b} {
+		if r, ok := c.result(t); !ok || r.code != 200 || !r.Drained {
+			t.Errorf("call: %+v answered=%v", r, ok)
+		}
+	}
+	if n := len(h.d.state.DrainLeases()); n != 1 {
+		t.Errorf("%d leases for one pod", n)
+	}
+	if n := len(h.events(EventDrainStarted, 1)); n != 1 {
+		t.Errorf("%d DrainStarted events for one drain", n)
+	}
+}
+
+func TestOfflineFromForeignCaller(t *testing.T) {
+	h := localFixture(t)
+	hostNet := pod("host-agent", "h0", "10.0.0.50")
+	hostNet.Spec.HostNetwork = true
+	h.putPod(hostNet)
+	for _, ip := range []string{"10.0.0.2" /* a pod on another node */, "10.0.0.50" /* host network */, "192.0.2.1"} {
+		call := h.offline(netip.MustParseAddr(ip), 30*time.Second, 0)
+		r, ok := call.result(t)
+		if !ok || r.code != 403 {
+			t.Errorf("caller %s: want 403 at once, got %+v", ip, r)
+		}
+	}
+	if n := len(h.d.state.DrainLeases()); n != 0 {
+		t.Errorf("a foreign caller created %d leases", n)
+	}
+}
+
+func TestLeaseExpiryWhileWaiting(t *testing.T) {
+	h := localFixture(t, func(c *Config) { c.LeaseDuration = 30 * time.Second })
+	call := h.offline(podIP, 5*time.Minute, 2*time.Second)
+	h.openConn()
+	h.tick(0)
+	// The API stops accepting renewals; the Lease runs out.
+	h.failLeaseUpdate.Store(true)
+	for i := 0; i < 3; i++ {
+		h.tick(11 * time.Second)
+	}
+	r, ok := call.result(t)
+	if !ok || r.code != 409 || r.State != StateCancelled {
+		t.Fatalf("want 409 cancelled after the Lease expired, got %+v (answered %v)", r, ok)
+	}
+	// Fail open: nothing steers for the pod any more.
+	h.pass()
+	h.check(expect{})
+	if got := testutilValue(t, h.d.Metrics.LeaseOps.WithLabelValues("renew", "error")); got < 1 {
+		t.Errorf("failed renewals not counted: %v", got)
+	}
+}
+
+func TestRestartDuringDrain(t *testing.T) {
+	h := localFixture(t)
+	call := h.offline(podIP, 0, 0)
+	call.result(t)
+	h.waitLeases(1)
+	h.tick(0)
+	h.setSYNs(4)
+	// A new daemon (upgrade) over the same API and maps.
+	h2 := &harness{t: t, client: h.client, dp: h.dp, ct: h.ct, clock: h.clock, ctx: h.ctx}
+	h2.d = New(h.d.cfg, h.client, h.dp, h.ct)
+	dump, _ := h.dp.Dump()
+	h2.d.rec.adopt(dump)
+	h2.d.inf.Run(h.ctx)
+	if err := h2.d.inf.WaitForSync(h.ctx); err != nil {
+		t.Fatal(err)
+	}
+	h2.d.synced.Store(true)
+	h2.d.SetAttached(true)
+	h2.d.claims.setLocalPods(h2.d.state.LocalPods())
+	h2.tick(0)
+	h2.d.local.mu.Lock()
+	ld := h2.d.local.pods["p0"]
+	h2.d.local.mu.Unlock()
+	if ld == nil || ld.state != StateDraining || ld.reason != k8s.ReasonOffline {
+		t.Fatalf("the Lease did not carry the drain across the restart: %+v", ld)
+	}
+	// The pod's retried preStop joins the drain and returns when drained.
+	again := h2.offline(podIP, 30*time.Second, 2*time.Second)
+	h2.tick(3 * time.Second)
+	if r, ok := again.result(t); !ok || r.code != 200 || !r.Drained {
+		t.Fatalf("after restart: %+v answered=%v", r, ok)
+	}
+	if n := len(h2.events(EventDrainStarted, 1)); n != 1 {
+		t.Errorf("%d DrainStarted events across a restart, want 1", n)
+	}
+	// It keeps renewing the Lease it adopted.
+	before := h.d.state.DrainLeases()[0].Renewed
+	h2.tick(11 * time.Second)
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) && !h2.d.state.DrainLeases()[0].Renewed.After(before) {
+		time.Sleep(time.Millisecond)
+	}
+	if !h2.d.state.DrainLeases()[0].Renewed.After(before) {
+		t.Error("the adopted Lease is not renewed")
+	}
+}
+
+func TestOnlineUndoesOffline(t *testing.T) {
+	h := localFixture(t)
+	call := h.offline(podIP, time.Minute, 2*time.Second)
+	h.openConn()
+	h.tick(0)
+	if r := h.d.local.online(h.ctx, podIP); r.code != 200 {
+		t.Fatalf("online: %+v", r)
+	}
+	r, ok := call.result(t)
+	if !ok || r.code != 409 || r.State != StateCancelled {
+		t.Fatalf("waiter after online: %+v answered=%v", r, ok)
+	}
+	h.waitLeases(0)
+	h.tick(0)
+	h.check(expect{})
+	if r := h.d.local.online(h.ctx, netip.MustParseAddr("192.0.2.1")); r.code != 403 {
+		t.Errorf("online from a foreign caller: %+v", r)
+	}
+}
+
+func TestPodDeletionDrainsAndLingers(t *testing.T) {
+	h := localFixture(t, func(c *Config) { c.Linger = time.Minute })
+	p := pod("pod-p0", "p0", "10.0.0.1")
+	now := metav1.NewTime(h.clock.Now())
+	p.DeletionTimestamp = &now
+	h.putPod(p) // graceful deletion starts; no offline call at all
+	h.tick(0)
+	h.waitLeases(1)
+	l := h.d.state.DrainLeases()[0]
+	if l.Reason != k8s.ReasonPodDeleting || l.Holder != testNode || l.PodUID != "p0" {
+		t.Fatalf("lease %+v", l)
+	}
+	h.tick(0)
+	if _, ok := h.dp.Drains[key("10.0.0.1:8080", bpf.TCP)]; !ok {
+		t.Fatalf("a deleting pod is not drained:\n%s", h.describe())
+	}
+	// The pod is gone: the Lease stays for the linger, then goes.
+	h.deletePod("default", "pod-p0")
+	h.tick(time.Second)
+	if ps := h.d.PodStatuses(); len(ps) == 0 || ps[0].State != StateGone {
+		t.Errorf("status after deletion: %+v", ps)
+	}
+	h.tick(30 * time.Second)
+	if n := len(h.d.state.DrainLeases()); n != 1 {
+		t.Fatalf("lease gone before the linger ended")
+	}
+	h.tick(31 * time.Second)
+	h.waitLeases(0)
+}
+
+func TestIPReuseDeletesStaleLease(t *testing.T) {
+	h := newHarness(t)
+	// A Lease for a pod that no longer exists names an IP a new local pod
+	// now has: the hosting node removes the Lease for everyone.
+	h.lease("old", "default", "pod-old", testNode, k8s.ReasonPodDeleting, time.Minute, "10.0.0.7")
+	h.putPod(pod("pod-new", "new", "10.0.0.7"))
+	h.tick(0)
+	h.waitLeases(0)
+}
+
+func TestOfflineAPIUnreachable(t *testing.T) {
+	h := localFixture(t)
+	h.failLeaseCreate.Store(true)
+	call := h.offline(podIP, 30*time.Second, 0)
+	r, ok := call.result(t)
+	if !ok || r.code != 503 || r.Error == "" {
+		t.Fatalf("want 503 with an error, got %+v", r)
+	}
+	h.d.local.mu.Lock()
+	n := len(h.d.local.pods)
+	h.d.local.mu.Unlock()
+	if n != 0 {
+		t.Errorf("a drain that could not be published is kept locally")
+	}
+}
