@@ -55,6 +55,9 @@ type Config struct {
 	MaxWaiters  int           // concurrent waits before 429
 	PollEvery   time.Duration // drained-check period
 	OfflineAddr string        // listen address of the offline API ("" = off)
+	// HeaderTimeout bounds how long a client may take to send its request
+	// headers (slow clients).
+	HeaderTimeout time.Duration
 
 	Clock  clock.WithTicker
 	Logger *slog.Logger
@@ -77,6 +80,7 @@ func (c *Config) Defaults() {
 	def(&c.Quiet, 2*time.Second)
 	def(&c.MaxWait, 10*time.Minute)
 	def(&c.PollEvery, 200*time.Millisecond)
+	def(&c.HeaderTimeout, 5*time.Second)
 	if c.MaxWaiters == 0 {
 		c.MaxWaiters = 256
 	}

@@ -398,3 +398,9 @@ func TestOfflineAPIUnreachable(t *testing.T) {
 		t.Errorf("a drain that could not be published is kept locally")
 	}
 }
+
+func flowTo(endpoint string) conntrack.Flow {
+	return conntrack.Flow{Proto: conntrack.TCP, State: conntrack.TCPEstablished,
+		Orig:  conntrack.Tuple{Src: netip.MustParseAddrPort("10.0.0.9:40000"), Dst: netip.MustParseAddrPort("10.96.0.10:80")},
+		Reply: conntrack.Tuple{Src: netip.MustParseAddrPort(endpoint), Dst: netip.MustParseAddrPort("10.0.0.9:40000")}}
+}

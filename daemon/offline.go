@@ -227,10 +227,11 @@ func (d *Daemon) Handler() http.Handler {
 // NewHTTPServer wraps Handler with limits against slow and greedy clients.
 func (d *Daemon) NewHTTPServer(addr string) *http.Server {
 	return &http.Server{
-		Addr:              addr,
-		Handler:           d.Handler(),
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       10 * time.Second,
+		Addr:    addr,
+		Handler: d.Handler(),
+		// No ReadTimeout: it would also cancel the context of a long
+		// ?wait= call. Bodies are tiny and capped by MaxBytesHandler.
+		ReadHeaderTimeout: d.cfg.HeaderTimeout,
 		WriteTimeout:      d.cfg.MaxWait + 30*time.Second,
 		IdleTimeout:       60 * time.Second,
 		MaxHeaderBytes:    8 << 10,

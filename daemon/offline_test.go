@@ -1,0 +1,225 @@
+package daemon
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/draind/draind/conntrack"
+)
+
+// httpFixture serves the offline API on 127.0.0.1 for a pod whose IP is
+// 127.0.0.1 (the caller identity of a loopback client).
+type httpFixture struct {
+	*harness
+	addr string
+}
+
+func newHTTPFixture(t *testing.T, mod ...func(*Config)) *httpFixture {
+	h := newHarness(t, mod...)
+	h.addService(webService())
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("127.0.0.1", "p0"), onNode(ready("10.0.0.2", "p1"), "node-b")))
+	h.putPod(pod("pod-p0", "p0", "127.0.0.1"))
+	h.pass()
+	h.d.mu.Lock()
+	h.d.firstDone = true
+	h.d.mu.Unlock()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := h.d.NewHTTPServer(l.Addr().String())
+	ctx, cancel := context.WithCancel(h.ctx)
+	done := make(chan struct{})
+	go func() { Serve(ctx, srv, l); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return &httpFixture{harness: h, addr: l.Addr().String()}
+}
+
+func (f *httpFixture) get(t *testing.T, method, path string, from string) (int, OfflineResult) {
+	t.Helper()
+	c := &http.Client{Timeout: 10 * time.Second}
+	if from != "" {
+		c.Transport = &http.Transport{DialContext: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}).DialContext}
+	}
+	req, _ := http.NewRequest(method, "http://"+f.addr+path, nil)
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var r OfflineResult
+	body, _ := io.ReadAll(resp.Body)
+	json.Unmarshal(body, &r)
+	return resp.StatusCode, r
+}
+
+func TestOfflineAPIStatusCodes(t *testing.T) {
+	f := newHTTPFixture(t)
+	for _, tc := range []struct {
+		name, method, path, from string
+		code                     int
+	}{
+		{"bad wait", "POST", "/v1/offline?wait=soon", "", 400},
+		{"negative wait", "POST", "/v1/offline?wait=-5s", "", 400},
+		{"quiet too long", "POST", "/v1/offline?quiet=1h", "", 400},
+		{"unknown parameter", "POST", "/v1/offline?wiat=30s", "", 400},
+		{"wrong method", "PUT", "/v1/offline", "", 405},
+		{"online needs POST", "GET", "/v1/online", "", 405},
+		{"foreign caller", "POST", "/v1/offline?wait=1s", "127.0.0.2", 403},
+		{"foreign caller online", "POST", "/v1/online", "127.0.0.2", 403},
+		{"huge query string", "GET", "/v1/offline?wait=1s&x=" + strings.Repeat("a", 64<<10), "", 431},
+		{"health", "GET", "/healthz", "", 200},
+		{"ready", "GET", "/readyz", "", 200},
+		{"accepted without wait", "POST", "/v1/offline", "", 200},
+		{"seconds as a number", "GET", "/v1/offline?wait=0&quiet=1.5", "", 200},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, r := f.get(t, tc.method, tc.path, tc.from)
+			if code != tc.code {
+				t.Errorf("%s %s: got %d %+v, want %d", tc.method, tc.path, code, r, tc.code)
+			}
+			if code >= 400 && code != 431 && tc.method != "GET" && r.Error == "" && code != 405 {
+				t.Errorf("error answer without a message: %+v", r)
+			}
+		})
+	}
+	// Not ready: the API says so instead of pretending.
+	f.d.SetAttached(false)
+	if code, _ := f.get(t, "POST", "/v1/offline", ""); code != 503 {
+		t.Errorf("offline while not ready: %d, want 503", code)
+	}
+	if code, _ := f.get(t, "GET", "/readyz", ""); code != 503 {
+		t.Errorf("readyz while not ready: %d, want 503", code)
+	}
+}
+
+func TestOfflineAPISlowClient(t *testing.T) {
+	f := newHTTPFixture(t, func(c *Config) { c.HeaderTimeout = 300 * time.Millisecond })
+	c, err := net.Dial("tcp", f.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// Half a request line, then nothing: the server must hang up.
+	io.WriteString(c, "POST /v1/offline?wait=30s HTTP/1.1\r\nHost: x\r\n")
+	start := time.Now()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err = bufio.NewReader(c).ReadByte()
+	if err == nil {
+		// A 408 answer is fine too, as long as the connection then ends.
+		_, err = io.ReadAll(c)
+	}
+	if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Fatalf("a slow client held a connection for %v", time.Since(start))
+	}
+}
+
+func TestOfflineAPIManyWaitsBounded(t *testing.T) {
+	const limit, callers = 100, 1000
+	f := newHTTPFixture(t, func(c *Config) { c.MaxWaiters = limit })
+	f.openConn2("127.0.0.1:8080") // keeps the pod from draining meanwhile
+	runtime.GC()
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
+	goroutines := runtime.NumGoroutine()
+
+	codes := make(chan int, callers)
+	// One connection per call, as a preStop's curl makes.
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	var wg sync.WaitGroup
+	for i := 0; i < callers; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := client.Post("http://"+f.addr+"/v1/offline?wait=60s&quiet=1s", "", nil)
+			if err != nil {
+				t.Errorf("caller: %v", err)
+				codes <- -1
+				return
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			codes <- resp.StatusCode
+		}()
+	}
+	// Every call beyond the limit is refused at once.
+	n429 := 0
+	deadline := time.After(30 * time.Second)
+	for n429 < callers-limit {
+		select {
+		case c := <-codes:
+			if c != 429 {
+				t.Fatalf("while %d waits are pending, a call got %d", limit, c)
+			}
+			n429++
+		case <-deadline:
+			t.Fatalf("only %d of %d excess calls were refused", n429, callers-limit)
+		}
+	}
+	f.d.local.mu.Lock()
+	waiting := f.d.local.nwait
+	f.d.local.mu.Unlock()
+	if waiting != limit {
+		t.Errorf("%d waits pending, want the limit %d", waiting, limit)
+	}
+	var during runtime.MemStats
+	runtime.ReadMemStats(&during)
+	// The pod drains: every pending wait is answered.
+	f.ct.Expire(f.ctx, []conntrack.Filter{{Proto: conntrack.TCP, ReplySrc: netip.MustParseAddrPort("127.0.0.1:0")}})
+	f.tick(0)
+	f.tick(2 * time.Second)
+	ok := 0
+	for i := 0; i < limit; i++ {
+		select {
+		case c := <-codes:
+			if c == 200 {
+				ok++
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("pending waits not answered: %d of %d", ok, limit)
+		}
+	}
+	wg.Wait()
+	if ok != limit {
+		t.Errorf("%d of %d pending waits got 200", ok, limit)
+	}
+	client.CloseIdleConnections()
+	runtime.GC()
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	growth := int64(during.HeapInuse) - int64(before.HeapInuse)
+	left := int64(after.HeapInuse) - int64(before.HeapInuse)
+	t.Logf("heap in use: before %d KiB, with %d callers %d KiB, after %d KiB", before.HeapInuse>>10, callers, during.HeapInuse>>10, after.HeapInuse>>10)
+	if growth > 64<<20 {
+		t.Errorf("heap grew by %d MiB under %d callers (client side included)", growth>>20, callers)
+	}
+	f.d.local.mu.Lock()
+	if f.d.local.nwait != 0 || len(f.d.local.pods["p0"].waiters) != 0 {
+		t.Errorf("waiter state left behind: %d waits", f.d.local.nwait)
+	}
+	f.d.local.mu.Unlock()
+	if left > 16<<20 {
+		t.Errorf("%d MiB of heap still held after every call ended", left>>20)
+	}
+	deadline2 := time.Now().Add(5 * time.Second)
+	for runtime.NumGoroutine() > goroutines+20 && time.Now().Before(deadline2) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if g := runtime.NumGoroutine(); g > goroutines+20 {
+		t.Errorf("%d goroutines left, %d before", g, goroutines)
+	}
+}
+
+func (f *httpFixture) openConn2(endpoint string) {
+	f.ct.AddFlow(flowTo(endpoint))
+}
