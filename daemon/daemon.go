@@ -124,7 +124,8 @@ type Daemon struct {
 
 	synced   atomic.Bool
 	attached atomic.Bool
-	events   atomic.Uint64 // informer events handled (tests wait on it)
+	// informer events handled, per kind (tests wait on them)
+	events struct{ slices, services, leases, pods atomic.Uint64 }
 
 	mu   sync.Mutex // guards view
 	view []PodStatus
@@ -321,7 +322,7 @@ func sameVersion(a, b any) bool {
 
 func (d *Daemon) registerHandlers() {
 	sliceEvent := func(old, new *k8s.Slice) {
-		defer d.events.Add(1)
+		defer d.events.slices.Add(1)
 		now := d.clock.Now()
 		d.tracker.markIPs(d.claims.updateSlice(old, new))
 		for _, s := range []*k8s.Slice{old, new} {
@@ -352,7 +353,7 @@ func (d *Daemon) registerHandlers() {
 		},
 	})
 	svcEvent := func(obj any) {
-		defer d.events.Add(1)
+		defer d.events.services.Add(1)
 		if s, ok := tombstone[*k8s.Service](obj); ok {
 			d.tracker.markService(s.Namespace+"/"+s.Name, d.clock.Now())
 			d.runner.Run()
@@ -368,7 +369,7 @@ func (d *Daemon) registerHandlers() {
 		DeleteFunc: svcEvent,
 	})
 	leaseEvent := func(any) {
-		defer d.events.Add(1)
+		defer d.events.leases.Add(1)
 		d.tracker.markLeases(d.clock.Now())
 		d.runner.Run()
 		d.local.wake()
@@ -383,7 +384,7 @@ func (d *Daemon) registerHandlers() {
 		DeleteFunc: leaseEvent,
 	})
 	podEvent := func(any) {
-		defer d.events.Add(1)
+		defer d.events.pods.Add(1)
 		d.tracker.markIPs(d.claims.setLocalPods(d.state.LocalPods()))
 		d.tracker.markPods(d.clock.Now())
 		d.runner.Run()

@@ -78,15 +78,16 @@ func newHarness(t *testing.T, mod ...func(*Config)) *harness {
 	return h
 }
 
-// do runs an API call and waits until the daemon's handlers saw n events.
-func (h *harness) do(n int, fn func(context.Context) error) {
+// do runs an API call and waits until the daemon's handlers saw n more
+// events of that kind.
+func (h *harness) do(kind *atomic.Uint64, n int, fn func(context.Context) error) {
 	h.t.Helper()
-	before := h.d.events.Load()
+	before := kind.Load()
 	if err := fn(h.ctx); err != nil {
 		h.t.Fatal(err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for h.d.events.Load() < before+uint64(n) {
+	for kind.Load() < before+uint64(n) {
 		if time.Now().After(deadline) {
 			h.t.Fatalf("timed out waiting for %d informer events", n)
 		}
@@ -102,27 +103,27 @@ func (h *harness) pass() int {
 }
 
 func (h *harness) addService(s *corev1.Service) {
-	h.do(1, func(ctx context.Context) error {
+	h.do(&h.d.events.services, 1, func(ctx context.Context) error {
 		_, err := h.client.CoreV1().Services(s.Namespace).Create(ctx, s, metav1.CreateOptions{})
 		return err
 	})
 }
 
 func (h *harness) updateService(s *corev1.Service) {
-	h.do(1, func(ctx context.Context) error {
+	h.do(&h.d.events.services, 1, func(ctx context.Context) error {
 		_, err := h.client.CoreV1().Services(s.Namespace).Update(ctx, s, metav1.UpdateOptions{})
 		return err
 	})
 }
 
 func (h *harness) deleteService(ns, name string) {
-	h.do(1, func(ctx context.Context) error {
+	h.do(&h.d.events.services, 1, func(ctx context.Context) error {
 		return h.client.CoreV1().Services(ns).Delete(ctx, name, metav1.DeleteOptions{})
 	})
 }
 
 func (h *harness) putSlice(s *discoveryv1.EndpointSlice) {
-	h.do(1, func(ctx context.Context) error {
+	h.do(&h.d.events.slices, 1, func(ctx context.Context) error {
 		api := h.client.DiscoveryV1().EndpointSlices(s.Namespace)
 		if _, err := api.Get(ctx, s.Name, metav1.GetOptions{}); err == nil {
 			_, err = api.Update(ctx, s, metav1.UpdateOptions{})
@@ -134,13 +135,13 @@ func (h *harness) putSlice(s *discoveryv1.EndpointSlice) {
 }
 
 func (h *harness) deleteSlice(ns, name string) {
-	h.do(1, func(ctx context.Context) error {
+	h.do(&h.d.events.slices, 1, func(ctx context.Context) error {
 		return h.client.DiscoveryV1().EndpointSlices(ns).Delete(ctx, name, metav1.DeleteOptions{})
 	})
 }
 
 func (h *harness) putPod(p *corev1.Pod) {
-	h.do(1, func(ctx context.Context) error {
+	h.do(&h.d.events.pods, 1, func(ctx context.Context) error {
 		api := h.client.CoreV1().Pods(p.Namespace)
 		if _, err := api.Get(ctx, p.Name, metav1.GetOptions{}); err == nil {
 			_, err = api.Update(ctx, p, metav1.UpdateOptions{})
@@ -152,7 +153,7 @@ func (h *harness) putPod(p *corev1.Pod) {
 }
 
 func (h *harness) deletePod(ns, name string) {
-	h.do(1, func(ctx context.Context) error {
+	h.do(&h.d.events.pods, 1, func(ctx context.Context) error {
 		return h.client.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{})
 	})
 }
@@ -163,7 +164,7 @@ func (h *harness) lease(uid types.UID, ns, name, holder, reason string, dur time
 	for _, ip := range ips {
 		addrs = append(addrs, netip.MustParseAddr(ip))
 	}
-	h.do(1, func(ctx context.Context) error {
+	h.do(&h.d.events.leases, 1, func(ctx context.Context) error {
 		l := &k8s.Leases{Client: h.client, Namespace: testNS}
 		_, _, err := l.Publish(ctx, k8s.DrainRequest{PodNamespace: ns, PodName: name, PodUID: uid, IPs: addrs,
 			Node: holder, Reason: reason, Duration: dur}, h.clock.Now())
@@ -172,13 +173,13 @@ func (h *harness) lease(uid types.UID, ns, name, holder, reason string, dur time
 }
 
 func (h *harness) deleteLease(uid types.UID) {
-	h.do(1, func(ctx context.Context) error {
+	h.do(&h.d.events.leases, 1, func(ctx context.Context) error {
 		return h.client.CoordinationV1().Leases(testNS).Delete(ctx, k8s.LeaseName(uid), metav1.DeleteOptions{})
 	})
 }
 
 func (h *harness) rawLease(l *coordinationv1.Lease) {
-	h.do(1, func(ctx context.Context) error {
+	h.do(&h.d.events.leases, 1, func(ctx context.Context) error {
 		_, err := h.client.CoordinationV1().Leases(testNS).Create(ctx, l, metav1.CreateOptions{})
 		return err
 	})

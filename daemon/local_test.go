@@ -83,11 +83,46 @@ func (h *harness) waitLeases(n int) {
 	}
 }
 
-// tick advances the fake clock and runs a model pass and a local pass.
+// tick advances the fake clock and runs a model pass and a local pass,
+// then lets the informers catch up with the Lease writes it made (a real
+// informer lags by milliseconds, not by the seconds a tick jumps).
 func (h *harness) tick(d time.Duration) {
 	h.clock.Step(d)
 	h.pass()
 	h.d.local.reconcile(h.ctx)
+	h.syncLeases()
+}
+
+// syncLeases waits until the Lease cache matches the API.
+func (h *harness) syncLeases() {
+	h.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		l, err := h.client.CoordinationV1().Leases(testNS).List(h.ctx, metav1.ListOptions{})
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		want := map[string]time.Time{}
+		for _, x := range l.Items {
+			if x.Spec.RenewTime != nil {
+				want[x.Name] = x.Spec.RenewTime.Time
+			}
+		}
+		have := map[string]time.Time{}
+		for _, x := range h.d.state.DrainLeases() {
+			have[x.Name] = x.Renewed
+		}
+		same := len(want) == len(have)
+		for n, t := range want {
+			if !have[n].Equal(t) {
+				same = false
+			}
+		}
+		if same || time.Now().After(deadline) {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 func (h *harness) setSYNs(n uint64) {

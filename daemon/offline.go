@@ -26,10 +26,22 @@ func (l *localDrains) offline(ctx context.Context, ip netip.Addr, wait, quiet ti
 	}
 	now := l.d.clock.Now()
 	l.mu.Lock()
-	if wait > 0 && l.nwait >= l.d.cfg.MaxWaiters {
-		l.mu.Unlock()
-		return OfflineResult{Pod: p.Namespace + "/" + p.Name, Error: "too many concurrent waits", code: http.StatusTooManyRequests}
+	if wait > 0 {
+		// Reserve the slot now: the check and the count must be one step.
+		if l.nwait >= l.d.cfg.MaxWaiters {
+			l.mu.Unlock()
+			return OfflineResult{Pod: p.Namespace + "/" + p.Name, Error: "too many concurrent waits", code: http.StatusTooManyRequests}
+		}
+		l.nwait++
 	}
+	reserved := wait > 0
+	defer func() {
+		if reserved { // the call ended before it became a waiter
+			l.mu.Lock()
+			l.nwait--
+			l.mu.Unlock()
+		}
+	}()
 	ld := l.pods[p.UID]
 	created := ld == nil || ld.state == StateCancelled
 	if created {
@@ -56,7 +68,7 @@ func (l *localDrains) offline(ctx context.Context, ip netip.Addr, wait, quiet ti
 	}
 	w := &waiter{quiet: quiet, deadline: now.Add(wait), started: now, done: make(chan OfflineResult, 1)}
 	ld.waiters = append(ld.waiters, w)
-	l.nwait++
+	reserved = false // the waiter owns the slot now; settling releases it
 	l.settle(ld, now) // maybe drained already
 	l.mu.Unlock()
 	l.wake()

@@ -186,6 +186,13 @@ func TestOfflineAPIManyWaitsBounded(t *testing.T) {
 				ok++
 			}
 		case <-time.After(20 * time.Second):
+			buf := make([]byte, 1<<20)
+			n := runtime.Stack(buf, true)
+			for _, g := range strings.Split(string(buf[:n]), "\n\n") {
+				if strings.Contains(g, "daemon.(*localDrains)") {
+					t.Log(g)
+				}
+			}
 			t.Fatalf("pending waits not answered: %d of %d", ok, limit)
 		}
 	}
