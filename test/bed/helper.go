@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -39,6 +40,9 @@ type Response struct {
 	// Server statistics.
 	Accepted int `json:"accepted,omitempty"`
 	Active   int `json:"active,omitempty"`
+	// HTTP answers.
+	Code int    `json:"code,omitempty"`
+	Body string `json:"body,omitempty"`
 }
 
 // HelperMain runs the helper process if this process is one, and exits;
@@ -379,6 +383,24 @@ func (c *client) handle(req Request) Response {
 			delete(c.conns, req.ID)
 		}
 		return Response{}
+	case "http": // Line is the method (GET by default), Addr the URL
+		method := req.Line
+		if method == "" {
+			method = http.MethodGet
+		}
+		hreq, err := http.NewRequest(method, req.Addr, nil)
+		if err != nil {
+			return Response{Err: err.Error()}
+		}
+		hc := &http.Client{Timeout: timeout(req), Transport: &http.Transport{DisableKeepAlives: true}}
+		start := time.Now()
+		resp, err := hc.Do(hreq)
+		if err != nil {
+			return Response{Err: ErrClass(err)}
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		return Response{Code: resp.StatusCode, Body: string(body), Elapsed: time.Since(start)}
 	case "loop_start":
 		l := &loop{stop: make(chan struct{}), done: make(chan Response, 1)}
 		c.loops[req.ID] = l
