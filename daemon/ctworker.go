@@ -44,31 +44,22 @@ func (w *ctWorker) kick() {
 	}
 }
 
-// draining is told, after each pass, which UDP keys are steered now.
-func (w *ctWorker) draining(m *model, now time.Time) {
-	if w.d.ct == nil {
+// udpDrain is told when a drain entry appears or goes: UDP ones are
+// expired at once, then periodically while they stay.
+func (w *ctWorker) udpDrain(k bpf.EndpointKey, present bool, now time.Time) {
+	if w.d.ct == nil || k.Proto != bpf.UDP {
 		return
 	}
 	w.mu.Lock()
-	defer w.mu.Unlock()
-	seen := map[bpf.EndpointKey]bool{}
-	added := false
-	for k := range w.d.rec.drains {
-		if k.Proto != bpf.UDP {
-			continue
-		}
-		seen[k] = true
+	if present {
 		if _, ok := w.udp[k]; !ok {
 			w.udp[k] = now // due at once: the drain just started
-			added = true
 		}
+	} else {
+		delete(w.udp, k)
 	}
-	for k := range w.udp {
-		if !seen[k] {
-			delete(w.udp, k)
-		}
-	}
-	if added {
+	w.mu.Unlock()
+	if present {
 		w.kick()
 	}
 }

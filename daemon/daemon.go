@@ -81,6 +81,7 @@ func (c *Config) Defaults() {
 	def(&c.MaxWait, 10*time.Minute)
 	def(&c.PollEvery, 200*time.Millisecond)
 	def(&c.HeaderTimeout, 5*time.Second)
+
 	if c.MaxWaiters == 0 {
 		c.MaxWaiters = 256
 	}
@@ -117,6 +118,9 @@ type Daemon struct {
 	rec       *reconciler
 	firstDone bool
 	lastFull  time.Time
+	// modelMu is held by every pass and by status readers: the status view
+	// is built on demand (a scrape, draind status), never on the hot path.
+	modelMu sync.Mutex
 	seenDel   map[types.UID]time.Time // local pods first seen deleting
 
 	ct2   *ctWorker
@@ -127,8 +131,7 @@ type Daemon struct {
 	// informer events handled, per kind (tests wait on them)
 	events struct{ slices, services, leases, pods atomic.Uint64 }
 
-	mu   sync.Mutex // guards view
-	view []PodStatus
+	mu sync.Mutex // guards firstDone for readers
 }
 
 // New builds a daemon; Run starts it. ct may be nil (no conntrack expiry).
@@ -152,6 +155,7 @@ func New(cfg Config, client kubernetes.Interface, dp Datapath, ct conntrack.Inte
 		},
 	}, d.state, d.claims)
 	d.rec = newReconciler(dp, cfg.EntryTTL)
+	d.rec.onDrain = func(k bpf.EndpointKey, present bool) { d.ct2.udpDrain(k, present, d.clock.Now()) }
 	d.rec.onError = func(what string, err error) {
 		kind := "other"
 		if isMapFull(err) {
@@ -442,6 +446,8 @@ func (d *Daemon) buildPodDrains(now time.Time) map[types.UID]*podDrain {
 // sync is one reconciler pass, run by the runner. It returns the next
 // instant the model changes by itself (a Lease or linger ending).
 func (d *Daemon) sync() time.Time {
+	d.modelMu.Lock()
+	defer d.modelMu.Unlock()
 	now := d.clock.Now()
 	dirty := d.tracker.take()
 	m := d.model
@@ -500,14 +506,13 @@ func (d *Daemon) sync() time.Time {
 	if !d.firstDone {
 		d.log.Info("first datapath pass done", logKeyOps, res.Ops)
 	}
-	d.publishView(now)
+	d.local.setKeys(m.keysOf(d.local.uids()))
 	d.mu.Lock()
 	d.firstDone = true
 	d.mu.Unlock()
 	for _, dep := range departed {
 		d.ct2.departed(dep)
 	}
-	d.ct2.draining(d.model, now)
 
 	next := m.nextDeadline()
 	if d.rec.pending() {
@@ -519,13 +524,15 @@ func (d *Daemon) sync() time.Time {
 	return next
 }
 
-// publishView refreshes the status view of drained pods.
-func (d *Daemon) publishView(now time.Time) {
+// PodStatuses returns every drained pod, with this node's measurements of
+// the pods it hosts. It walks the model: call it for status and scrapes,
+// not per event.
+func (d *Daemon) PodStatuses() []PodStatus {
+	d.modelMu.Lock()
 	pods := d.model.drainedPods()
-	counts := map[string]int{}
+	d.modelMu.Unlock()
 	view := make([]PodStatus, 0, len(pods))
 	for _, p := range pods {
-		counts[p.Reason]++
 		ps := PodStatus{UID: string(p.UID), Reason: p.Reason, Since: p.Since, Deadline: p.Expires, State: StateDraining}
 		ps.Namespace, ps.Name = splitPod(p.Pod)
 		for _, ip := range p.IPs {
@@ -537,27 +544,10 @@ func (d *Daemon) publishView(now time.Time) {
 		if p.Reason == ReasonDeparted {
 			ps.State = StateLingering
 		}
+		d.local.annotate(&ps)
 		view = append(view, ps)
 	}
-	d.local.setKeys(pods)
-	for _, r := range drainReasons {
-		d.Metrics.DrainingEndpoints.WithLabelValues(r).Set(float64(counts[r]))
-	}
-	d.mu.Lock()
-	d.view = view
-	d.mu.Unlock()
-}
-
-// PodStatuses returns the drained pods as of the last pass, with this
-// node's current measurements of the pods it hosts.
-func (d *Daemon) PodStatuses() []PodStatus {
-	d.mu.Lock()
-	out := append([]PodStatus(nil), d.view...)
-	d.mu.Unlock()
-	for i := range out {
-		d.local.annotate(&out[i])
-	}
-	return out
+	return view
 }
 
 func splitPod(s string) (string, string) {

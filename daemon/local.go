@@ -152,17 +152,23 @@ func (l *localDrains) event(ld *localDrain, typ, reason, msg string) {
 	l.recorder.Event(ref, typ, reason, msg)
 }
 
-// setKeys records the entry keys of every drained pod (runner goroutine):
-// the SYN counters of a local pod are read under them.
-func (l *localDrains) setKeys(pods []drainedPod) {
+// uids returns the pods drained on this node.
+func (l *localDrains) uids() []types.UID {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	clear(l.keysFor)
-	for _, p := range pods {
-		if p.UID != "" {
-			l.keysFor[p.UID] = p.Keys
-		}
+	out := make([]types.UID, 0, len(l.pods))
+	for uid := range l.pods {
+		out = append(out, uid)
 	}
+	return out
+}
+
+// setKeys records the entry keys of this node's drained pods (runner
+// goroutine): their SYN counters are read under them.
+func (l *localDrains) setKeys(keys map[types.UID][]bpf.EndpointKey) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.keysFor = keys
 }
 
 // annotate fills a status row with what this node measured.
@@ -422,10 +428,13 @@ func (l *localDrains) measure(ctx context.Context, now time.Time) {
 		if syns < ld.syns {
 			syns = ld.syns // the stats entry was recreated: counts only grow
 		}
-		if syns > ld.syns {
-			// The observer's clock is the kernel's; the moment this pass
-			// saw the count grow is the one comparable with our clock.
-			ld.lastSYN = now
+		switch {
+		case last.After(ld.lastSYN):
+			// The observer's own timestamp of the last SYN: right even
+			// for SYNs counted before this draind started.
+			ld.lastSYN = last
+		case syns > ld.syns && last.IsZero():
+			ld.lastSYN = now // no timestamp: the growth is all we know
 		}
 		ld.syns, ld.steered, ld.live, ld.liveChecked = syns, steered, live, checked
 		ld.synSamples = append(ld.synSamples, synSample{now, syns})

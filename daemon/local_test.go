@@ -129,6 +129,7 @@ func (h *harness) setSYNs(n uint64) {
 	k := key("10.0.0.1:8080", bpf.TCP)
 	st, _ := h.dp.DrainStats(k)
 	st.SYNs = n
+	st.LastSYN = h.clock.Now()
 	h.dp.SetStats(k, st)
 }
 

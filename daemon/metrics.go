@@ -42,9 +42,8 @@ var connOutcome = map[bpf.Outcome][3]string{
 type Metrics struct {
 	Registry *prometheus.Registry
 
-	SignalToDatapath  prometheus.Histogram
-	DrainingEndpoints *prometheus.GaugeVec
-	DrainStarts       *prometheus.CounterVec
+	SignalToDatapath prometheus.Histogram
+	DrainStarts      *prometheus.CounterVec
 	DrainOutcomes     *prometheus.CounterVec
 	DrainDuration     prometheus.Histogram
 	CTExpired         *prometheus.CounterVec
@@ -68,8 +67,6 @@ func NewMetrics(version string, dp Datapath, inf *k8s.Informers, pods func() []P
 		SignalToDatapath: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "signal_to_datapath_seconds",
 			Help:    "Time from an informer delivering a Kubernetes event to the datapath update it caused returning.",
 			Buckets: []float64{.00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1}}),
-		DrainingEndpoints: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "draining_endpoints",
-			Help: "Pods (endpoint owners) currently drained, by reason."}, []string{"reason"}),
 		DrainStarts: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "drain_starts_total",
 			Help: "Drains started, by reason."}, []string{"reason"}),
 		DrainOutcomes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "drain_outcomes_total",
@@ -99,7 +96,6 @@ func NewMetrics(version string, dp Datapath, inf *k8s.Informers, pods func() []P
 			Help: "Requests to the node-local offline API, by endpoint and status code."}, []string{"path", "code"}),
 	}
 	for _, reason := range drainReasons {
-		m.DrainingEndpoints.WithLabelValues(reason)
 		m.DrainStarts.WithLabelValues(reason)
 	}
 	for _, o := range drainOutcomes {
@@ -124,7 +120,7 @@ func NewMetrics(version string, dp Datapath, inf *k8s.Informers, pods func() []P
 			m.OfflineRequests.WithLabelValues(path, code)
 		}
 	}
-	r.MustRegister(m.SignalToDatapath, m.DrainingEndpoints, m.DrainStarts, m.DrainOutcomes, m.DrainDuration,
+	r.MustRegister(m.SignalToDatapath, m.DrainStarts, m.DrainOutcomes, m.DrainDuration,
 		m.CTExpired, m.CTExpiryDuration, m.CTErrors, m.DatapathOps, m.DatapathErrors, m.InformerSynced,
 		m.LeaseOps, m.PolicyInvalid, m.SteeringReady, m.OfflineRequests)
 	bi := prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "build_info",
@@ -158,7 +154,9 @@ var (
 	descMapEntries  = prometheus.NewDesc(ns+"_bpf_map_entries", "Entries in a BPF map.", []string{"map"}, nil)
 	descMapCapacity = prometheus.NewDesc(ns+"_bpf_map_capacity", "Capacity of a BPF map.", []string{"map"}, nil)
 	descMapErrors   = prometheus.NewDesc(ns+"_bpf_map_update_errors_total", "Failed updates of a BPF map.", []string{"map"}, nil)
-	descPodSYNs     = prometheus.NewDesc(ns+"_draining_pod_syns_total",
+	descDraining = prometheus.NewDesc(ns+"_draining_endpoints",
+		"Pods (endpoint owners) currently drained, by reason.", []string{"reason"}, nil)
+	descPodSYNs = prometheus.NewDesc(ns+"_draining_pod_syns_total",
 		"SYNs that reached a draining pod hosted on this node (one series per pod while it drains).", []string{"namespace", "pod"}, nil)
 	descPodLive = prometheus.NewDesc(ns+"_draining_pod_live_connections",
 		"Live connections of a draining pod hosted on this node.", []string{"namespace", "pod"}, nil)
@@ -167,7 +165,7 @@ var (
 )
 
 func (c *datapathCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descConns, descSYNs, descMapEntries, descMapCapacity, descMapErrors, descPodSYNs, descPodLive, descPodSteered} {
+	for _, d := range []*prometheus.Desc{descDraining, descConns, descSYNs, descMapEntries, descMapCapacity, descMapErrors, descPodSYNs, descPodLive, descPodSteered} {
 		ch <- d
 	}
 }
@@ -193,7 +191,15 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 	if c.pods == nil {
 		return
 	}
-	for _, p := range c.pods() {
+	pods := c.pods()
+	counts := map[string]int{}
+	for _, p := range pods {
+		counts[p.Reason]++
+	}
+	for _, r := range drainReasons {
+		ch <- prometheus.MustNewConstMetric(descDraining, prometheus.GaugeValue, float64(counts[r]), r)
+	}
+	for _, p := range pods {
 		if !p.Local {
 			continue
 		}

@@ -126,6 +126,7 @@ type model struct {
 	contribs  map[bpf.EndpointKey][]contribution
 	byIP      map[netip.Addr]map[bpf.EndpointKey]struct{}
 	lingering map[bpf.EndpointKey]*lingerRec
+	lingerMin time.Time // earliest linger end (zero: none), a lower bound
 	podDrains map[types.UID]*podDrain
 	presence  map[types.UID]map[string]struct{} // drained uid -> services listing it
 	claims    *claims
@@ -470,6 +471,9 @@ func (m *model) removeContrib(k bpf.EndpointKey, match func(contribution) bool) 
 func (m *model) setLinger(k bpf.EndpointKey, l *lingerRec) {
 	m.clearLinger(k)
 	m.lingering[k] = l
+	if m.lingerMin.IsZero() || l.until.Before(m.lingerMin) {
+		m.lingerMin = l.until
+	}
 	m.addContrib(k, l.c)
 }
 
@@ -614,23 +618,25 @@ func (m *model) claimsChanged(ip netip.Addr) {
 	}
 }
 
-// expireLingering ends lingers that ran out.
+// expireLingering ends lingers that ran out. It walks them only when the
+// earliest one is due.
 func (m *model) expireLingering(now time.Time) {
+	if m.lingerMin.IsZero() || now.Before(m.lingerMin) {
+		return
+	}
+	m.lingerMin = time.Time{}
 	for k, l := range m.lingering {
 		if !now.Before(l.until) {
 			m.clearLinger(k)
+		} else if m.lingerMin.IsZero() || l.until.Before(m.lingerMin) {
+			m.lingerMin = l.until
 		}
 	}
 }
 
 // nextDeadline is the earliest instant the model changes by itself.
 func (m *model) nextDeadline() time.Time {
-	var t time.Time
-	for _, l := range m.lingering {
-		if t.IsZero() || l.until.Before(t) {
-			t = l.until
-		}
-	}
+	t := m.lingerMin
 	for _, d := range m.podDrains {
 		if !d.Expires.IsZero() && (t.IsZero() || d.Expires.Before(t)) {
 			t = d.Expires
@@ -718,6 +724,30 @@ func (m *model) desiredSPF(id bpf.ServicePortID, now time.Time) (fes []bpf.Front
 		fes = append(fes, bpf.Frontend{Key: k, Service: id, NoSteer: st.noSteer, Expires: exp})
 	}
 	return fes, &bpf.Backends{Service: id, Backends: st.selectable, Expires: exp}
+}
+
+// keysOf returns the entry keys contributed for each of the given pods,
+// found through their IPs (a drained pod's Lease or endpoints name them).
+func (m *model) keysOf(uids []types.UID) map[types.UID][]bpf.EndpointKey {
+	out := make(map[types.UID][]bpf.EndpointKey, len(uids))
+	for _, uid := range uids {
+		var keys []bpf.EndpointKey
+		var ips []netip.Addr
+		if d := m.podDrains[uid]; d != nil {
+			ips = d.IPs
+		}
+		for _, ip := range ips {
+			for k := range m.byIP[ip] {
+				for _, c := range m.contribs[k] {
+					if c.uid == uid && !slices.Contains(keys, k) {
+						keys = append(keys, k)
+					}
+				}
+			}
+		}
+		out[uid] = keys
+	}
+	return out
 }
 
 // drainedPod is the status view of one drained pod (or endpoint owner).

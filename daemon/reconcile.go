@@ -27,6 +27,8 @@ type reconciler struct {
 	retrySPF  map[bpf.ServicePortID]struct{}
 
 	onError func(what string, err error)
+	// onDrain is told when a drain entry appears or goes.
+	onDrain func(k bpf.EndpointKey, present bool)
 }
 
 func newReconciler(dp Datapath, ttl time.Duration) *reconciler {
@@ -53,6 +55,9 @@ func (r *reconciler) adopt(d *bpf.Dump) {
 	}
 	for _, dr := range d.Drains {
 		r.drains[dr.Key] = dr
+		if r.onDrain != nil {
+			r.onDrain(dr.Key, true)
+		}
 	}
 }
 
@@ -194,6 +199,9 @@ func (r *reconciler) apply(m *model, now time.Time, full bool) applyResult {
 			continue
 		}
 		r.drains[k] = want
+		if !have && r.onDrain != nil {
+			r.onDrain(k, true)
+		}
 	}
 	// 4. Deletions of entries.
 	for _, k := range staleFE {
@@ -218,6 +226,9 @@ func (r *reconciler) apply(m *model, now time.Time, full bool) applyResult {
 			continue
 		}
 		delete(r.drains, k)
+		if r.onDrain != nil {
+			r.onDrain(k, false)
+		}
 	}
 	// 5. Backend sets nobody needs any more.
 	for _, p := range plans {
