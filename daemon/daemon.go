@@ -121,7 +121,7 @@ type Daemon struct {
 	// modelMu is held by every pass and by status readers: the status view
 	// is built on demand (a scrape, draind status), never on the hot path.
 	modelMu sync.Mutex
-	seenDel   map[types.UID]time.Time // local pods first seen deleting
+	seenDel map[types.UID]time.Time // local pods first seen deleting
 
 	ct2   *ctWorker
 	local *localDrains

@@ -44,18 +44,18 @@ type Metrics struct {
 
 	SignalToDatapath prometheus.Histogram
 	DrainStarts      *prometheus.CounterVec
-	DrainOutcomes     *prometheus.CounterVec
-	DrainDuration     prometheus.Histogram
-	CTExpired         *prometheus.CounterVec
-	CTExpiryDuration  prometheus.Histogram
-	CTErrors          prometheus.Counter
-	DatapathOps       prometheus.Counter
-	DatapathErrors    *prometheus.CounterVec
-	InformerSynced    *prometheus.GaugeVec
-	LeaseOps          *prometheus.CounterVec
-	PolicyInvalid     prometheus.Counter
-	SteeringReady     prometheus.Gauge
-	OfflineRequests   *prometheus.CounterVec
+	DrainOutcomes    *prometheus.CounterVec
+	DrainDuration    prometheus.Histogram
+	CTExpired        *prometheus.CounterVec
+	CTExpiryDuration prometheus.Histogram
+	CTErrors         prometheus.Counter
+	DatapathOps      prometheus.Counter
+	DatapathErrors   *prometheus.CounterVec
+	InformerSynced   *prometheus.GaugeVec
+	LeaseOps         *prometheus.CounterVec
+	PolicyInvalid    prometheus.Counter
+	SteeringReady    prometheus.Gauge
+	OfflineRequests  *prometheus.CounterVec
 }
 
 // NewMetrics registers the daemon's metrics; dp may be nil (no datapath
@@ -154,7 +154,7 @@ var (
 	descMapEntries  = prometheus.NewDesc(ns+"_bpf_map_entries", "Entries in a BPF map.", []string{"map"}, nil)
 	descMapCapacity = prometheus.NewDesc(ns+"_bpf_map_capacity", "Capacity of a BPF map.", []string{"map"}, nil)
 	descMapErrors   = prometheus.NewDesc(ns+"_bpf_map_update_errors_total", "Failed updates of a BPF map.", []string{"map"}, nil)
-	descDraining = prometheus.NewDesc(ns+"_draining_endpoints",
+	descDraining    = prometheus.NewDesc(ns+"_draining_endpoints",
 		"Pods (endpoint owners) currently drained, by reason.", []string{"reason"}, nil)
 	descPodSYNs = prometheus.NewDesc(ns+"_draining_pod_syns_total",
 		"SYNs that reached a draining pod hosted on this node (one series per pod while it drains).", []string{"namespace", "pod"}, nil)
