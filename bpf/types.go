@@ -191,3 +191,29 @@ type Dump struct {
 	Stats     map[EndpointKey]DrainStats
 	Counters  Counters
 }
+
+// MarshalText renders the policy by name (JSON dumps).
+func (p Policy) MarshalText() ([]byte, error) { return []byte(p.String()), nil }
+
+// UnmarshalText parses a policy name.
+func (p *Policy) UnmarshalText(b []byte) error {
+	v, err := ParsePolicy(string(b))
+	*p = v
+	return err
+}
+
+// MarshalText renders the protocol by name (JSON dumps).
+func (p Protocol) MarshalText() ([]byte, error) { return []byte(p.String()), nil }
+
+// UnmarshalText parses TCP or UDP.
+func (p *Protocol) UnmarshalText(b []byte) error {
+	switch string(b) {
+	case "TCP":
+		*p = TCP
+	case "UDP":
+		*p = UDP
+	default:
+		return fmt.Errorf("unknown protocol %q", b)
+	}
+	return nil
+}

@@ -167,8 +167,17 @@ func (l *localDrains) uids() []types.UID {
 // goroutine): their SYN counters are read under them.
 func (l *localDrains) setKeys(keys map[types.UID][]bpf.EndpointKey) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
+	changed := len(keys) != len(l.keysFor)
+	for uid, k := range keys {
+		if !slices.Equal(k, l.keysFor[uid]) {
+			changed = true
+		}
+	}
 	l.keysFor = keys
+	l.mu.Unlock()
+	if changed {
+		l.wake() // measure under the new keys now
+	}
 }
 
 // annotate fills a status row with what this node measured.
@@ -215,6 +224,7 @@ func (l *localDrains) reconcile(ctx context.Context) {
 	var deleteLeases []string
 
 	l.mu.Lock()
+	known := len(l.pods)
 	// Local pods being deleted drain even without an offline call.
 	for _, p := range pods {
 		if p.Deleting() && !p.HostNetwork && len(p.IPs) > 0 {
@@ -255,6 +265,10 @@ func (l *localDrains) reconcile(ctx context.Context) {
 				break
 			}
 		}
+	}
+	if len(l.pods) > known {
+		// New drains here: the next pass tells us their entry keys.
+		defer l.d.runner.Run()
 	}
 	for uid, ld := range l.pods {
 		dl := leases[uid]

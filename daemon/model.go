@@ -745,6 +745,7 @@ func (m *model) keysOf(uids []types.UID) map[types.UID][]bpf.EndpointKey {
 				}
 			}
 		}
+		slices.SortFunc(keys, bpf.EndpointKey.Compare)
 		out[uid] = keys
 	}
 	return out

@@ -1,0 +1,190 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"io"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	testingclock "k8s.io/utils/clock/testing"
+
+	"github.com/draind/draind/bpf"
+	"github.com/draind/draind/conntrack"
+	"github.com/draind/draind/daemon"
+	"github.com/draind/draind/k8s"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files")
+
+// realStatus runs a real daemon (fake API, fake datapath, fake clock) with
+// one pod of this node drained by its offline call, one remote endpoint
+// terminating, and returns its status.
+func realStatus(t *testing.T) daemon.Status {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	clk := testingclock.NewFakeClock(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
+	client := fake.NewClientset()
+	dp := daemon.NewFakeDatapath()
+	ct := conntrack.NewFake(conntrack.Flow{Proto: conntrack.TCP, State: conntrack.TCPEstablished,
+		Orig:  conntrack.Tuple{Src: netip.MustParseAddrPort("10.244.1.7:51000"), Dst: netip.MustParseAddrPort("10.96.0.10:80")},
+		Reply: conntrack.Tuple{Src: netip.MustParseAddrPort("10.244.0.11:8080"), Dst: netip.MustParseAddrPort("10.244.1.7:51000")}})
+	dp.Ctr[bpf.OutSteeredClusterIP][bpf.IPv4] = 1234
+	dp.Ctr[bpf.OutSteeredPodIP][bpf.IPv4] = 56
+	dp.Ctr[bpf.OutRefused][bpf.IPv6] = 7
+	dp.Ctr[bpf.OutSYNDraining][bpf.IPv4] = 3
+	dp.SetStats(bpf.EndpointKey{Addr: netip.MustParseAddr("10.244.0.11"), Port: 8080, Proto: bpf.TCP},
+		bpf.DrainStats{SYNs: 3, Steered: 56, LastSYN: clk.Now().Add(-4 * time.Second)})
+
+	tr, node := true, "node-a"
+	other := "node-b"
+	mk := func(ip string, ready bool, uid, name, n string) discoveryv1.Endpoint {
+		term := !ready
+		return discoveryv1.Endpoint{Addresses: []string{ip}, NodeName: &n,
+			Conditions: discoveryv1.EndpointConditions{Ready: &ready, Serving: &tr, Terminating: &term},
+			TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: "shop", Name: name, UID: types.UID("uid-" + uid)}}
+	}
+	pn, pp, pr := "http", int32(8080), corev1.ProtocolTCP
+	objs := []func() error{
+		func() error {
+			_, err := client.CoreV1().Services("shop").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "cart", Namespace: "shop"},
+				Spec: corev1.ServiceSpec{ClusterIP: "10.96.0.10", ClusterIPs: []string{"10.96.0.10"}, Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: pr}}}}, metav1.CreateOptions{})
+			return err
+		},
+		func() error {
+			_, err := client.DiscoveryV1().EndpointSlices("shop").Create(ctx, &discoveryv1.EndpointSlice{
+				ObjectMeta:  metav1.ObjectMeta{Name: "cart-x1", Namespace: "shop", Labels: map[string]string{discoveryv1.LabelServiceName: "cart"}},
+				AddressType: discoveryv1.AddressTypeIPv4, Ports: []discoveryv1.EndpointPort{{Name: &pn, Port: &pp, Protocol: &pr}},
+				Endpoints: []discoveryv1.Endpoint{mk("10.244.0.11", true, "a", "cart-a", node), mk("10.244.1.12", false, "b", "cart-b", other), mk("10.244.1.13", true, "c", "cart-c", other)},
+			}, metav1.CreateOptions{})
+			return err
+		},
+		func() error {
+			_, err := client.CoreV1().Pods("shop").Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "cart-a", Namespace: "shop", UID: "uid-a"},
+				Spec: corev1.PodSpec{NodeName: node}, Status: corev1.PodStatus{PodIP: "10.244.0.11", PodIPs: []corev1.PodIP{{IP: "10.244.0.11"}}}}, metav1.CreateOptions{})
+			return err
+		},
+		func() error {
+			l := &k8s.Leases{Client: client, Namespace: "draind-system"}
+			_, _, err := l.Publish(ctx, k8s.DrainRequest{PodNamespace: "shop", PodName: "cart-a", PodUID: "uid-a",
+				IPs: []netip.Addr{netip.MustParseAddr("10.244.0.11")}, Node: node, Reason: k8s.ReasonOffline, Duration: 30 * time.Second}, clk.Now().Add(-5*time.Second))
+			return err
+		},
+	}
+	for _, f := range objs {
+		if err := f(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d := daemon.New(daemon.Config{Node: node, Namespace: "draind-system", Version: "v0.1.0-test", Clock: clk,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), RegistryOnlyPolicy: bpf.PolicyRefuse}, client, dp, ct)
+	d.SetAttached(true)
+	go d.Run(ctx)
+	src := daemon.StatusSource{
+		Features: bpf.Features{Kernel: "6.18.0-test", Cgroup2: "/sys/fs/cgroup", BTF: true, CgroupSockAddr: true, CgroupSKB: true,
+			HelperSetRetval: true, HelperBootTime: true, HelperPrandom: true, BPFLink: true},
+		Attached: func() []string { return []string{"connect4", "connect6", "observe_ingress"} },
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st := d.Status(src)
+		if st.Healthy && len(st.Pods) == 2 && st.Pods[0].Local && st.Pods[0].SYNs == 3 && st.Pods[0].LiveConnections == 1 {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("status never settled: %+v", st)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func golden(t *testing.T, name string, got []byte) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run with -update to create it)", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("%s differs from the golden file (run with -update if intended):\n--- got\n%s\n--- want\n%s", name, got, want)
+	}
+}
+
+func TestStatusGolden(t *testing.T) {
+	st := realStatus(t)
+	for _, tc := range []struct{ output, file string }{
+		{"", "status.txt"}, {"wide", "status-wide.txt"}, {"json", "status.json"},
+	} {
+		t.Run(tc.file, func(t *testing.T) {
+			var b bytes.Buffer
+			if err := printStatus(&b, &st, tc.output); err != nil {
+				t.Fatal(err)
+			}
+			golden(t, tc.file, b.Bytes())
+		})
+	}
+	if err := printStatus(io.Discard, &st, "yaml"); err == nil {
+		t.Error("an unknown output format was accepted")
+	}
+}
+
+func TestStatusUnhealthyExitsNonZero(t *testing.T) {
+	st := realStatus(t)
+	st.Healthy, st.Problems = false, []string{"programs not attached"}
+	var b bytes.Buffer
+	if err := printStatus(&b, &st, ""); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(b.Bytes(), []byte("Healthy:           NO: programs not attached")) {
+		t.Errorf("unhealthy status not shown:\n%s", b.String())
+	}
+	// The command itself, against a daemon socket serving this status.
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "s.sock")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go daemon.ServeStatus(ctx, sock, func() daemon.Status { return st })
+	for i := 0; i < 500; i++ {
+		if _, err := os.Stat(sock); err == nil {
+			break
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	fi, err := os.Stat(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o600 {
+		t.Errorf("status socket mode %v, want 0600 (root-only)", fi.Mode().Perm())
+	}
+	cmd := newRootCmd()
+	var out bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetArgs([]string{"status", "--socket", sock})
+	if err := cmd.ExecuteContext(ctx); err != errUnhealthy {
+		t.Errorf("draind status on an unhealthy daemon returned %v, want errUnhealthy (exit 1)", err)
+	}
+	st.Healthy, st.Problems = true, nil
+	cmd = newRootCmd()
+	cmd.SetOut(io.Discard)
+	cmd.SetArgs([]string{"status", "--socket", sock, "-o", "json"})
+	if err := cmd.ExecuteContext(ctx); err != nil {
+		t.Errorf("draind status on a healthy daemon: %v", err)
+	}
+}
