@@ -17,7 +17,7 @@ func newRootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newRunCmd(), newStatusCmd(), newDrainCmd(), newUndrainCmd(), newBPFCmd(), newDemoCmd(), newVersionCmd())
+	root.AddCommand(newRunCmd(), newStatusCmd(), newDrainCmd(), newUndrainCmd(), newBPFCmd(), newOfflineCmd(), newCopySelfCmd(), newDemoCmd(), newVersionCmd())
 	return root
 }
 
