@@ -278,9 +278,18 @@ func Remove(dir string) error {
 		}
 		errs = append(errs, l.Unpin(), l.Close())
 	}
-	if err := os.RemoveAll(dir); err != nil {
-		errs = append(errs, fmt.Errorf("removing %s: %w", dir, err))
+	// Remove only what draind created: the directory may be a bpffs root
+	// with the kernel's own files in it.
+	os.Remove(linkDir)
+	ents, _ = os.ReadDir(dir)
+	for _, e := range ents {
+		if e.IsDir() && strings.HasPrefix(e.Name(), "v") {
+			if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+				errs = append(errs, fmt.Errorf("removing pinned maps: %w", err))
+			}
+		}
 	}
+	os.Remove(dir) // fails harmlessly when dir is a mount point
 	return errors.Join(errs...)
 }
 

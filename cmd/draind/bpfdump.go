@@ -35,7 +35,24 @@ func newBPFCmd() *cobra.Command {
 	}
 	dump.Flags().StringVar(&dir, "bpffs-dir", bpf.DefaultPinDir, "bpffs directory of the pinned maps")
 	dump.Flags().StringVarP(&output, "output", "o", "", "output format: json (default: text)")
-	cmd.AddCommand(dump)
+	var rmDir string
+	remove := &cobra.Command{
+		Use:   "remove",
+		Short: "Detach the programs and delete the pins (uninstall; the daemon must be stopped)",
+		Long: `Pinned links keep the hooks attached while draind restarts or upgrades, so
+deleting the DaemonSet leaves them in place (passing everything through once
+their entries expire). This detaches them and removes every pin.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := bpf.Remove(rmDir); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "removed draind's programs and pins under %s\n", rmDir)
+			return nil
+		},
+	}
+	remove.Flags().StringVar(&rmDir, "bpffs-dir", bpf.DefaultPinDir, "bpffs directory of the pins")
+	cmd.AddCommand(dump, remove)
 	return cmd
 }
 

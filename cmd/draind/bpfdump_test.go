@@ -69,6 +69,16 @@ func TestPrivilegedBPFDump(t *testing.T) {
 	if d := time.Until(j.Drains[0].Expires); d < 50*time.Second || d > 61*time.Second {
 		t.Errorf("expiry read back as %v from now", d)
 	}
+	// Uninstall: everything goes, and dump then says so.
+	rm := newRootCmd()
+	rm.SetOut(&bytes.Buffer{})
+	rm.SetArgs([]string{"bpf", "remove", "--bpffs-dir", dir})
+	if err := rm.ExecuteContext(context.Background()); err != nil {
+		t.Fatalf("bpf remove: %v", err)
+	}
+	if _, err := bpf.OpenPinned(dir); err == nil {
+		t.Error("pins still there after bpf remove")
+	}
 	// Nothing pinned: a clear error, not an empty table.
 	empty, unmount2, err := bed.NewBPFFS()
 	if err != nil {
