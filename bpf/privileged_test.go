@@ -484,3 +484,14 @@ func TestPrivilegedMapFull(t *testing.T) {
 		t.Errorf("drain added after the overflow does not refuse: %v %v", r.By, r.Fails)
 	}
 }
+
+func TestPrivilegedProbe(t *testing.T) {
+	bed.RequirePrivileged(t)
+	f, err := bpf.Probe()
+	if err != nil {
+		t.Fatalf("this machine has every feature draind needs, yet: %v", err)
+	}
+	if !f.CgroupSockAddr || !f.CgroupSKB || !f.HelperSetRetval || !f.HelperBootTime || !f.HelperPrandom || !f.BPFLink || f.Cgroup2 == "" || f.Kernel == "" {
+		t.Errorf("features %+v", f)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -505,6 +506,10 @@ func (d *Daemon) sync() time.Time {
 	}
 	if !d.firstDone {
 		d.log.Info("first datapath pass done", logKeyOps, res.Ops)
+		// The initial lists decoded the whole cluster once; hand that
+		// garbage back to the node now rather than whenever the
+		// scavenger gets to it.
+		defer debug.FreeOSMemory()
 	}
 	d.local.setKeys(m.keysOf(d.local.uids()))
 	d.mu.Lock()
