@@ -57,19 +57,23 @@ const timestampSysctl = "/proc/sys/net/netfilter/nf_conntrack_timestamp"
 // Open opens the ctnetlink sockets inside opts.NetNS and turns conntrack
 // timestamps on there (best effort; see Timestamps).
 func Open(opts Options) (*Netlink, error) {
+	// Without NetNS the sockets are made right here: entering a namespace
+	// (setns) needs CAP_SYS_ADMIN, which the DaemonSet does not grant.
 	path := opts.NetNS
-	if path == "" {
-		path = "/proc/thread-self/ns/net"
-	}
-	ns, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("opening network namespace %s: %w", path, err)
+	var ns *os.File
+	if path != "" {
+		var err error
+		if ns, err = os.Open(path); err != nil {
+			return nil, fmt.Errorf("opening network namespace %s: %w", path, err)
+		}
+	} else {
+		path = "the current network namespace"
 	}
 	n := &Netlink{ns: ns, batch: opts.BatchSize}
 	if n.batch <= 0 {
 		n.batch = DefaultBatchSize
 	}
-	err = inNetNS(ns, func() error {
+	err := inNetNS(ns, func() error {
 		var err error
 		if n.dump, err = openSock(); err != nil {
 			return err

@@ -126,7 +126,12 @@ func (s *nlSock) recv(ctx context.Context) ([]byte, error) {
 // namespace ns. Sockets fn creates stay in ns after the thread leaves it.
 // If the thread cannot return to its original namespace it is left locked,
 // so the runtime discards it instead of running other goroutines there.
+//
+// A nil ns means the calling thread's namespace: fn runs right there.
 func inNetNS(ns *os.File, fn func() error) error {
+	if ns == nil {
+		return fn()
+	}
 	done := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
