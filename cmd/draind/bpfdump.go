@@ -35,6 +35,7 @@ func newBPFCmd() *cobra.Command {
 	}
 	dump.Flags().StringVar(&dir, "bpffs-dir", bpf.DefaultPinDir, "bpffs directory of the pinned maps")
 	dump.Flags().StringVarP(&output, "output", "o", "", "output format: json (default: text)")
+	withEnv(dump) // DRAIND_BPFFS_DIR, as the DaemonSet sets it for run
 	var rmDir string
 	remove := &cobra.Command{
 		Use:   "remove",
@@ -52,6 +53,7 @@ their entries expire). This detaches them and removes every pin.`,
 		},
 	}
 	remove.Flags().StringVar(&rmDir, "bpffs-dir", bpf.DefaultPinDir, "bpffs directory of the pins")
+	withEnv(remove)
 	cmd.AddCommand(dump, remove)
 	return cmd
 }
