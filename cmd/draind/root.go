@@ -39,14 +39,3 @@ func newVersionCmd() *cobra.Command {
 		},
 	}
 }
-
-func newDemoCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "demo",
-		Short: "Build a small test bed and show a rolling drain with and without draind",
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			fmt.Fprintln(cmd.OutOrStdout(), "draind demo: not yet (the demo lands with the daemon)")
-			return nil
-		},
-	}
-}

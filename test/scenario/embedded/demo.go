@@ -1,0 +1,85 @@
+package embedded
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+
+	"github.com/draind/draind/bpf"
+	"github.com/draind/draind/test/scenario"
+)
+
+// DemoOptions configure Demo.
+type DemoOptions struct {
+	Scenario scenario.Config
+	Cluster  Config
+	// Variants default to sleep and draind.
+	Variants []scenario.Variant
+}
+
+// Demo runs the scenario once per variant, each on a fresh embedded
+// cluster, and writes the side-by-side table to out. Everything it creates
+// is removed before it returns, also when ctx is cancelled.
+func Demo(ctx context.Context, opts DemoOptions, out io.Writer) ([]*scenario.Result, error) {
+	if err := Preflight(); err != nil {
+		return nil, err
+	}
+	variants := opts.Variants
+	if len(variants) == 0 {
+		variants = []scenario.Variant{scenario.Sleep, scenario.Draind}
+	}
+	var results []*scenario.Result
+	for _, v := range variants {
+		res, err := demoVariant(ctx, opts, v)
+		if err != nil {
+			return results, err
+		}
+		results = append(results, res)
+	}
+	fmt.Fprintln(out)
+	return results, scenario.WriteTable(out, results)
+}
+
+func demoVariant(ctx context.Context, opts DemoOptions, v scenario.Variant) (_ *scenario.Result, err error) {
+	c, err := New(ctx, opts.Cluster)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if cerr := c.Close(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("removing the %s variant's test bed: %w", v.Label(), cerr))
+		}
+	}()
+	return scenario.Run(ctx, c, opts.Scenario, v)
+}
+
+// Tools are the programs the demo runs (iproute2 and iptables).
+var Tools = []string{"ip", "iptables", "iptables-save", "iptables-restore"}
+
+// Preflight says clearly what is missing for the demo: root, the tools,
+// cgroup v2, the kernel features of the datapath.
+func Preflight() error {
+	if os.Geteuid() != 0 {
+		return errors.New("the demo must run as root: it creates network namespaces, cgroups, iptables rules and BPF programs (sudo go run ./cmd/draind demo)")
+	}
+	var missing []string
+	for _, t := range Tools {
+		if _, err := exec.LookPath(t); err != nil {
+			missing = append(missing, t)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("the demo needs %s on the PATH (Debian/Ubuntu: apt-get install iproute2 iptables)", strings.Join(missing, ", "))
+	}
+	if _, err := bpf.Cgroup2Mount(); err != nil {
+		return fmt.Errorf("the demo needs cgroup v2: %w", err)
+	}
+	if _, err := bpf.Probe(); err != nil {
+		return fmt.Errorf("this kernel cannot run draind's datapath: %w", err)
+	}
+	return nil
+}
