@@ -35,10 +35,14 @@ type offlineCall struct {
 func (h *harness) offline(ip netip.Addr, wait, quiet time.Duration) *offlineCall {
 	h.t.Helper()
 	c := &offlineCall{done: make(chan OfflineResult, 1)}
-	waiters := func() int {
+	waiters := func() int { // queued, not merely reserved
 		h.d.local.mu.Lock()
 		defer h.d.local.mu.Unlock()
-		return h.d.local.nwait
+		n := 0
+		for _, ld := range h.d.local.pods {
+			n += len(ld.waiters)
+		}
+		return n
 	}
 	before := waiters()
 	go func() { c.done <- h.d.local.offline(h.ctx, ip, wait, quiet) }()

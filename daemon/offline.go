@@ -68,8 +68,8 @@ func (l *localDrains) offline(ctx context.Context, ip netip.Addr, wait, quiet ti
 	}
 	w := &waiter{quiet: quiet, deadline: now.Add(wait), started: now, done: make(chan OfflineResult, 1)}
 	ld.waiters = append(ld.waiters, w)
-	reserved = false  // the waiter owns the slot now; settling releases it
-	l.settle(ld, now) // maybe drained already
+	reserved = false              // the waiter owns the slot now; settling releases it
+	l.settle(ld, l.d.clock.Now()) // maybe drained already: judge it at this instant
 	l.mu.Unlock()
 	l.wake()
 	select {

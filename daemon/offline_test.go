@@ -193,6 +193,14 @@ func TestOfflineAPIManyWaitsBounded(t *testing.T) {
 					t.Log(g)
 				}
 			}
+			f.d.local.mu.Lock()
+			for _, ld := range f.d.local.pods {
+				t.Logf("drain %s: state %s waiters %d live %d checked %v started %v lastSYN %v now %v", ld.name, ld.state, len(ld.waiters), ld.live, ld.liveChecked, ld.started, ld.lastSYN, f.clock.Now())
+				for _, w := range ld.waiters {
+					t.Logf("  waiter quiet %v started %v deadline %v", w.quiet, w.started, w.deadline)
+				}
+			}
+			f.d.local.mu.Unlock()
 			t.Fatalf("pending waits not answered: %d of %d", ok, limit)
 		}
 	}
