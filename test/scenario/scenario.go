@@ -174,7 +174,7 @@ type Config struct {
 	// Interval is the ClusterIP and stale-registry clients' pace: one new
 	// connection per request, every Interval (20 ms).
 	Interval time.Duration
-	// DialTimeout bounds a connect plus the server's greeting (1 s).
+	// DialTimeout bounds a connect plus the server's greeting (2 s).
 	DialTimeout time.Duration
 	// KeepAliveEvery is the keep-alive client's request pace (100 ms);
 	// KeepAliveMaxAge is how long it keeps a connection before closing it
@@ -221,7 +221,7 @@ func (c *Config) defaults() {
 		c.OfflinePort = 9460
 	}
 	def(&c.Interval, 20*time.Millisecond)
-	def(&c.DialTimeout, time.Second)
+	def(&c.DialTimeout, 2*time.Second)
 	def(&c.KeepAliveEvery, 100*time.Millisecond)
 	def(&c.Warmup, time.Second)
 	def(&c.Tail, time.Minute)
