@@ -264,7 +264,13 @@ func (t *table) write(w io.Writer) error {
 	return err
 }
 
-func secs(d time.Duration) string { return fmt.Sprintf("%.2f s", d.Seconds()) }
+// secs formats a duration: milliseconds below a second, else seconds.
+func secs(d time.Duration) string {
+	if d < time.Second {
+		return fmt.Sprintf("%d ms", d.Milliseconds())
+	}
+	return fmt.Sprintf("%.2f s", d.Seconds())
+}
 
 // thousands formats n with comma separators.
 func thousands(n int) string {

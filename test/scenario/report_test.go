@@ -99,7 +99,7 @@ func TestWriteTable(t *testing.T) {
 	for _, want := range []string{
 		"| sleep | draind",
 		"stale-registry client (old pod IP, every 20ms) | 9 / 59 | 0 / 50",
-		"ClusterIP client (longest of the pods) | 0.50 s | none",
+		"ClusterIP client (longest of the pods) | 500 ms | none",
 		"sleep ClusterIP: refused 3; stale registry: timeout 6, refused 3",
 		"draind none",
 	} {
