@@ -211,7 +211,8 @@ func WriteTable(w io.Writer, results []*Result) error {
 	if err := t.write(w); err != nil {
 		return err
 	}
-	fmt.Fprintln(w, "\nfailures by kind:")
+	kinds := &table{left: true}
+	kinds.rows = append(kinds.rows, []string{"variant", "failures by kind"})
 	for _, r := range results {
 		var parts []string
 		for _, c := range r.Clients {
@@ -222,41 +223,48 @@ func WriteTable(w io.Writer, results []*Result) error {
 		if len(parts) == 0 {
 			parts = []string{"none"}
 		}
-		fmt.Fprintf(w, "  %-14s %s\n", r.Variant.Label(), strings.Join(parts, "; "))
+		kinds.rows = append(kinds.rows, []string{r.Variant.Label(), strings.Join(parts, "; ")})
+	}
+	fmt.Fprintln(w)
+	if err := kinds.write(w); err != nil {
+		return err
 	}
 	return nil
 }
 
-// table prints rows with the first column left-aligned and the others
-// right-aligned; a row with one cell is a section heading.
-type table struct{ rows [][]string }
+// table prints rows as "| a | b |" lines with aligned columns: the first
+// left-aligned, the others right-aligned (all left with left set). A row
+// with one cell is a section heading.
+type table struct {
+	rows [][]string
+	left bool
+}
 
 func (t *table) write(w io.Writer) error {
-	var widths []int
+	cols := 0
 	for _, r := range t.rows {
-		if len(r) == 1 {
-			continue
-		}
+		cols = max(cols, len(r))
+	}
+	widths := make([]int, cols)
+	for _, r := range t.rows {
 		for i, c := range r {
-			if i >= len(widths) {
-				widths = append(widths, 0)
-			}
 			widths[i] = max(widths[i], utf8.RuneCountInString(c))
 		}
 	}
 	var b strings.Builder
 	for _, r := range t.rows {
-		for i, c := range r {
-			pad := strings.Repeat(" ", max(0, widths[min(i, len(widths)-1)]-utf8.RuneCountInString(c)))
-			if i == 0 {
-				b.WriteString(c)
-				if len(r) > 1 {
-					b.WriteString(pad)
-				}
-				continue
+		b.WriteString("|")
+		for i := range cols {
+			c := ""
+			if i < len(r) {
+				c = r[i]
 			}
-			b.WriteString(" | ")
-			b.WriteString(pad + c)
+			pad := strings.Repeat(" ", widths[i]-utf8.RuneCountInString(c))
+			if i == 0 || t.left {
+				b.WriteString(" " + c + pad + " |")
+			} else {
+				b.WriteString(" " + pad + c + " |")
+			}
 		}
 		b.WriteString("\n")
 	}

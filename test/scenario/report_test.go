@@ -100,8 +100,8 @@ func TestWriteTable(t *testing.T) {
 		"| sleep | draind",
 		"stale-registry client (old pod IP, every 20ms) | 9 / 59 | 0 / 50",
 		"ClusterIP client (longest of the pods) | 500 ms | none",
-		"sleep ClusterIP: refused 3; stale registry: timeout 6, refused 3",
-		"draind none",
+		"| sleep | ClusterIP: refused 3; stale registry: timeout 6, refused 3 |",
+		"| draind | none |",
 	} {
 		if !strings.Contains(norm, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)

@@ -74,7 +74,7 @@ func TestPrivilegedHeadline(t *testing.T) {
 	results, err := RunVariants(ctx, c, scenario.Config{Tail: tail, Log: log}, variants)
 	var b strings.Builder
 	scenario.WriteTable(&b, results)
-	t.Logf("headline scenario (%v in all):\n%s", time.Since(start).Round(time.Second), b.String())
+	t.Logf("headline scenario figures (%v in all):\n%s", time.Since(start).Round(time.Second), b.String())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,7 +28,7 @@ func TestPrivilegedDemo(t *testing.T) {
 		Scenario: scenario.Config{Tail: 5 * time.Second, Log: log},
 		Cluster:  Config{Log: log},
 	}, &out)
-	t.Logf("\n%s", out.String())
+	t.Logf("demo figures:\n%s", out.String())
 	if err != nil {
 		t.Fatal(err)
 	}
