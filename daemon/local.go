@@ -97,9 +97,10 @@ type OfflineResult struct {
 }
 
 type localDrains struct {
-	d        *Daemon
-	wakeCh   chan struct{}
-	recorder record.EventRecorder
+	d           *Daemon
+	wakeCh      chan struct{}
+	recorder    record.EventRecorder
+	broadcaster record.EventBroadcaster
 
 	mu      sync.Mutex
 	pods    map[types.UID]*localDrain
@@ -111,7 +112,7 @@ func newLocalDrains(d *Daemon) *localDrains {
 	b := record.NewBroadcaster()
 	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: d.client.CoreV1().Events("")})
 	return &localDrains{
-		d: d, wakeCh: make(chan struct{}, 1),
+		d: d, wakeCh: make(chan struct{}, 1), broadcaster: b,
 		recorder: b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "draind", Host: d.cfg.Node}),
 		pods:     map[types.UID]*localDrain{},
 		keysFor:  map[types.UID][]bpf.EndpointKey{},
@@ -132,6 +133,7 @@ func (l *localDrains) loop(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			l.cancelAll("draind is stopping")
+			l.broadcaster.Shutdown() // flushes queued Events, ends its goroutines
 			return
 		case <-l.wakeCh:
 		case <-t.C():

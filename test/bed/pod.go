@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"sync"
 
 	"github.com/vishvananda/netlink"
 )
@@ -18,7 +19,8 @@ type Pod struct {
 	HostVeth string
 	Cgroup   *Cgroup
 
-	deleted bool
+	deleteOnce sync.Once
+	deleteErr  error
 }
 
 // AddPod creates a pod with the node's next free addresses.
@@ -27,6 +29,9 @@ func (n *Node) AddPod(name string) (*Pod, error) {
 	n.nips++
 	i := n.nips
 	n.mu.Unlock()
+	if i+9 > 254 {
+		return nil, fmt.Errorf("node %s has no free pod address left (%d pods)", n.Name, i-1)
+	}
 	ip4 := netip.AddrFrom4([4]byte{10, 244, byte(n.Index), byte(i + 9)})
 	ip6 := netip.MustParseAddr(fmt.Sprintf("fd00:244:%x::%x", n.Index, i+9))
 	return n.AddPodIPs(name, ip4, ip6)
@@ -115,11 +120,13 @@ func (p *Pod) Start(args ...string) (*Proc, error) {
 
 // Delete removes the pod: its processes are killed, its namespace (and so
 // its veth and the node's routes to it) and its cgroup are removed.
+// It is safe to call more than once, concurrently.
 func (p *Pod) Delete() error {
-	if p.deleted {
-		return nil
-	}
-	p.deleted = true
+	p.deleteOnce.Do(func() { p.deleteErr = p.delete() })
+	return p.deleteErr
+}
+
+func (p *Pod) delete() error {
 	var errs []error
 	if p.Cgroup != nil {
 		errs = append(errs, p.Cgroup.Remove())

@@ -100,7 +100,10 @@ func (p *Proc) read(v any, timeout time.Duration) error {
 		p.waitCh <- err
 		return fmt.Errorf("helper exited: %v", err)
 	case <-time.After(timeout):
-		return errors.New("helper did not answer in time")
+		// The reader goroutine would take the next answer as this one's:
+		// a helper that missed its deadline is unusable, stop it.
+		p.cmd.Process.Kill()
+		return errors.New("helper did not answer in time (stopped it)")
 	}
 }
 
