@@ -165,10 +165,3 @@ func (c *claims) localOwner(ip netip.Addr) (types.UID, bool) {
 	u, ok := c.local[ip]
 	return u, ok
 }
-
-// size is the number of claimed IPs (a memory figure for benchmarks).
-func (c *claims) size() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.ready)
-}

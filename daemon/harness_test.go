@@ -109,13 +109,6 @@ func (h *harness) addService(s *corev1.Service) {
 	})
 }
 
-func (h *harness) updateService(s *corev1.Service) {
-	h.do(&h.d.events.services, 1, func(ctx context.Context) error {
-		_, err := h.client.CoreV1().Services(s.Namespace).Update(ctx, s, metav1.UpdateOptions{})
-		return err
-	})
-}
-
 func (h *harness) deleteService(ns, name string) {
 	h.do(&h.d.events.services, 1, func(ctx context.Context) error {
 		return h.client.CoreV1().Services(ns).Delete(ctx, name, metav1.DeleteOptions{})

@@ -41,7 +41,6 @@ type localDrain struct {
 	goneAt          time.Time
 	leaseSeen       bool
 	lastRenew       time.Time
-	lastProgress    string
 	published       bool
 
 	syns        uint64
@@ -383,7 +382,6 @@ func (l *localDrains) renew(ctx context.Context, ld *localDrain, now time.Time) 
 	}
 	l.mu.Lock()
 	ld.lastRenew = now
-	ld.lastProgress = progress
 	l.mu.Unlock()
 }
 

@@ -108,9 +108,8 @@ type serviceResult struct {
 
 // lingerRec is a departed endpoint still steered.
 type lingerRec struct {
-	c      contribution
-	until  time.Time
-	goneAt time.Time
+	c     contribution
+	until time.Time
 }
 
 // model turns Kubernetes state into desired datapath entries, incrementally:
@@ -380,7 +379,7 @@ func (m *model) recomputeService(key string, now time.Time) (changed bool) {
 			}
 			lc := prev
 			lc.src, lc.linger, lc.reason = "linger", true, ReasonDeparted
-			m.setLinger(k, &lingerRec{c: lc, until: now.Add(m.cfg.Linger), goneAt: now})
+			m.setLinger(k, &lingerRec{c: lc, until: now.Add(m.cfg.Linger)})
 		}
 	}
 

@@ -176,9 +176,7 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request, res Resource, ns 
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
-		if _, ok := s.watchers[res][ch]; ok {
-			delete(s.watchers[res], ch)
-		}
+		delete(s.watchers[res], ch)
 		s.mu.Unlock()
 	}()
 	w.Header().Set("Content-Type", "application/json")

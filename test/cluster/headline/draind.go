@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -44,7 +43,7 @@ func BuildDraind(ctx context.Context, dir string) (string, error) {
 	}
 	goBin, err := exec.LookPath("go")
 	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+		return "", fmt.Errorf("building draind needs the go command on PATH: %w", err)
 	}
 	out := filepath.Join(dir, "draind")
 	cmd := exec.CommandContext(ctx, goBin, "build", "-o", out, "./cmd/draind")
