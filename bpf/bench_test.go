@@ -14,9 +14,11 @@ import (
 	"github.com/draind/draind/test/bed"
 )
 
-// benchBed: one server pod, one client in the hooked pods cgroup and one in
-// a sibling cgroup without hooks, a steered VIP, and a second VIP behind
-// 5,000 kube-proxy-style service rules.
+// benchBed: one pod network namespace holding the server and two clients
+// (loopback-equivalent: the handshake never leaves the namespace), one
+// client in the hooked pods cgroup and one in a sibling cgroup without
+// hooks; a steered VIP, and a second VIP behind 5,000 kube-proxy-style
+// service rules in the namespace's nat OUTPUT chain.
 type benchBed struct {
 	node          *bed.Node
 	hooked, plain *bed.Proc
@@ -41,20 +43,7 @@ func newBenchBed(b *testing.B) *benchBed {
 	if err != nil {
 		b.Fatal(err)
 	}
-	srvPod, err := node.AddPod("srv")
-	if err != nil {
-		b.Fatal(err)
-	}
-	srv, err := srvPod.Start("serve", "srv", fmt.Sprintf("tcp:[::]:%d", podPort))
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { srv.Kill() })
-	hookedPod, err := node.AddPod("hooked")
-	if err != nil {
-		b.Fatal(err)
-	}
-	plainPod, err := node.AddPod("plain")
+	pod, err := node.AddPod("bench")
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -62,17 +51,26 @@ func newBenchBed(b *testing.B) *benchBed {
 	if err != nil {
 		b.Fatal(err)
 	}
+	srvCg, err := tb.Cgroup.Child("server")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv, err := bed.StartProc(pod.NS, srvCg, "serve", "srv", fmt.Sprintf("tcp:[::]:%d", podPort))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { srv.Kill() })
 	bb := &benchBed{
 		node:     node,
-		srv:      netip.AddrPortFrom(srvPod.IP4, podPort),
+		srv:      netip.AddrPortFrom(pod.IP4, podPort),
 		vipSteer: netip.MustParseAddrPort("10.96.0.10:80"),
 		vipIPT:   netip.MustParseAddrPort("10.96.200.200:80"),
 	}
-	if bb.hooked, err = hookedPod.Start("client"); err != nil {
+	if bb.hooked, err = pod.Start("client"); err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { bb.hooked.Kill() })
-	if bb.plain, err = bed.StartProc(plainPod.NS, plainCg, "client"); err != nil {
+	if bb.plain, err = bed.StartProc(pod.NS, plainCg, "client"); err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { bb.plain.Kill() })
@@ -84,7 +82,7 @@ func newBenchBed(b *testing.B) *benchBed {
 	for i := 0; i < 5000; i++ {
 		fmt.Fprintf(&rules, ":DB-SVC-%d - [0:0]\n", i)
 	}
-	rules.WriteString("-A PREROUTING -j DB-SERVICES\n")
+	rules.WriteString("-A OUTPUT -j DB-SERVICES\n")
 	for i := 0; i < 5000; i++ {
 		fmt.Fprintf(&rules, "-A DB-SERVICES -d 10.97.%d.%d/32 -p tcp -m tcp --dport 80 -j DB-SVC-%d\n", i/250, i%250+1, i)
 		fmt.Fprintf(&rules, "-A DB-SVC-%d -p tcp -m statistic --mode random --probability 0.5 -j DNAT --to-destination 10.250.%d.%d:%d\n", i, i/250, i%250+1, podPort)
@@ -96,7 +94,7 @@ func newBenchBed(b *testing.B) *benchBed {
 	if err := os.WriteFile(file, []byte(rules.String()), 0o600); err != nil {
 		b.Fatal(err)
 	}
-	if _, err := node.NS.Run("iptables-restore", "-w", "--noflush", file); err != nil {
+	if _, err := pod.NS.Run("iptables-restore", "-w", "--noflush", file); err != nil {
 		b.Fatal(err)
 	}
 
@@ -127,12 +125,12 @@ func newBenchBed(b *testing.B) *benchBed {
 	if err := dp.UpsertFrontend(bpf.Frontend{Key: bpf.EndpointKey{Addr: bb.vipSteer.Addr(), Port: 80, Proto: bpf.TCP}, Service: 1, Expires: exp}); err != nil {
 		b.Fatal(err)
 	}
-	// Warm up every path once (ARP/neighbour entries, conntrack, caches).
+	// Warm up every path once (neighbour entries, conntrack, caches).
 	for _, c := range []struct {
 		p *bed.Proc
 		a netip.AddrPort
 	}{{bb.plain, bb.srv}, {bb.hooked, bb.srv}, {bb.hooked, bb.vipSteer}, {bb.plain, bb.vipIPT}} {
-		if _, err := bb.connect(c.p, c.a, 200); err != nil {
+		if _, err := bb.connect(c.p, c.a, 500); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -176,8 +174,8 @@ func BenchmarkConnect(b *testing.B) {
 	}
 	for _, c := range cases {
 		b.Run(c.path.name, func(b *testing.B) {
-			const chunk = 500
-			rounds := max(b.N/chunk, 5)
+			const chunk = 1000
+			rounds := max(b.N/chunk, 15)
 			var own []float64
 			ratios := make([][]float64, len(c.compare))
 			others := make([][]float64, len(c.compare))
