@@ -12,7 +12,6 @@ import (
 	"time"
 )
 
-
 // process is one running component. Its output goes to a log file that error
 // messages quote the end of, so a component that dies says why.
 type process struct {
