@@ -25,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
 
 	"github.com/draind/draind/test/fakeapi"
 )
@@ -151,6 +152,8 @@ func rssKB(field string) int64 {
 func BenchmarkClusterScale(b *testing.B) {
 	// The synthetic server speaks plain list+watch, not streaming lists.
 	os.Setenv("KUBE_FEATURE_WatchListClient", "false")
+	// Watches end with the benchmark: not news.
+	klog.SetSlogLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), envFakeCluster+"=1")
 	cmd.Stderr = os.Stderr

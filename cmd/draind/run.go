@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
 
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/conntrack"
@@ -114,6 +115,8 @@ func runDaemon(ctx context.Context, o *runOptions) error {
 	if err != nil {
 		return err
 	}
+	// client-go logs through klog: send it to the same structured log.
+	klog.SetSlogLogger(log.With("component", "client-go"))
 	if o.node == "" {
 		return errors.New("--node-name is required (set it from the downward API: spec.nodeName)")
 	}
