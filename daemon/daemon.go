@@ -454,17 +454,20 @@ func (d *Daemon) sync() time.Time {
 	m := d.model
 
 	// Pod-level drains; a changed one dirties the Services listing the pod.
-	for _, pd := range m.setPodDrains(d.buildPodDrains(now)) {
-		at := dirty.leases
-		if at.IsZero() || (!dirty.pods.IsZero() && dirty.pods.Before(at)) {
-			at = dirty.pods
-		}
-		if at.IsZero() {
-			at = now // a deadline passed
-		}
+	podAt := dirty.leases // the earliest Lease or local pod event
+	if podAt.IsZero() || (!dirty.pods.IsZero() && dirty.pods.Before(podAt)) {
+		podAt = dirty.pods
+	}
+	if podAt.IsZero() {
+		podAt = now // no event: a deadline passed
+	}
+	changedDrains := m.setPodDrains(d.buildPodDrains(now))
+	podViaServices := false
+	for _, pd := range changedDrains {
 		for _, svc := range m.servicesListing(pd.UID, pd.Namespace) {
-			if t, ok := dirty.services[svc]; !ok || at.Before(t) {
-				dirty.services[svc] = at
+			podViaServices = true
+			if t, ok := dirty.services[svc]; !ok || podAt.Before(t) {
+				dirty.services[svc] = podAt
 			}
 		}
 	}
@@ -489,19 +492,15 @@ func (d *Daemon) sync() time.Time {
 	done := d.clock.Now()
 	d.Metrics.DatapathOps.Add(float64(res.Ops))
 	if res.Ops > 0 {
+		if len(changedDrains) > 0 && !podViaServices {
+			changedAt = append(changedAt, podAt) // a registry-only pod: no Service carried it
+		}
 		for _, at := range changedAt {
 			lat := done.Sub(at)
 			d.Metrics.SignalToDatapath.Observe(lat.Seconds())
 			if d.cfg.OnLatency != nil {
 				d.cfg.OnLatency(lat)
 			}
-		}
-		if !dirty.leases.IsZero() || !dirty.pods.IsZero() {
-			at := dirty.leases
-			if at.IsZero() || (!dirty.pods.IsZero() && dirty.pods.Before(at)) {
-				at = dirty.pods
-			}
-			d.Metrics.SignalToDatapath.Observe(done.Sub(at).Seconds())
 		}
 	}
 	if !d.firstDone {
