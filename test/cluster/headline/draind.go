@@ -16,6 +16,7 @@ import (
 
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/test/bed"
+	"github.com/draind/draind/test/cluster/kube"
 	"github.com/draind/draind/test/cluster/kubebin"
 )
 
@@ -102,7 +103,7 @@ func startDraind(ctx context.Context, bin string, node *bed.Node, kubeconfig, di
 		}
 	}
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
-	if err := startInNetns(node.NS.Path(), p.cmd); err != nil {
+	if err := kube.StartCmd(node.NS.Path(), p.cmd); err != nil {
 		p.cmd = nil
 		return nil, fmt.Errorf("starting draind on %s: %w", node.Name, err)
 	}

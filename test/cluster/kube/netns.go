@@ -88,8 +88,11 @@ func inNetns(nsPath string, f func() error) error {
 	return err
 }
 
-// startCmd starts cmd in the network namespace at nsPath ("" for the test's
-// own), killed with SIGKILL if the test process dies.
+// StartCmd starts cmd in the network namespace at nsPath ("" for the test's
+// own), from the spawner thread: it is killed with SIGKILL if the test
+// process dies, and it sees the host's mounts (unlike `ip netns exec`).
+func StartCmd(nsPath string, cmd *exec.Cmd) error { return startCmd(nsPath, cmd) }
+
 func startCmd(nsPath string, cmd *exec.Cmd) error {
 	if cmd.SysProcAttr == nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
