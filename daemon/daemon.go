@@ -325,6 +325,20 @@ func sameVersion(a, b any) bool {
 	return ok1 && ok2 && x.GetResourceVersion() != "" && x.GetResourceVersion() == y.GetResourceVersion()
 }
 
+// onChange calls fn with the object of every add, delete and real update
+// (resyncs, which repeat a resourceVersion, are dropped).
+func onChange(inf cache.SharedIndexInformer, fn func(any)) {
+	inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: fn,
+		UpdateFunc: func(o, n any) {
+			if !sameVersion(o, n) {
+				fn(n)
+			}
+		},
+		DeleteFunc: fn,
+	})
+}
+
 func (d *Daemon) registerHandlers() {
 	sliceEvent := func(old, new *k8s.Slice) {
 		defer d.events.slices.Add(1)
@@ -364,30 +378,14 @@ func (d *Daemon) registerHandlers() {
 			d.runner.Run()
 		}
 	}
-	d.inf.Services.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: svcEvent,
-		UpdateFunc: func(o, n any) {
-			if !sameVersion(o, n) {
-				svcEvent(n)
-			}
-		},
-		DeleteFunc: svcEvent,
-	})
+	onChange(d.inf.Services, svcEvent)
 	leaseEvent := func(any) {
 		defer d.events.leases.Add(1)
 		d.tracker.markLeases(d.clock.Now())
 		d.runner.Run()
 		d.local.wake()
 	}
-	d.inf.Leases.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: leaseEvent,
-		UpdateFunc: func(o, n any) {
-			if !sameVersion(o, n) {
-				leaseEvent(n)
-			}
-		},
-		DeleteFunc: leaseEvent,
-	})
+	onChange(d.inf.Leases, leaseEvent)
 	podEvent := func(any) {
 		defer d.events.pods.Add(1)
 		d.tracker.markIPs(d.claims.setLocalPods(d.state.LocalPods()))
@@ -395,15 +393,7 @@ func (d *Daemon) registerHandlers() {
 		d.runner.Run()
 		d.local.wake()
 	}
-	d.inf.Pods.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: podEvent,
-		UpdateFunc: func(o, n any) {
-			if !sameVersion(o, n) {
-				podEvent(n)
-			}
-		},
-		DeleteFunc: podEvent,
-	})
+	onChange(d.inf.Pods, podEvent)
 }
 
 // --- the pass -----------------------------------------------------------------
