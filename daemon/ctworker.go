@@ -22,19 +22,32 @@ import (
 //     its own (conntrack timestamps; without them, a reused IP is skipped).
 //
 // Failed passes are retried with backoff, logged and counted.
+// udpFollowUp is when a draining endpoint's UDP flows are expired a second
+// time after its drain started. kube-proxy drops the endpoint from its
+// rules a moment after the slice says so (its sync takes up to about a
+// second); a datagram in between gets a fresh conntrack entry to the
+// draining pod, which this second pass removes instead of the periodic one.
+const udpFollowUp = 2 * time.Second
+
+// udpDue is when a draining UDP endpoint's flows are expired next.
+type udpDue struct {
+	at     time.Time
+	passes int // expiries done
+}
+
 type ctWorker struct {
 	d    *Daemon
 	wake chan struct{}
 
 	mu        sync.Mutex
-	udp       map[bpf.EndpointKey]time.Time // draining UDP keys -> next expiry
+	udp       map[bpf.EndpointKey]udpDue // draining UDP keys -> next expiry
 	gone      []departure
 	failures  int
 	nextRetry time.Time
 }
 
 func newCTWorker(d *Daemon) *ctWorker {
-	return &ctWorker{d: d, wake: make(chan struct{}, 1), udp: map[bpf.EndpointKey]time.Time{}}
+	return &ctWorker{d: d, wake: make(chan struct{}, 1), udp: map[bpf.EndpointKey]udpDue{}}
 }
 
 func (w *ctWorker) kick() {
@@ -53,7 +66,7 @@ func (w *ctWorker) udpDrain(k bpf.EndpointKey, present bool, now time.Time) {
 	w.mu.Lock()
 	if present {
 		if _, ok := w.udp[k]; !ok {
-			w.udp[k] = now // due at once: the drain just started
+			w.udp[k] = udpDue{at: now} // due at once: the drain just started
 		}
 	} else {
 		delete(w.udp, k)
@@ -102,10 +115,10 @@ func (w *ctWorker) pass(ctx context.Context) {
 		return
 	}
 	var filters []conntrack.Filter
-	var udpDue []bpf.EndpointKey
+	var udpKeys []bpf.EndpointKey
 	for k, due := range w.udp {
-		if !now.Before(due) {
-			udpDue = append(udpDue, k)
+		if !now.Before(due.at) {
+			udpKeys = append(udpKeys, k)
 			filters = append(filters, conntrack.Filter{Proto: conntrack.UDP, ReplySrc: netip.AddrPortFrom(k.Addr, k.Port)})
 		}
 	}
@@ -153,15 +166,20 @@ func (w *ctWorker) pass(ctx context.Context) {
 	}
 	w.failures = 0
 	for i, n := range res.PerFilter {
-		if i < len(udpDue) {
+		if i < len(udpKeys) {
 			w.d.Metrics.CTExpired.WithLabelValues("udp").Add(float64(n))
 		} else {
 			w.d.Metrics.CTExpired.WithLabelValues("tcp").Add(float64(n))
 		}
 	}
-	for _, k := range udpDue {
-		if _, ok := w.udp[k]; ok {
-			w.udp[k] = now.Add(w.d.cfg.UDPReexpire)
+	for _, k := range udpKeys {
+		if due, ok := w.udp[k]; ok {
+			due.passes++
+			due.at = now.Add(w.d.cfg.UDPReexpire)
+			if due.passes == 1 {
+				due.at = now.Add(min(udpFollowUp, w.d.cfg.UDPReexpire))
+			}
+			w.udp[k] = due
 		}
 	}
 	// Departures not yet due stay queued; those skipped for a reused IP

@@ -179,25 +179,8 @@ func (d *Daemon) Informers() *k8s.Informers { return d.inf }
 // Run starts the informers, adopts the pinned datapath state, waits for
 // every informer to sync, then keeps the datapath in step until ctx ends.
 func (d *Daemon) Run(ctx context.Context) error {
-	if dump, err := d.dp.Dump(); err != nil {
-		return fmt.Errorf("reading pinned datapath state: %w", err)
-	} else {
-		d.rec.adopt(dump)
-		for _, b := range dump.Backends {
-			if uint32(b.Service) > d.model.ids.next {
-				d.model.ids.next = uint32(b.Service)
-			}
-		}
-		for _, f := range dump.Frontends {
-			if uint32(f.Service) > d.model.ids.next {
-				d.model.ids.next = uint32(f.Service)
-			}
-		}
-		for _, dr := range dump.Drains {
-			if uint32(dr.Service) > d.model.ids.next {
-				d.model.ids.next = uint32(dr.Service)
-			}
-		}
+	if err := d.adoptDatapath(); err != nil {
+		return err
 	}
 	d.inf.Run(ctx)
 	if err := d.inf.WaitForSync(ctx); err != nil {
@@ -211,13 +194,26 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.synced.Store(true)
 	d.log.Info("informers synced, reconciling")
 	var wg sync.WaitGroup
-	wg.Add(3)
+	wg.Add(4)
 	go func() { defer wg.Done(); d.runner.Loop(ctx) }()
 	go func() { defer wg.Done(); d.ct2.loop(ctx) }()
 	go func() { defer wg.Done(); d.local.loop(ctx) }()
+	go func() { defer wg.Done(); d.local.writer.run(ctx) }()
 	d.runner.Run()
 	<-ctx.Done()
 	wg.Wait()
+	return nil
+}
+
+// adoptDatapath seeds the reconciler (and the model's ids) from the pinned
+// maps of a previous draind.
+func (d *Daemon) adoptDatapath() error {
+	dump, err := d.dp.Dump()
+	if err != nil {
+		return fmt.Errorf("reading pinned datapath state: %w", err)
+	}
+	d.rec.adopt(dump)
+	d.model.adoptIDs(dump)
 	return nil
 }
 
@@ -250,6 +246,8 @@ type tracker struct {
 	ips      map[netip.Addr]struct{}
 	pods     time.Time // zero: no change
 	leases   time.Time
+	// leasesGone are the pods whose drain Lease was deleted.
+	leasesGone []types.UID
 }
 
 func (t *tracker) init() {
@@ -258,18 +256,19 @@ func (t *tracker) init() {
 }
 
 type dirtySet struct {
-	services map[string]time.Time
-	ips      map[netip.Addr]struct{}
-	pods     time.Time
-	leases   time.Time
+	services   map[string]time.Time
+	ips        map[netip.Addr]struct{}
+	pods       time.Time
+	leases     time.Time
+	leasesGone []types.UID
 }
 
 func (t *tracker) take() dirtySet {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	out := dirtySet{services: t.services, ips: t.ips, pods: t.pods, leases: t.leases}
+	out := dirtySet{services: t.services, ips: t.ips, pods: t.pods, leases: t.leases, leasesGone: t.leasesGone}
 	t.init()
-	t.pods, t.leases = time.Time{}, time.Time{}
+	t.pods, t.leases, t.leasesGone = time.Time{}, time.Time{}, nil
 	return out
 }
 
@@ -308,6 +307,12 @@ func (t *tracker) markLeases(at time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	earliest(&t.leases, at)
+}
+
+func (t *tracker) markLeaseGone(uid types.UID) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.leasesGone = append(t.leasesGone, uid)
 }
 
 func tombstone[T any](obj any) (T, bool) {
@@ -385,7 +390,20 @@ func (d *Daemon) registerHandlers() {
 		d.runner.Run()
 		d.local.wake()
 	}
-	onChange(d.inf.Leases, leaseEvent)
+	d.inf.Leases.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: leaseEvent,
+		UpdateFunc: func(o, n any) {
+			if !sameVersion(o, n) {
+				leaseEvent(n)
+			}
+		},
+		DeleteFunc: func(obj any) {
+			if l, ok := tombstone[*k8s.DrainLease](obj); ok {
+				d.tracker.markLeaseGone(l.PodUID)
+			}
+			leaseEvent(obj)
+		},
+	})
 	podEvent := func(any) {
 		defer d.events.pods.Add(1)
 		d.tracker.markIPs(d.claims.setLocalPods(d.state.LocalPods()))
@@ -407,7 +425,13 @@ func (d *Daemon) buildPodDrains(now time.Time) map[types.UID]*podDrain {
 			continue
 		}
 		out[l.PodUID] = &podDrain{UID: l.PodUID, Namespace: l.PodNamespace, Name: l.PodName, IPs: l.IPs,
-			Reason: l.Reason, Since: l.Acquired, Expires: l.Expires(), Holder: l.Holder, Lease: true}
+			Reason: l.Reason, Since: l.Acquired, Expires: l.Expires(), Holder: l.Holder, Lease: true, State: l.State}
+	}
+	// This node's own drains hold whatever the Lease says: the node
+	// hosting a pod knows it is draining even when its Lease expired
+	// because the API server could not be reached.
+	for _, pd := range d.local.podDrains() {
+		out[pd.UID] = pd
 	}
 	live := map[types.UID]bool{}
 	for _, p := range d.state.LocalPods() {
@@ -470,6 +494,9 @@ func (d *Daemon) sync() time.Time {
 	for ip := range dirty.ips {
 		m.claimsChanged(ip)
 	}
+	for _, uid := range dirty.leasesGone {
+		m.endLingersOf(uid)
+	}
 	m.expireLingering(now)
 	departed := m.departed
 	m.departed = nil
@@ -494,6 +521,7 @@ func (d *Daemon) sync() time.Time {
 		}
 	}
 	if !d.firstDone {
+		m.forgetPinnedIDs() // adopted or replaced by now
 		d.log.Info("first datapath pass done", logKeyOps, res.Ops)
 		// The initial lists decoded the whole cluster once; hand that
 		// garbage back to the node now rather than whenever the
@@ -535,7 +563,7 @@ func (d *Daemon) PodStatuses() []PodStatus {
 		for _, k := range p.Keys {
 			ps.Entries = append(ps.Entries, k.String())
 		}
-		if p.Reason == ReasonDeparted {
+		if p.Reason == ReasonDeparted || p.Departed {
 			ps.State = StateLingering
 		}
 		d.local.annotate(&ps)

@@ -46,6 +46,8 @@ type harness struct {
 	// Set to make the fake API fail Lease writes (reactors must be
 	// installed before any call: client-go's fake is not safe otherwise).
 	failLeaseCreate, failLeaseUpdate atomic.Bool
+	// apiDown makes every Lease call fail, as during an API server outage.
+	apiDown atomic.Bool
 }
 
 func newHarness(t *testing.T, mod ...func(*Config)) *harness {
@@ -56,6 +58,14 @@ func newHarness(t *testing.T, mod ...func(*Config)) *harness {
 		h.client.PrependReactor(verb, "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
 			if flag.Load() {
 				return true, nil, errors.New("apiserver unavailable")
+			}
+			return false, nil, nil
+		})
+	}
+	for _, verb := range []string{"get", "create", "update", "patch", "delete"} {
+		h.client.PrependReactor(verb, "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
+			if h.apiDown.Load() {
+				return true, nil, errors.New("dial tcp 127.0.0.1:6443: connect: connection refused")
 			}
 			return false, nil, nil
 		})

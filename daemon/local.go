@@ -9,6 +9,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -39,9 +40,9 @@ type localDrain struct {
 	started         time.Time
 	state           string
 	goneAt          time.Time
-	leaseSeen       bool
-	lastRenew       time.Time
-	published       bool
+	leaseSeen       bool      // the informer has shown this drain's Lease
+	published       bool      // a write of the Lease landed
+	lastRenew       time.Time // when the last renewal landed
 
 	syns        uint64
 	lastSYN     time.Time
@@ -97,6 +98,7 @@ type OfflineResult struct {
 
 type localDrains struct {
 	d           *Daemon
+	writer      *leaseWriter
 	wakeCh      chan struct{}
 	recorder    record.EventRecorder
 	broadcaster record.EventBroadcaster
@@ -110,12 +112,14 @@ type localDrains struct {
 func newLocalDrains(d *Daemon) *localDrains {
 	b := record.NewBroadcaster()
 	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: d.client.CoreV1().Events("")})
-	return &localDrains{
+	l := &localDrains{
 		d: d, wakeCh: make(chan struct{}, 1), broadcaster: b,
 		recorder: b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "draind", Host: d.cfg.Node}),
 		pods:     map[types.UID]*localDrain{},
 		keysFor:  map[types.UID][]bpf.EndpointKey{},
 	}
+	l.writer = newLeaseWriter(d.leases, d.cfg.LeaseDuration, d.clock, d.log, l.leaseWritten)
+	return l
 }
 
 func (l *localDrains) wake() {
@@ -151,6 +155,27 @@ func (l *localDrains) event(ld *localDrain, typ, reason, msg string) {
 	ld.told[reason] = true
 	ref := &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: ld.namespace, Name: ld.name, UID: ld.uid}
 	l.recorder.Event(ref, typ, reason, msg)
+}
+
+// podDrains returns this node's drains as the model takes them: no
+// deadline (this node renews nothing to itself), and a gone pod's drain
+// lasts its linger.
+func (l *localDrains) podDrains() []*podDrain {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]*podDrain, 0, len(l.pods))
+	for _, ld := range l.pods {
+		if ld.state == StateCancelled {
+			continue
+		}
+		pd := &podDrain{UID: ld.uid, Namespace: ld.namespace, Name: ld.name, IPs: ld.ips, Reason: ld.reason,
+			Since: ld.started, Holder: l.d.cfg.Node, Lease: ld.published}
+		if ld.state == StateGone {
+			pd.Expires = ld.goneAt.Add(l.d.cfg.Linger)
+		}
+		out = append(out, pd)
+	}
+	return out
 }
 
 // uids returns the pods drained on this node.
@@ -220,9 +245,6 @@ func (l *localDrains) reconcile(ctx context.Context) {
 	for _, dl := range l.d.state.DrainLeases() {
 		leases[dl.PodUID] = dl
 	}
-	var publish []*localDrain
-	var renew []*localDrain
-	var deleteLeases []string
 
 	l.mu.Lock()
 	known := len(l.pods)
@@ -230,13 +252,14 @@ func (l *localDrains) reconcile(ctx context.Context) {
 	for _, p := range pods {
 		if p.Deleting() && !p.HostNetwork && len(p.IPs) > 0 {
 			if ld := l.pods[p.UID]; ld == nil || ld.state == StateCancelled {
-				ld = l.start(p, k8s.ReasonPodDeleting, now, true)
-				publish = append(publish, ld)
+				l.start(p, k8s.ReasonPodDeleting, now, true)
 			}
 		}
 	}
 	// Drain Leases of local pods (an operator drain, or ours before a
-	// restart): this node holds them now.
+	// restart): this node holds them now. An expired one is adopted too:
+	// the pod asked to go offline and nobody undid it; only the renewals
+	// stopped (this node was down, or the API server was).
 	for uid, dl := range leases {
 		p := pods[uid]
 		if p == nil {
@@ -251,73 +274,118 @@ func (l *localDrains) reconcile(ctx context.Context) {
 		}
 		ld.leaseSeen = true
 	}
-	// IP reuse: a Lease naming an IP that a different local pod now holds
-	// is stale everywhere; the hosting node knows first and says so.
-	for _, dl := range leases {
-		if pods[dl.PodUID] != nil {
-			continue
-		}
-		for _, ip := range dl.IPs {
-			if owner, ok := l.d.claims.localOwner(ip); ok && owner != dl.PodUID {
-				deleteLeases = append(deleteLeases, dl.Name)
-				if ld := l.pods[dl.PodUID]; ld != nil {
-					ld.goneAt = now.Add(-l.d.cfg.Linger) // forget at once
-				}
-				break
-			}
-		}
-	}
+	l.cleanStaleLeases(leases, pods, now)
 	if len(l.pods) > known {
 		// New drains here: the next pass tells us their entry keys.
 		defer l.d.runner.Run()
 	}
 	for uid, ld := range l.pods {
+		name := k8s.LeaseName(uid)
 		dl := leases[uid]
 		p := pods[uid]
 		switch {
 		case ld.state == StateCancelled:
-			delete(l.pods, uid)
+			l.forget(uid, false)
 			continue
 		case p == nil && ld.state != StateGone:
 			ld.state = StateGone
 			ld.goneAt = now
 			l.finishWaiters(ld, now, StateGone, 200)
 			l.d.Metrics.DrainOutcomes.WithLabelValues("gone").Inc()
-		case ld.state != StateGone && ld.published && ((ld.leaseSeen && dl == nil) || (dl != nil && !dl.Expires().After(now))):
-			// /v1/online, draind undrain, or the Lease ran out.
+		case p != nil && ld.leaseSeen && dl == nil:
+			// The Lease was deleted: /v1/online or draind undrain. A
+			// pod being deleted drains all the same: publish it again.
+			if p.Deleting() {
+				ld.leaseSeen, ld.published = false, false
+				break
+			}
 			ld.state = StateCancelled
 			l.finishWaiters(ld, now, StateCancelled, 409)
 			l.d.Metrics.DrainOutcomes.WithLabelValues("cancelled").Inc()
-			delete(l.pods, uid)
+			l.forget(uid, false)
 			continue
 		}
-		if ld.state == StateGone {
-			if now.Sub(ld.goneAt) >= l.d.cfg.Linger {
-				if ld.published {
-					deleteLeases = append(deleteLeases, k8s.LeaseName(uid))
-				}
-				delete(l.pods, uid)
-				continue
-			}
+		if ld.state == StateGone && now.Sub(ld.goneAt) >= l.d.cfg.Linger {
+			l.forget(uid, ld.published || ld.leaseSeen)
+			continue
 		}
-		if ld.published && now.Sub(ld.lastRenew) >= l.d.cfg.LeaseDuration/3 {
-			renew = append(renew, ld)
+		switch {
+		case !ld.published:
+			l.writer.want(name, leaseWrite{kind: leasePublish, req: l.request(ld)})
+		case now.Sub(ld.lastRenew) >= l.d.cfg.LeaseDuration/3:
+			ann := map[string]string{k8s.AnnState: ld.state, k8s.AnnProgress: k8s.FormatProgress(ld.syns, ld.live, ld.steered)}
+			l.writer.want(name, leaseWrite{kind: leaseRenew, req: l.request(ld), ann: ann})
 		}
 	}
 	l.mu.Unlock()
-
-	for _, ld := range publish {
-		l.publish(ctx, ld, now)
-	}
 	l.measure(ctx, now)
-	for _, ld := range renew {
-		l.renew(ctx, ld, now)
+}
+
+// cleanStaleLeases deletes the drain Leases that are over (l.mu held):
+//   - a Lease naming an IP that a different local pod now holds: pod IPs
+//     are reused, and this node knows first: deleting the Lease tells every
+//     node to stop steering the old pod's IP at once;
+//   - a Lease this node holds whose pod is gone and that expired (left by
+//     a draind that stopped before its cleanup).
+func (l *localDrains) cleanStaleLeases(leases map[types.UID]*k8s.DrainLease, pods map[types.UID]*k8s.Pod, now time.Time) {
+	for uid, dl := range leases {
+		if pods[uid] != nil {
+			continue
+		}
+		stale := dl.Holder == l.d.cfg.Node && l.pods[uid] == nil && !dl.Expires().After(now)
+		for _, ip := range dl.IPs {
+			if owner, ok := l.d.claims.localOwner(ip); ok && owner != uid {
+				stale = true
+				if ld := l.pods[uid]; ld != nil {
+					ld.goneAt = now.Add(-l.d.cfg.Linger) // forget at once
+				}
+				break
+			}
+		}
+		if stale {
+			l.writer.want(dl.Name, leaseWrite{kind: leaseDelete})
+		}
 	}
-	for _, name := range deleteLeases {
-		err := l.d.leases.Delete(ctx, name)
-		l.d.Metrics.LeaseOps.WithLabelValues("delete", result(err)).Inc()
-		if err != nil {
-			l.d.log.Error("deleting drain lease", logKeyErr, err, "lease", name)
+}
+
+// forget drops a drain (l.mu held); deleteLease also deletes its Lease.
+func (l *localDrains) forget(uid types.UID, deleteLease bool) {
+	delete(l.pods, uid)
+	if deleteLease {
+		l.writer.want(k8s.LeaseName(uid), leaseWrite{kind: leaseDelete})
+	} else {
+		l.writer.drop(k8s.LeaseName(uid))
+	}
+}
+
+// request is the Lease a drain publishes (l.mu held).
+func (l *localDrains) request(ld *localDrain) k8s.DrainRequest {
+	return k8s.DrainRequest{PodNamespace: ld.namespace, PodName: ld.name, PodUID: ld.uid, IPs: ld.ips,
+		Node: l.d.cfg.Node, Reason: ld.reason, Duration: l.d.cfg.LeaseDuration}
+}
+
+// leaseWritten records a Lease write that landed or failed (the writer's
+// goroutine).
+func (l *localDrains) leaseWritten(r leaseResult) {
+	op := r.kind.String()
+	l.d.Metrics.LeaseOps.WithLabelValues(op, result(r.err)).Inc()
+	if r.err != nil {
+		l.d.log.Error("writing drain lease, will retry", "lease", r.name, "op", op, logKeyErr, r.err)
+	}
+	if r.kind == leaseDelete {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, ld := range l.pods {
+		if k8s.LeaseName(ld.uid) != r.name {
+			continue
+		}
+		switch {
+		case r.err == nil:
+			ld.published, ld.lastRenew = true, r.at
+		case apierrors.IsNotFound(r.err) && !ld.leaseSeen:
+			ld.published = false // never landed: create it
 		}
 	}
 }
@@ -345,12 +413,14 @@ func (l *localDrains) start(p *k8s.Pod, reason string, since time.Time, announce
 	return ld
 }
 
-// publish creates (or joins) the pod's drain Lease.
+// publish creates (or joins) the pod's drain Lease now, for an offline
+// call that answers only once the drain is announced cluster-wide.
 func (l *localDrains) publish(ctx context.Context, ld *localDrain, now time.Time) error {
 	l.mu.Lock()
-	req := k8s.DrainRequest{PodNamespace: ld.namespace, PodName: ld.name, PodUID: ld.uid, IPs: ld.ips,
-		Node: l.d.cfg.Node, Reason: ld.reason, Duration: l.d.cfg.LeaseDuration}
+	req := l.request(ld)
 	l.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, leaseCallTimeout)
+	defer cancel()
 	_, created, err := l.d.leases.Publish(ctx, req, now)
 	op := "renew"
 	if created {
@@ -366,23 +436,6 @@ func (l *localDrains) publish(ctx context.Context, ld *localDrain, now time.Time
 	ld.lastRenew = now
 	l.mu.Unlock()
 	return nil
-}
-
-func (l *localDrains) renew(ctx context.Context, ld *localDrain, now time.Time) {
-	l.mu.Lock()
-	name := k8s.LeaseName(ld.uid)
-	progress := k8s.FormatProgress(ld.syns, ld.live, ld.steered)
-	ann := map[string]string{k8s.AnnState: ld.state, k8s.AnnProgress: progress}
-	l.mu.Unlock()
-	_, err := l.d.leases.Renew(ctx, name, l.d.cfg.LeaseDuration, now, ann)
-	l.d.Metrics.LeaseOps.WithLabelValues("renew", result(err)).Inc()
-	if err != nil {
-		l.d.log.Error("renewing drain lease", "lease", name, logKeyErr, err)
-		return
-	}
-	l.mu.Lock()
-	ld.lastRenew = now
-	l.mu.Unlock()
 }
 
 // measure reads SYNs and live connections of draining pods and settles

@@ -94,6 +94,7 @@ func (h *harness) tick(d time.Duration) {
 	h.clock.Step(d)
 	h.pass()
 	h.d.local.reconcile(h.ctx)
+	h.d.local.writer.flush(h.ctx)
 	h.syncLeases()
 }
 
@@ -294,6 +295,8 @@ func TestOfflineFromForeignCaller(t *testing.T) {
 	}
 }
 
+// TestLeaseExpiryWhileWaiting: the API stops accepting renewals and the
+// drain Lease runs out while the pod waits for its offline answer.
 func TestLeaseExpiryWhileWaiting(t *testing.T) {
 	h := localFixture(t, func(c *Config) { c.LeaseDuration = 30 * time.Second })
 	call := h.offline(podIP, 5*time.Minute, 2*time.Second)
@@ -304,15 +307,25 @@ func TestLeaseExpiryWhileWaiting(t *testing.T) {
 	for i := 0; i < 3; i++ {
 		h.tick(11 * time.Second)
 	}
-	r, ok := call.result(t)
-	if !ok || r.code != 409 || r.State != StateCancelled {
-		t.Fatalf("want 409 cancelled after the Lease expired, got %+v (answered %v)", r, ok)
+	// Other nodes fail open once the Lease expired
+	// (TestFaultAPIOutageRemoteNode); the node hosting the pod keeps its
+	// drain and the waiter (issue 11: it used to answer 409 cancelled and
+	// stop steering here too).
+	if r, ok := call.result(t); ok {
+		t.Fatalf("the waiter was answered when the Lease expired: %+v", r)
 	}
-	// Fail open: nothing steers for the pod any more.
 	h.pass()
-	h.check(expect{})
+	if _, ok := h.dp.Drains[key("10.0.0.1:8080", bpf.TCP)]; !ok {
+		t.Fatalf("the hosting node stopped steering when its Lease expired:\n%s", h.describe())
+	}
 	if got := testutilValue(t, h.d.Metrics.LeaseOps.WithLabelValues("renew", "error")); got < 1 {
 		t.Errorf("failed renewals not counted: %v", got)
+	}
+	// Renewals land again: the Lease is live for every node.
+	h.failLeaseUpdate.Store(false)
+	h.tick(leaseRetryMax)
+	if l := h.d.state.DrainLeases(); len(l) != 1 || !l[0].Expires().After(h.clock.Now()) {
+		t.Fatalf("lease not renewed after the API accepted writes again: %+v", l)
 	}
 }
 

@@ -66,6 +66,7 @@ type podDrain struct {
 	Expires         time.Time // zero: no deadline (local deletion)
 	Holder          string
 	Lease           bool
+	State           string // as the hosting node published it
 }
 
 func (d *podDrain) same(o *podDrain) bool {
@@ -128,9 +129,20 @@ type model struct {
 	lingerMin time.Time // earliest linger end (zero: none), a lower bound
 	podDrains map[types.UID]*podDrain
 	presence  map[types.UID]map[string]struct{} // drained uid -> services listing it
-	claims    *claims
-	ids       idAllocator
-	warned    map[string]bool
+	// listedPolicy is the most cautious policy of the Services that listed
+	// a drained pod: its all-ports entries keep it after the pod left them
+	// (a gone headless pod is not refused).
+	listedPolicy map[types.UID]bpf.Policy
+	claims       *claims
+	ids          idAllocator
+	// pinnedIDs are the service-port ids a previous draind left in the
+	// pinned maps, by the frontends and drains that name them: a restart
+	// keeps them, so it rewrites nothing that is still right.
+	pinnedIDs map[bpf.EndpointKey]bpf.ServicePortID
+	// pinnedSets are the pinned backend sets by content (service-ports with
+	// neither a VIP nor a rewritten endpoint, e.g. headless).
+	pinnedSets map[string]bpf.ServicePortID
+	warned     map[string]bool
 
 	touched    map[bpf.EndpointKey]struct{}
 	touchedSPF map[bpf.ServicePortID]struct{}
@@ -147,17 +159,18 @@ type departure struct {
 func newModel(cfg ModelConfig, st State, cl *claims) *model {
 	return &model{
 		cfg: cfg, state: st, claims: cl,
-		results:    map[string]*serviceResult{},
-		spfIDs:     map[spfKey]bpf.ServicePortID{},
-		spfs:       map[bpf.ServicePortID]*spfState{},
-		contribs:   map[bpf.EndpointKey][]contribution{},
-		byIP:       map[netip.Addr]map[bpf.EndpointKey]struct{}{},
-		lingering:  map[bpf.EndpointKey]*lingerRec{},
-		podDrains:  map[types.UID]*podDrain{},
-		presence:   map[types.UID]map[string]struct{}{},
-		warned:     map[string]bool{},
-		touched:    map[bpf.EndpointKey]struct{}{},
-		touchedSPF: map[bpf.ServicePortID]struct{}{},
+		results:      map[string]*serviceResult{},
+		spfIDs:       map[spfKey]bpf.ServicePortID{},
+		spfs:         map[bpf.ServicePortID]*spfState{},
+		contribs:     map[bpf.EndpointKey][]contribution{},
+		byIP:         map[netip.Addr]map[bpf.EndpointKey]struct{}{},
+		lingering:    map[bpf.EndpointKey]*lingerRec{},
+		podDrains:    map[types.UID]*podDrain{},
+		presence:     map[types.UID]map[string]struct{}{},
+		listedPolicy: map[types.UID]bpf.Policy{},
+		warned:       map[string]bool{},
+		touched:      map[bpf.EndpointKey]struct{}{},
+		touchedSPF:   map[bpf.ServicePortID]struct{}{},
 	}
 }
 
@@ -317,7 +330,7 @@ func (m *model) recomputeService(key string, now time.Time) (changed bool) {
 			continue
 		}
 		if !hasID {
-			id = m.ids.alloc()
+			id = m.allocID(c.frontends, c.draining, c.selectable)
 			m.spfIDs[c.key] = id
 			m.spfs[id] = &spfState{key: c.key, id: id}
 		}
@@ -352,6 +365,9 @@ func (m *model) recomputeService(key string, now time.Time) (changed bool) {
 	}
 	// Drained pods may now be listed, or no longer: their wildcards change.
 	for uid := range nr.uids {
+		if p, ok := m.listedPolicy[uid]; !ok || policy > p {
+			m.listedPolicy[uid] = policy
+		}
 		m.setPresence(uid, key, true)
 	}
 	if old != nil {
@@ -400,6 +416,62 @@ func (m *model) recomputeService(key string, now time.Time) (changed bool) {
 		m.results[key] = nr
 	}
 	return changed
+}
+
+// adoptIDs records the ids of a previous draind's pinned entries; fresh
+// ids are allocated above all of them.
+func (m *model) adoptIDs(d *bpf.Dump) {
+	m.pinnedIDs = map[bpf.EndpointKey]bpf.ServicePortID{}
+	m.pinnedSets = map[string]bpf.ServicePortID{}
+	seen := func(id bpf.ServicePortID) { m.ids.next = max(m.ids.next, uint32(id)) }
+	for _, b := range d.Backends {
+		seen(b.Service)
+		m.pinnedSets[backendSetKey(b.Backends)] = b.Service
+	}
+	for _, f := range d.Frontends {
+		seen(f.Service)
+		m.pinnedIDs[f.Key] = f.Service
+	}
+	for _, dr := range d.Drains {
+		seen(dr.Service)
+		if dr.Service != 0 && dr.Policy == bpf.PolicyRewrite {
+			m.pinnedIDs[dr.Key] = dr.Service
+		}
+	}
+}
+
+// forgetPinnedIDs ends the adoption of pinned ids (after the first pass).
+func (m *model) forgetPinnedIDs() { m.pinnedIDs, m.pinnedSets = nil, nil }
+
+// allocID returns the id for a newly active service-port: the one its
+// pinned frontends, rewritten endpoints or backend set carry if no other
+// service-port holds it, else a fresh one.
+func (m *model) allocID(frontends, draining []bpf.EndpointKey, selectable []netip.AddrPort) bpf.ServicePortID {
+	for _, keys := range [][]bpf.EndpointKey{frontends, draining} {
+		for _, k := range keys {
+			if id, ok := m.pinnedIDs[k]; ok && m.spfs[id] == nil {
+				delete(m.pinnedIDs, k)
+				return id
+			}
+		}
+	}
+	if len(selectable) > 0 {
+		sk := backendSetKey(selectable)
+		if id, ok := m.pinnedSets[sk]; ok && m.spfs[id] == nil {
+			delete(m.pinnedSets, sk)
+			return id
+		}
+	}
+	return m.ids.alloc()
+}
+
+func backendSetKey(b []netip.AddrPort) string {
+	var sb strings.Builder
+	for _, ap := range b {
+		sb.WriteString(ap.String())
+		sb.WriteByte(',')
+	}
+	return sb.String()
 }
 
 func (m *model) spfKeyOf(id bpf.ServicePortID) spfKey {
@@ -523,7 +595,9 @@ func (m *model) updateWildcards(uid types.UID) {
 		return
 	}
 	policy := bpf.PolicyOff
-	if len(m.presence[uid]) == 0 {
+	if lp, listed := m.listedPolicy[uid]; len(m.presence[uid]) == 0 && (!listed || lp != bpf.PolicyOff) {
+		// No Service lists it (any more): nothing to rewrite to. A pod
+		// that a Service with policy off listed stays off.
 		policy = m.cfg.RegistryOnlyPolicy
 	}
 	for _, ip := range d.IPs {
@@ -575,6 +649,9 @@ func (m *model) setPodDrains(next map[types.UID]*podDrain) (changed []*podDrain)
 	}
 	m.podDrains = next
 	for _, d := range changed {
+		if next[d.UID] == nil {
+			delete(m.listedPolicy, d.UID)
+		}
 		m.updateWildcards(d.UID)
 	}
 	slices.SortFunc(changed, func(a, b *podDrain) int { return cmp.Compare(a.UID, b.UID) })
@@ -612,6 +689,21 @@ func (m *model) claimsChanged(ip netip.Addr) {
 	for k := range m.byIP[ip] {
 		m.touch(k)
 		if l := m.lingering[k]; l != nil && m.suppressed(l.c, ip) {
+			m.clearLinger(k)
+		}
+	}
+}
+
+// endLingersOf ends the lingering entries of a pod: its drain Lease was
+// deleted, which the node hosting it does when the pod's IP is reused (or
+// its own linger ended). Remote nodes learn of a new owner no other way
+// when the new pod is in no Service.
+func (m *model) endLingersOf(uid types.UID) {
+	if uid == "" {
+		return
+	}
+	for k, l := range m.lingering {
+		if l.c.uid == uid {
 			m.clearLinger(k)
 		}
 	}
@@ -759,6 +851,11 @@ type drainedPod struct {
 	Expires time.Time
 	Keys    []bpf.EndpointKey
 	IPs     []netip.Addr
+	// Departed: the pod left every slice (only lingering entries remain),
+	// or its hosting node published that it is gone.
+	Departed bool
+	ports    int // per-port contributions
+	lingers  int // of which lingering
 }
 
 // drainedPods groups the live contributions by pod, sorted by pod name.
@@ -784,6 +881,12 @@ func (m *model) drainedPods() []drainedPod {
 			if !c.linger && !strings.HasPrefix(c.src, "pod:") && p.Reason == ReasonDeparted {
 				p.Reason = c.reason
 			}
+			if k.Port != 0 {
+				p.ports++
+				if c.linger {
+					p.lingers++
+				}
+			}
 			if !slices.Contains(p.Keys, k) {
 				p.Keys = append(p.Keys, k)
 			}
@@ -795,6 +898,7 @@ func (m *model) drainedPods() []drainedPod {
 	for uid, d := range m.podDrains {
 		if p := by[uid]; p != nil {
 			p.Reason, p.Expires = d.Reason, d.Expires
+			p.Departed = d.State == StateGone
 			if d.Since.Before(p.Since) {
 				p.Since = d.Since
 			}
@@ -802,6 +906,9 @@ func (m *model) drainedPods() []drainedPod {
 	}
 	out := make([]drainedPod, 0, len(by))
 	for _, p := range by {
+		if p.ports > 0 && p.lingers == p.ports {
+			p.Departed = true
+		}
 		slices.SortFunc(p.Keys, bpf.EndpointKey.Compare)
 		slices.SortFunc(p.IPs, netip.Addr.Compare)
 		out = append(out, *p)

@@ -551,14 +551,25 @@ func TestUDPExpiredWhileDraining(t *testing.T) {
 	if len(calls) != 1 || calls[0][0].Proto != 17 || calls[0][0].ReplySrc != netip.MustParseAddrPort("10.0.0.1:53") {
 		t.Fatalf("want the UDP flows of 10.0.0.1:53 expired as the drain starts, got %+v", calls)
 	}
-	h.clock.Step(5 * time.Second)
+	h.clock.Step(time.Second)
 	h.d.ct2.pass(h.ctx)
 	if n := len(h.ct.ExpireCalls()); n != 1 {
 		t.Fatalf("re-expired too early: %d calls", n)
 	}
-	h.clock.Step(6 * time.Second)
+	// Once more after kube-proxy had time to drop the endpoint (issue 11).
+	h.clock.Step(udpFollowUp - time.Second)
 	h.d.ct2.pass(h.ctx)
 	if n := len(h.ct.ExpireCalls()); n != 2 {
+		t.Fatalf("no follow-up expiry: %d calls", n)
+	}
+	h.clock.Step(5 * time.Second)
+	h.d.ct2.pass(h.ctx)
+	if n := len(h.ct.ExpireCalls()); n != 2 {
+		t.Fatalf("re-expired too early: %d calls", n)
+	}
+	h.clock.Step(6 * time.Second)
+	h.d.ct2.pass(h.ctx)
+	if n := len(h.ct.ExpireCalls()); n != 3 {
 		t.Fatalf("not re-expired while draining: %d calls", n)
 	}
 	// A failing table is retried, counted, and never blocks a pass.
@@ -571,7 +582,7 @@ func TestUDPExpiredWhileDraining(t *testing.T) {
 	h.pass()
 	h.clock.Step(2 * time.Second)
 	h.d.ct2.pass(h.ctx)
-	if n := len(h.ct.ExpireCalls()); n != 4 {
+	if n := len(h.ct.ExpireCalls()); n != 5 {
 		t.Errorf("failed expiry not retried: %d calls", n)
 	}
 }

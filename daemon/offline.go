@@ -101,7 +101,10 @@ func (l *localDrains) online(ctx context.Context, ip netip.Addr) OfflineResult {
 		res.Error, res.code = "the pod is being deleted: its drain cannot be undone", http.StatusConflict
 		return res
 	}
-	err := l.d.leases.Delete(ctx, k8s.LeaseName(p.UID))
+	l.writer.drop(k8s.LeaseName(p.UID))
+	dctx, cancel := context.WithTimeout(ctx, leaseCallTimeout)
+	err := l.d.leases.Delete(dctx, k8s.LeaseName(p.UID))
+	cancel()
 	l.d.Metrics.LeaseOps.WithLabelValues("delete", result(err)).Inc()
 	if err != nil {
 		res.Error, res.code = err.Error(), http.StatusServiceUnavailable

@@ -144,7 +144,11 @@ func (r *reconciler) apply(m *model, now time.Time, full bool) applyResult {
 		r.backends[p.id] = bpf.Backends{Service: p.id, Backends: slices.Clone(p.be.Backends), Expires: p.be.Expires}
 	}
 	// 2. Frontends (upserts), remembering which of an id's are stale.
-	var staleFE []bpf.EndpointKey
+	type staleFrontend struct {
+		key bpf.EndpointKey
+		id  bpf.ServicePortID
+	}
+	var staleFE []staleFrontend
 	for _, p := range plans {
 		want := map[bpf.EndpointKey]bool{}
 		for _, fe := range p.fes {
@@ -169,7 +173,7 @@ func (r *reconciler) apply(m *model, now time.Time, full bool) applyResult {
 		}
 		for _, k := range r.bySPF[p.id] {
 			if !want[k] {
-				staleFE = append(staleFE, k)
+				staleFE = append(staleFE, staleFrontend{k, p.id})
 			}
 		}
 	}
@@ -203,20 +207,23 @@ func (r *reconciler) apply(m *model, now time.Time, full bool) applyResult {
 			r.onDrain(k, true)
 		}
 	}
-	// 4. Deletions of entries.
-	for _, k := range staleFE {
+	// 4. Deletions of entries. A frontend that another service-port took
+	// over in this pass (a restart under new ids, a VIP reassigned) is not
+	// stale any more: deleting it would undo the write.
+	for _, st := range staleFE {
+		k := st.key
+		if cur, ok := r.frontends[k]; !ok || cur.Service != st.id {
+			r.dropFrontendRef(st.id, k)
+			continue
+		}
 		res.Ops++
 		if err := r.dp.DeleteFrontend(k); err != nil {
 			fail("deleting frontend "+k.String(), err)
-			r.retrySPF[r.frontends[k].Service] = struct{}{}
+			r.retrySPF[st.id] = struct{}{}
 			continue
 		}
-		id := r.frontends[k].Service
 		delete(r.frontends, k)
-		r.bySPF[id] = slices.DeleteFunc(r.bySPF[id], func(x bpf.EndpointKey) bool { return x == k })
-		if len(r.bySPF[id]) == 0 {
-			delete(r.bySPF, id)
-		}
+		r.dropFrontendRef(st.id, k)
 	}
 	for _, k := range staleDrains {
 		res.Ops++
@@ -252,6 +259,14 @@ func (r *reconciler) apply(m *model, now time.Time, full bool) applyResult {
 	clear(m.touched)
 	clear(m.touchedSPF)
 	return res
+}
+
+// dropFrontendRef forgets that service-port id owns frontend k.
+func (r *reconciler) dropFrontendRef(id bpf.ServicePortID, k bpf.EndpointKey) {
+	r.bySPF[id] = slices.DeleteFunc(r.bySPF[id], func(x bpf.EndpointKey) bool { return x == k })
+	if len(r.bySPF[id]) == 0 {
+		delete(r.bySPF, id)
+	}
 }
 
 // referenced reports whether an applied drain still names id (its deletion

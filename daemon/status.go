@@ -13,7 +13,7 @@ const (
 	StateTimedOut  = "timed-out"
 	StateGone      = "gone"      // the pod was deleted; its IP still steered
 	StateLingering = "lingering" // departed endpoint, seen from another node
-	StateCancelled = "cancelled" // /v1/online, undrain, or Lease expiry
+	StateCancelled = "cancelled" // /v1/online or undrain
 )
 
 // PodStatus is one drained pod, as `draind status` shows it.

@@ -47,7 +47,7 @@ func NewInformers(client kubernetes.Interface, cfg Config) *Informers {
 	// Streaming lists (WatchList) only where the client supports them: the
 	// fake clientset of the tests does not.
 	lw := func(l *cache.ListWatch) cache.ListerWatcher {
-		return cache.ToListWatcherWithWatchListSemantics(l, client)
+		return cache.ToListWatcherWithWatchListSemantics(reconnecting(l), client)
 	}
 	opts := func(ix cache.Indexers) cache.SharedIndexInformerOptions {
 		return cache.SharedIndexInformerOptions{ResyncPeriod: cfg.Resync, Indexers: ix}
