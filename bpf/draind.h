@@ -88,6 +88,14 @@ struct drain_stats {
 	__u64 passed;      /* connect()s to the pod IP let through (off, no backend) */
 };
 
+/* Whether anything drains on this node's maps. Every hook reads it first, so
+ * that when nothing drains a connect() or a packet costs one (inlined) array
+ * lookup instead of the frontend and drain lookups. */
+struct node_state {
+	__u32 draining; /* nonzero: draind_frontends or draind_drains may hold entries */
+	__u32 pad;
+};
+
 enum outcome {
 	OUT_STEERED_CLUSTERIP = 0, /* frontend rewritten to a selectable backend */
 	OUT_STEERED_PODIP,         /* draining pod IP rewritten (rewrite policy) */
@@ -175,6 +183,30 @@ struct {
 	__type(value, __u64);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } draind_counters SEC(".maps");
+
+/* The "nothing drains" flag (struct node_state), one entry. Written by Go
+ * only: set before the first frontend or drain entry is written, cleared only
+ * after the last one is deleted, recomputed from the maps when draind adopts
+ * them. A stale "draining" costs lookups; a stale "idle" would hide entries,
+ * which is why the order matters. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct node_state);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} draind_node SEC(".maps");
+
+/* node_draining is the fast path of every hook: false when nothing drains on
+ * this node. Fails towards "draining" (full lookups), never towards hiding an
+ * entry. */
+static __always_inline int node_draining(void)
+{
+	__u32 zero = 0;
+	struct node_state *st = bpf_map_lookup_elem(&draind_node, &zero);
+
+	return !st || st->draining;
+}
 
 static __always_inline void count(enum outcome o, enum family_idx f)
 {

@@ -21,6 +21,7 @@ const (
 	observeMapDraindDrainStats  = "draind_drain_stats"
 	observeMapDraindDrains      = "draind_drains"
 	observeMapDraindFrontends   = "draind_frontends"
+	observeMapDraindNode        = "draind_node"
 	observeMapDraindServices    = "draind_services"
 	observeProgDraindObserve    = "draind_observe"
 	observeVarDraindMaxPolicy   = "draind_max_policy"
@@ -81,6 +82,7 @@ type observeMapSpecs struct {
 	DraindDrainStats *ebpf.MapSpec `ebpf:"draind_drain_stats"`
 	DraindDrains     *ebpf.MapSpec `ebpf:"draind_drains"`
 	DraindFrontends  *ebpf.MapSpec `ebpf:"draind_frontends"`
+	DraindNode       *ebpf.MapSpec `ebpf:"draind_node"`
 	DraindServices   *ebpf.MapSpec `ebpf:"draind_services"`
 }
 
@@ -117,6 +119,7 @@ type observeMaps struct {
 	DraindDrainStats *ebpf.Map `ebpf:"draind_drain_stats"`
 	DraindDrains     *ebpf.Map `ebpf:"draind_drains"`
 	DraindFrontends  *ebpf.Map `ebpf:"draind_frontends"`
+	DraindNode       *ebpf.Map `ebpf:"draind_node"`
 	DraindServices   *ebpf.Map `ebpf:"draind_services"`
 }
 
@@ -127,6 +130,7 @@ func (m *observeMaps) Close() error {
 		m.DraindDrainStats,
 		m.DraindDrains,
 		m.DraindFrontends,
+		m.DraindNode,
 		m.DraindServices,
 	)
 }

@@ -128,8 +128,11 @@ int draind_connect4(struct bpf_sock_addr *ctx)
 {
 	struct ep_key key = {};
 	struct backend_val *be = NULL;
-	__u32 ip4 = ctx->user_ip4;
+	__u32 ip4;
 
+	if (!node_draining())
+		return 1;
+	ip4 = ctx->user_ip4;
 	key.addr[10] = 0xff;
 	key.addr[11] = 0xff;
 	__builtin_memcpy(&key.addr[12], &ip4, 4);
@@ -161,6 +164,8 @@ int draind_connect6(struct bpf_sock_addr *ctx)
 	__u32 w[4];
 	int mapped;
 
+	if (!node_draining())
+		return 1;
 	/* user_ip6 only allows 4-byte loads. */
 	w[0] = ctx->user_ip6[0];
 	w[1] = ctx->user_ip6[1];

@@ -68,6 +68,12 @@ type steerFrontendVal struct {
 	ExpiresNs uint64
 }
 
+type steerNodeState struct {
+	_        structs.HostLayout
+	Draining uint32
+	Pad      uint32
+}
+
 type steerOutcome uint32
 
 const (
@@ -99,6 +105,7 @@ const (
 	steerMapDraindDrainStats  = "draind_drain_stats"
 	steerMapDraindDrains      = "draind_drains"
 	steerMapDraindFrontends   = "draind_frontends"
+	steerMapDraindNode        = "draind_node"
 	steerMapDraindServices    = "draind_services"
 	steerProgDraindConnect4   = "draind_connect4"
 	steerProgDraindConnect6   = "draind_connect6"
@@ -161,6 +168,7 @@ type steerMapSpecs struct {
 	DraindDrainStats *ebpf.MapSpec `ebpf:"draind_drain_stats"`
 	DraindDrains     *ebpf.MapSpec `ebpf:"draind_drains"`
 	DraindFrontends  *ebpf.MapSpec `ebpf:"draind_frontends"`
+	DraindNode       *ebpf.MapSpec `ebpf:"draind_node"`
 	DraindServices   *ebpf.MapSpec `ebpf:"draind_services"`
 }
 
@@ -197,6 +205,7 @@ type steerMaps struct {
 	DraindDrainStats *ebpf.Map `ebpf:"draind_drain_stats"`
 	DraindDrains     *ebpf.Map `ebpf:"draind_drains"`
 	DraindFrontends  *ebpf.Map `ebpf:"draind_frontends"`
+	DraindNode       *ebpf.Map `ebpf:"draind_node"`
 	DraindServices   *ebpf.Map `ebpf:"draind_services"`
 }
 
@@ -207,6 +216,7 @@ func (m *steerMaps) Close() error {
 		m.DraindDrainStats,
 		m.DraindDrains,
 		m.DraindFrontends,
+		m.DraindNode,
 		m.DraindServices,
 	)
 }
