@@ -19,9 +19,8 @@ import (
 )
 
 // benchBed: one pod network namespace holding the servers and the clients
-// (loopback-equivalent: nothing leaves the namespace), one client in the
-// hooked pods cgroup, one in a sibling cgroup without hooks and one in a
-// cgroup with empty programs (the measurement's floor);
+// (loopback-equivalent: nothing leaves the namespace), one client of each
+// kind in the hooked pods cgroup and one in a sibling cgroup without hooks;
 // a steered VIP, a draining pod IP rewritten to the server, a second VIP
 // behind 5,000 kube-proxy-style service rules in the namespace's nat OUTPUT
 // chain, and a second server inside the pods cgroup (what the SYN observer
@@ -35,7 +34,7 @@ type benchBed struct {
 	emptyProgs    map[string]*ebpf.Program
 	hooked, plain *bed.Proc
 	empty         *bed.Proc
-	srv           netip.AddrPort // outside the hooks
+	srv           netip.AddrPort // TCP and UDP, outside the hooks
 	srvObserved   netip.AddrPort // TCP, inside the pods cgroup, draining
 	vipSteer      netip.AddrPort
 	vipIPT        netip.AddrPort
@@ -80,7 +79,7 @@ func newBenchBed(b *testing.B) *benchBed {
 	if err != nil {
 		b.Fatal(err)
 	}
-	srv, err := bed.StartProc(pod.NS, srvCg, "serve", "srv", fmt.Sprintf("tcp:[::]:%d", podPort))
+	srv, err := bed.StartProc(pod.NS, srvCg, "serve", "srv", fmt.Sprintf("tcp:[::]:%d", podPort), fmt.Sprintf("udp:[::]:%d", podPort))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -167,13 +166,16 @@ func newBenchBed(b *testing.B) *benchBed {
 	return bb
 }
 
-// attachEmpty attaches a program that only returns 1 at connect4 of cg. Their run time per invocation is the floor of the
+// attachEmpty attaches programs that only return 1 at connect4, sendmsg4
+// and recvmsg4 of cg. Their run time per invocation is the floor of the
 // kernel's measurement (the statistics' own clock reads and the hook's
 // dispatch): the hooks' figures are read against it.
 func attachEmpty(b *testing.B, cg *bed.Cgroup) map[string]*ebpf.Program {
 	out := map[string]*ebpf.Program{}
 	for name, at := range map[string]ebpf.AttachType{
 		"connect4": ebpf.AttachCGroupInet4Connect,
+		"sendmsg4": ebpf.AttachCGroupUDP4Sendmsg,
+		"recvmsg4": ebpf.AttachCGroupUDP4Recvmsg,
 	} {
 		p, err := ebpf.NewProgram(&ebpf.ProgramSpec{
 			Type: ebpf.CGroupSockAddr, AttachType: at, License: "Dual BSD/GPL",
@@ -195,7 +197,8 @@ func attachEmpty(b *testing.B, cg *bed.Cgroup) map[string]*ebpf.Program {
 
 // drainState is what the maps hold while "something drains on the node":
 // 1,000 unrelated draining endpoints (so lookups run against non-empty
-// maps), the steered VIP, the draining pod IP, and the observed server.
+// maps), the steered VIP (TCP and UDP), the draining pod IP, and the
+// observed server.
 func (bb *benchBed) drainState() ([]bpf.Backends, []bpf.Frontend, []bpf.Drain) {
 	exp := time.Now().Add(time.Hour)
 	var drains []bpf.Drain
@@ -209,9 +212,11 @@ func (bb *benchBed) drainState() ([]bpf.Backends, []bpf.Frontend, []bpf.Drain) {
 	)
 	backends := []bpf.Backends{
 		{Service: 1, Backends: []netip.AddrPort{bb.srv}, Expires: exp},
+		{Service: 2, Backends: []netip.AddrPort{bb.srv}, Expires: exp},
 	}
 	frontends := []bpf.Frontend{
 		{Key: bpf.EndpointKey{Addr: bb.vipSteer.Addr(), Port: bb.vipSteer.Port(), Proto: bpf.TCP}, Service: 1, Expires: exp},
+		{Key: bpf.EndpointKey{Addr: bb.vipSteer.Addr(), Port: bb.vipSteer.Port(), Proto: bpf.UDP}, Service: 2, Expires: exp},
 	}
 	return backends, frontends, drains
 }
@@ -380,6 +385,77 @@ func BenchmarkConnect(b *testing.B) {
 			for i, o := range c.compare {
 				b.ReportMetric(median(others[i]), o.name+"-ns/connect")
 				b.ReportMetric(median(ratios[i]), "x-"+o.name)
+			}
+		})
+	}
+}
+
+// sendPath is a UDP request/response path: sendto + recvfrom on an
+// unconnected socket, as musl's resolver does.
+type sendPath struct {
+	name string
+	p    *sockProc
+	a    netip.AddrPort
+}
+
+func roundTrips(b *testing.B, p sendPath, n int) float64 {
+	r := p.p.call(b, sockReq{Op: "bench", Family: "4", Addr: p.a.String(), N: n})
+	return float64(r.Elapsed) / float64(n)
+}
+
+// BenchmarkSendmsg measures UDP request/response round trips (sendto +
+// recvfrom) with no hook (baseline), through the hooks with nothing draining
+// (hook_idle) and with something else draining (hook_miss), and steered to a
+// backend with the reply's source translated back (hook_steer), interleaved
+// with the baseline like BenchmarkConnect; plus the kernel's ns per
+// invocation of sendmsg4 and recvmsg4.
+func BenchmarkSendmsg(b *testing.B) {
+	bb := newBenchBed(b)
+	hooked := startSockHelper(b, bb.pod.NS, bb.pod.Cgroup)
+	plain := startSockHelper(b, bb.pod.NS, bb.plainCg)
+	empty := startSockHelper(b, bb.pod.NS, bb.emptyCg)
+	baseline := sendPath{"baseline", plain, bb.srv}
+	cases := []struct {
+		path     sendPath
+		compare  *sendPath
+		draining bool
+		kernel   []kernelMetric
+	}{
+		{baseline, nil, false, nil},
+		{sendPath{"empty_prog", empty, bb.srv}, &baseline, false,
+			[]kernelMetric{{"empty_sendmsg4", "sendmsg4-empty-ns/invocation"}, {"empty_recvmsg4", "recvmsg4-empty-ns/invocation"}}},
+		{sendPath{"hook_idle", hooked, bb.srv}, &baseline, false,
+			[]kernelMetric{{"sendmsg4", "sendmsg4-idle-ns/invocation"}, {"recvmsg4", "recvmsg4-idle-ns/invocation"}}},
+		{sendPath{"hook_miss", hooked, bb.srv}, &baseline, true,
+			[]kernelMetric{{"sendmsg4", "sendmsg4-miss-ns/invocation"}, {"recvmsg4", "recvmsg4-miss-ns/invocation"}}},
+		{sendPath{"hook_steer", hooked, bb.vipSteer}, &baseline, true,
+			[]kernelMetric{{"sendmsg4", "sendmsg4-steer-ns/invocation"}, {"recvmsg4", "recvmsg4-steer-ns/invocation"}}},
+	}
+	for _, c := range cases {
+		b.Run(c.path.name, func(b *testing.B) {
+			if bb.draining != c.draining {
+				bb.setDraining(b, c.draining)
+			}
+			const chunk = 1000
+			rounds := max(b.N/chunk, 15)
+			var own, others, ratios []float64
+			before := bb.programStats(b)
+			b.ResetTimer()
+			for r := 0; r < rounds; r++ {
+				d := roundTrips(b, c.path, chunk)
+				own = append(own, d)
+				if c.compare != nil {
+					od := roundTrips(b, *c.compare, chunk)
+					others = append(others, od)
+					ratios = append(ratios, d/od)
+				}
+			}
+			b.StopTimer()
+			reportKernel(b, before, bb.programStats(b), c.kernel)
+			b.ReportMetric(median(own), "ns/datagram")
+			if c.compare != nil {
+				b.ReportMetric(median(others), "baseline-ns/datagram")
+				b.ReportMetric(median(ratios), "x-baseline")
 			}
 		})
 	}

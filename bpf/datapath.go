@@ -1,6 +1,7 @@
-// Package bpf is draind's datapath: the connect4/connect6 steering hooks and
-// the SYN observer (C sources in this directory, compiled by bpf2go), and a
-// small typed API to load them, attach them to the pods' cgroup and fill
+// Package bpf is draind's datapath: the connect4/connect6 steering hooks,
+// the sendmsg/recvmsg hooks that steer unconnected UDP datagram by datagram,
+// and the SYN observer (C sources in this directory, compiled by bpf2go), and
+// a small typed API to load them, attach them to the pods' cgroup and fill
 // their maps.
 //
 // Maps and links are pinned under a bpffs directory, so a restart or an
@@ -10,8 +11,8 @@
 // itself at the deadline.
 //
 // Every hook first reads one flag, "something drains on this node"
-// (draind_node): while no frontend or drain entry exists, a connect() or a
-// packet costs that one array lookup. The Datapath keeps the
+// (draind_node): while no frontend or drain entry exists, a connect(), a
+// datagram or a packet costs that one array lookup. The Datapath keeps the
 // flag true from before the first entry is written until after the last one
 // is deleted, and recomputes it from the maps when it adopts them. It assumes
 // it is the only writer of its pin directory (as the backend generations of
@@ -63,16 +64,23 @@ const (
 	MapDrains     MapName = "draind_drains"
 	MapDrainStats MapName = "draind_drain_stats"
 	MapCounters   MapName = "draind_counters"
+	// MapUDPCounters counts unconnected datagrams by outcome.
+	MapUDPCounters MapName = "draind_udp_counters"
+	// MapUDPReverse holds the reverse translations of steered UDP (LRU).
+	MapUDPReverse MapName = "draind_udp_reverse"
 	// MapNode is the one-entry "something drains on this node" flag.
 	MapNode MapName = "draind_node"
 )
 
-// MapNames lists the maps in a fixed order.
-var MapNames = []MapName{MapFrontends, MapServices, MapBackends, MapDrains, MapDrainStats, MapCounters, MapNode}
+// MapNames lists the maps in a fixed order. draind_udp_sockets (per-socket
+// storage: it lives and dies with the sockets and cannot be enumerated) is
+// not among them.
+var MapNames = []MapName{MapFrontends, MapServices, MapBackends, MapDrains, MapDrainStats, MapCounters,
+	MapUDPCounters, MapUDPReverse, MapNode}
 
 // laterMaps arrived after the first release: pins left by an older draind
 // may lack them, and the read-only view (OpenPinned) does without.
-var laterMaps = map[MapName]bool{MapNode: true}
+var laterMaps = map[MapName]bool{MapUDPCounters: true, MapUDPReverse: true, MapNode: true}
 
 // Options configure Load.
 type Options struct {
@@ -85,6 +93,7 @@ type Options struct {
 type Datapath struct {
 	pinDir string
 	steer  steerObjects
+	udp    udpObjects
 	obs    observeObjects
 
 	mu    sync.Mutex // serialises backend-set swaps and attachment
@@ -140,18 +149,30 @@ func Load(opts Options) (*Datapath, error) {
 	if err := spec.LoadAndAssign(&d.steer, copts); err != nil {
 		return nil, fmt.Errorf("loading connect hooks: %w", explainLoad(err, mapDir))
 	}
+	uspec, err := loadUdp()
+	if err != nil {
+		d.steer.Close()
+		return nil, fmt.Errorf("loading udp spec: %w", err)
+	}
+	// Same pin path: the other objects adopt the maps steer just pinned.
+	if err := uspec.LoadAndAssign(&d.udp, copts); err != nil {
+		d.steer.Close()
+		return nil, fmt.Errorf("loading datagram hooks: %w", explainLoad(err, mapDir))
+	}
 	ospec, err := loadObserve()
 	if err != nil {
 		d.steer.Close()
+		d.udp.Close()
 		return nil, fmt.Errorf("loading observe spec: %w", err)
 	}
-	// Same pin path: the observer adopts the maps steer just pinned.
 	if err := ospec.LoadAndAssign(&d.obs, copts); err != nil {
 		d.steer.Close()
+		d.udp.Close()
 		return nil, fmt.Errorf("loading SYN observer: %w", explainLoad(err, mapDir))
 	}
 	if err := d.adoptEntries(); err != nil {
 		d.steer.Close()
+		d.udp.Close()
 		d.obs.Close()
 		return nil, err
 	}
@@ -260,6 +281,10 @@ func (d *Datapath) attachments() []attachment {
 	return []attachment{
 		{"connect4", d.steer.DraindConnect4, ebpf.AttachCGroupInet4Connect},
 		{"connect6", d.steer.DraindConnect6, ebpf.AttachCGroupInet6Connect},
+		{"sendmsg4", d.udp.DraindSendmsg4, ebpf.AttachCGroupUDP4Sendmsg},
+		{"sendmsg6", d.udp.DraindSendmsg6, ebpf.AttachCGroupUDP6Sendmsg},
+		{"recvmsg4", d.udp.DraindRecvmsg4, ebpf.AttachCGroupUDP4Recvmsg},
+		{"recvmsg6", d.udp.DraindRecvmsg6, ebpf.AttachCGroupUDP6Recvmsg},
 		{"observe_ingress", d.obs.DraindObserve, ebpf.AttachCGroupInetIngress},
 	}
 }
@@ -362,7 +387,7 @@ func (d *Datapath) Close() error {
 		errs = append(errs, l.Close())
 	}
 	d.links = nil
-	errs = append(errs, d.steer.Close(), d.obs.Close())
+	errs = append(errs, d.steer.Close(), d.udp.Close(), d.obs.Close())
 	return errors.Join(errs...)
 }
 
@@ -697,9 +722,16 @@ func (d *Datapath) Prune() (int, error) {
 
 // --- reading ------------------------------------------------------------------
 
-// Counters returns the outcome counters summed over CPUs.
+// Counters returns the outcome counters of connect()s (and SYNs), summed
+// over CPUs.
 func (d *Datapath) Counters() (Counters, error) {
 	return readCounters(d.steer.DraindCounters)
+}
+
+// DatagramCounters returns the outcome counters of unconnected UDP
+// datagrams, summed over CPUs.
+func (d *Datapath) DatagramCounters() (Counters, error) {
+	return readCounters(d.steer.DraindUdpCounters)
 }
 
 func readCounters(m *ebpf.Map) (Counters, error) {
@@ -747,7 +779,7 @@ type MapStat struct {
 	Capacity     int
 	UpdateErrors uint64
 	// FullIsNormal marks maps for which being at capacity is no problem:
-	// arrays always are.
+	// arrays always are, LRU maps make room by dropping their oldest entry.
 	FullIsNormal bool `json:",omitempty"`
 }
 
@@ -762,6 +794,7 @@ func (d *Datapath) maps() map[MapName]*ebpf.Map {
 		MapFrontends: d.steer.DraindFrontends, MapServices: d.steer.DraindServices,
 		MapBackends: d.steer.DraindBackends, MapDrains: d.steer.DraindDrains,
 		MapDrainStats: d.steer.DraindDrainStats, MapCounters: d.steer.DraindCounters,
+		MapUDPCounters: d.steer.DraindUdpCounters, MapUDPReverse: d.steer.DraindUdpReverse,
 		MapNode: d.steer.DraindNode,
 	}
 }
@@ -781,6 +814,13 @@ func mapStats(maps map[MapName]*ebpf.Map, errs map[MapName]*atomic.Uint64) ([]Ma
 		case ebpf.PerCPUArray, ebpf.Array:
 			st.Entries = st.Capacity
 			st.FullIsNormal = true
+		case ebpf.LRUHash:
+			st.FullIsNormal = true
+			n, err := countReverse(m)
+			if err != nil {
+				return nil, fmt.Errorf("counting %s: %w", st.Name, err)
+			}
+			st.Entries = n
 		default:
 			k := make([]byte, m.KeySize())
 			it := m.Iterate()
@@ -795,6 +835,40 @@ func mapStats(maps map[MapName]*ebpf.Map, errs map[MapName]*atomic.Uint64) ([]Ma
 		out = append(out, st)
 	}
 	return out, nil
+}
+
+// countReverse counts the reverse translations in batches: the map is large
+// and full most of the time, and metrics read it on every scrape.
+func countReverse(m *ebpf.Map) (int, error) {
+	const batch = 4096
+	keys := make([]steerUdpRevKey, batch)
+	vals := make([]steerBackendVal, batch)
+	var cursor ebpf.MapBatchCursor
+	total := 0
+	for {
+		n, err := m.BatchLookup(&cursor, keys, vals, nil)
+		total += n
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return total, nil
+		}
+		if errors.Is(err, ebpf.ErrNotSupported) {
+			return iterateCount(m)
+		}
+		if err != nil {
+			return 0, err
+		}
+	}
+}
+
+func iterateCount(m *ebpf.Map) (int, error) {
+	var k steerUdpRevKey
+	var v steerBackendVal
+	n := 0
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		n++
+	}
+	return n, it.Err()
 }
 
 // Dump reads every map, sorted.
@@ -858,6 +932,11 @@ func dumpMaps(m map[MapName]*ebpf.Map) (*Dump, error) {
 		return nil, err
 	}
 	out.Counters = c
+	if m[MapUDPCounters] != nil {
+		if out.DatagramCounters, err = readCounters(m[MapUDPCounters]); err != nil {
+			return nil, err
+		}
+	}
 	slices.SortFunc(out.Frontends, func(a, b Frontend) int { return a.Key.Compare(b.Key) })
 	slices.SortFunc(out.Drains, func(a, b Drain) int { return a.Key.Compare(b.Key) })
 	sort.Slice(out.Backends, func(i, j int) bool { return out.Backends[i].Service < out.Backends[j].Service })
