@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -18,28 +19,30 @@ import (
 	"github.com/draind/draind/test/bed"
 )
 
-// benchBed: one pod network namespace holding the servers and the clients
-// (loopback-equivalent: nothing leaves the namespace), one client of each
-// kind in the hooked pods cgroup and one in a sibling cgroup without hooks;
+// benchBed: one pod network namespace holding the servers and one client
+// process (loopback-equivalent: nothing leaves the namespace). The client
+// moves between three cgroups from round to round, so that every path is
+// timed from the same process (the same scheduler placement): the hooked
+// pods cgroup, a sibling cgroup without hooks, and one with empty programs
+// (the floor of the kernel's measurement);
 // a steered VIP, a draining pod IP rewritten to the server, a second VIP
 // behind 5,000 kube-proxy-style service rules in the namespace's nat OUTPUT
 // chain, and a second server inside the pods cgroup (what the SYN observer
 // sees). The kernel's BPF run-time statistics are on for the whole run.
 type benchBed struct {
-	node          *bed.Node
-	pod           *bed.Pod
-	plainCg       *bed.Cgroup
-	emptyCg       *bed.Cgroup // empty programs attached: the measurement's floor
-	dp            *bpf.Datapath
-	emptyProgs    map[string]*ebpf.Program
-	hooked, plain *bed.Proc
-	empty         *bed.Proc
-	srv           netip.AddrPort // TCP and UDP, outside the hooks
-	srvObserved   netip.AddrPort // TCP, inside the pods cgroup, draining
-	vipSteer      netip.AddrPort
-	vipIPT        netip.AddrPort
-	podSteer      netip.AddrPort // a draining pod IP, rewritten to srv
-	draining      bool
+	node        *bed.Node
+	pod         *bed.Pod
+	plainCg     *bed.Cgroup
+	emptyCg     *bed.Cgroup // empty programs attached: the measurement's floor
+	dp          *bpf.Datapath
+	emptyProgs  map[string]*ebpf.Program
+	client      *bed.Proc
+	srv         netip.AddrPort // TCP and UDP, outside the hooks
+	srvObserved netip.AddrPort // TCP, inside the pods cgroup, draining
+	vipSteer    netip.AddrPort
+	vipIPT      netip.AddrPort
+	podSteer    netip.AddrPort // a draining pod IP, rewritten to srv
+	draining    bool
 }
 
 func newBenchBed(b *testing.B) *benchBed {
@@ -102,19 +105,11 @@ func newBenchBed(b *testing.B) *benchBed {
 		// ever failed to rewrite it.
 		podSteer: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, 0, 250}), podPort),
 	}
-	if bb.hooked, err = pod.Start("client"); err != nil {
+	if bb.client, err = bed.StartProc(pod.NS, plainCg, "client"); err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() { bb.hooked.Kill() })
-	if bb.plain, err = bed.StartProc(pod.NS, plainCg, "client"); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { bb.plain.Kill() })
+	b.Cleanup(func() { bb.client.Kill() })
 	bb.emptyProgs = attachEmpty(b, emptyCg)
-	if bb.empty, err = bed.StartProc(pod.NS, emptyCg, "client"); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { bb.empty.Kill() })
 
 	// 5,000 services ahead of the target in one KUBE-SERVICES-like chain,
 	// as kube-proxy's iptables mode lays them out; loaded in one restore.
@@ -156,14 +151,23 @@ func newBenchBed(b *testing.B) *benchBed {
 	bb.setDraining(b, true)
 	// Warm up every path once (neighbour entries, conntrack, caches).
 	for _, c := range []struct {
-		p *bed.Proc
-		a netip.AddrPort
-	}{{bb.plain, bb.srv}, {bb.empty, bb.srv}, {bb.hooked, bb.srv}, {bb.hooked, bb.vipSteer}, {bb.hooked, bb.podSteer}, {bb.plain, bb.vipIPT}, {bb.plain, bb.srvObserved}} {
-		if _, err := bb.connect(c.p, c.a, 500); err != nil {
+		cg *bed.Cgroup
+		a  netip.AddrPort
+	}{{plainCg, bb.srv}, {emptyCg, bb.srv}, {pod.Cgroup, bb.srv}, {pod.Cgroup, bb.vipSteer}, {pod.Cgroup, bb.podSteer}, {plainCg, bb.vipIPT}, {plainCg, bb.srvObserved}} {
+		if _, err := bb.connect(c.cg, c.a, 500); err != nil {
 			b.Fatal(err)
 		}
 	}
 	return bb
+}
+
+// moveTo puts process pid into cgroup cg; the sockets it creates from then
+// on belong to cg (a socket keeps the cgroup it was created in).
+func moveTo(pid int, cg *bed.Cgroup) error {
+	if err := os.WriteFile(filepath.Join(cg.Path, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
+		return fmt.Errorf("moving %d to %s: %w", pid, cg.Path, err)
+	}
+	return nil
 }
 
 // attachEmpty attaches programs that only return 1 at connect4, sendmsg4
@@ -297,9 +301,13 @@ func reportKernel(b *testing.B, before, after map[string]bpf.ProgramStat, ms []k
 	}
 }
 
-// connect runs n connect+close from p to a and returns the time per connect.
-func (bb *benchBed) connect(p *bed.Proc, a netip.AddrPort, n int) (time.Duration, error) {
-	r, err := p.Call(bed.Request{Op: "bench", Addr: a.String(), N: n})
+// connect runs n connect+close from the client, in cgroup cg, to a and
+// returns the time per connect.
+func (bb *benchBed) connect(cg *bed.Cgroup, a netip.AddrPort, n int) (time.Duration, error) {
+	if err := moveTo(bb.client.Pid(), cg); err != nil {
+		return 0, err
+	}
+	r, err := bb.client.Call(bed.Request{Op: "bench", Addr: a.String(), N: n})
 	if err != nil {
 		return 0, err
 	}
@@ -311,7 +319,7 @@ func (bb *benchBed) connect(p *bed.Proc, a netip.AddrPort, n int) (time.Duration
 
 type connectPath struct {
 	name string
-	p    *bed.Proc
+	cg   *bed.Cgroup
 	a    netip.AddrPort
 }
 
@@ -326,8 +334,9 @@ type connectPath struct {
 // the packets of a draining endpoint.
 func BenchmarkConnect(b *testing.B) {
 	bb := newBenchBed(b)
-	baseline := connectPath{"baseline", bb.plain, bb.srv}
-	ipt := connectPath{"iptables_5000", bb.plain, bb.vipIPT}
+	hooked := bb.pod.Cgroup
+	baseline := connectPath{"baseline", bb.plainCg, bb.srv}
+	ipt := connectPath{"iptables_5000", bb.plainCg, bb.vipIPT}
 	cases := []struct {
 		path     connectPath
 		compare  []connectPath
@@ -335,25 +344,25 @@ func BenchmarkConnect(b *testing.B) {
 		kernel   []kernelMetric
 	}{
 		{baseline, nil, false, nil},
-		{connectPath{"empty_prog", bb.empty, bb.srv}, []connectPath{baseline}, false,
+		{connectPath{"empty_prog", bb.emptyCg, bb.srv}, []connectPath{baseline}, false,
 			[]kernelMetric{{"empty_connect4", "empty-ns/invocation"}}},
-		{connectPath{"hook_idle", bb.hooked, bb.srv}, []connectPath{baseline}, false,
+		{connectPath{"hook_idle", hooked, bb.srv}, []connectPath{baseline}, false,
 			[]kernelMetric{{"connect4", "idle-ns/invocation"}, {"observe_ingress", "observe-idle-ns/invocation"}}},
-		{connectPath{"hook_miss", bb.hooked, bb.srv}, []connectPath{baseline}, true,
+		{connectPath{"hook_miss", hooked, bb.srv}, []connectPath{baseline}, true,
 			[]kernelMetric{{"connect4", "miss-ns/invocation"}, {"observe_ingress", "observe-ns/invocation"}}},
-		{connectPath{"hook_steer", bb.hooked, bb.vipSteer}, []connectPath{baseline, ipt}, true,
+		{connectPath{"hook_steer", hooked, bb.vipSteer}, []connectPath{baseline, ipt}, true,
 			[]kernelMetric{{"connect4", "clusterip-ns/invocation"}}},
-		{connectPath{"hook_podip", bb.hooked, bb.podSteer}, []connectPath{baseline}, true,
+		{connectPath{"hook_podip", hooked, bb.podSteer}, []connectPath{baseline}, true,
 			[]kernelMetric{{"connect4", "podip-ns/invocation"}}},
 		{ipt, []connectPath{baseline}, true, nil},
-		{connectPath{"observe_draining", bb.plain, bb.srvObserved}, []connectPath{baseline}, true,
+		{connectPath{"observe_draining", bb.plainCg, bb.srvObserved}, []connectPath{baseline}, true,
 			[]kernelMetric{{"observe_ingress", "observe-draining-ns/invocation"}}},
 	}
 	for _, c := range cases {
 		b.Run(c.path.name, func(b *testing.B) {
 			if bb.draining != c.draining {
 				bb.setDraining(b, c.draining)
-				if _, err := bb.connect(c.path.p, c.path.a, 200); err != nil { // warm-up
+				if _, err := bb.connect(c.path.cg, c.path.a, 200); err != nil { // warm-up
 					b.Fatal(err)
 				}
 			}
@@ -365,13 +374,13 @@ func BenchmarkConnect(b *testing.B) {
 			before := bb.programStats(b)
 			b.ResetTimer()
 			for r := 0; r < rounds; r++ {
-				d, err := bb.connect(c.path.p, c.path.a, chunk)
+				d, err := bb.connect(c.path.cg, c.path.a, chunk)
 				if err != nil {
 					b.Fatal(err)
 				}
 				own = append(own, float64(d))
 				for i, o := range c.compare {
-					od, err := bb.connect(o.p, o.a, chunk)
+					od, err := bb.connect(o.cg, o.a, chunk)
 					if err != nil {
 						b.Fatal(err)
 					}
@@ -391,15 +400,19 @@ func BenchmarkConnect(b *testing.B) {
 }
 
 // sendPath is a UDP request/response path: sendto + recvfrom on an
-// unconnected socket, as musl's resolver does.
+// unconnected socket (as musl's resolver does), from a socket created in
+// cgroup cg.
 type sendPath struct {
 	name string
-	p    *sockProc
+	cg   *bed.Cgroup
 	a    netip.AddrPort
 }
 
-func roundTrips(b *testing.B, p sendPath, n int) float64 {
-	r := p.p.call(b, sockReq{Op: "bench", Family: "4", Addr: p.a.String(), N: n})
+func roundTrips(b *testing.B, p *sockProc, path sendPath, n int) float64 {
+	if err := moveTo(p.cmd.Process.Pid, path.cg); err != nil {
+		b.Fatal(err)
+	}
+	r := p.call(b, sockReq{Op: "bench", Family: "4", Addr: path.a.String(), N: n})
 	return float64(r.Elapsed) / float64(n)
 }
 
@@ -411,10 +424,9 @@ func roundTrips(b *testing.B, p sendPath, n int) float64 {
 // invocation of sendmsg4 and recvmsg4.
 func BenchmarkSendmsg(b *testing.B) {
 	bb := newBenchBed(b)
-	hooked := startSockHelper(b, bb.pod.NS, bb.pod.Cgroup)
-	plain := startSockHelper(b, bb.pod.NS, bb.plainCg)
-	empty := startSockHelper(b, bb.pod.NS, bb.emptyCg)
-	baseline := sendPath{"baseline", plain, bb.srv}
+	client := startSockHelper(b, bb.pod.NS, bb.plainCg)
+	hooked := bb.pod.Cgroup
+	baseline := sendPath{"baseline", bb.plainCg, bb.srv}
 	cases := []struct {
 		path     sendPath
 		compare  *sendPath
@@ -422,7 +434,7 @@ func BenchmarkSendmsg(b *testing.B) {
 		kernel   []kernelMetric
 	}{
 		{baseline, nil, false, nil},
-		{sendPath{"empty_prog", empty, bb.srv}, &baseline, false,
+		{sendPath{"empty_prog", bb.emptyCg, bb.srv}, &baseline, false,
 			[]kernelMetric{{"empty_sendmsg4", "sendmsg4-empty-ns/invocation"}, {"empty_recvmsg4", "recvmsg4-empty-ns/invocation"}}},
 		{sendPath{"hook_idle", hooked, bb.srv}, &baseline, false,
 			[]kernelMetric{{"sendmsg4", "sendmsg4-idle-ns/invocation"}, {"recvmsg4", "recvmsg4-idle-ns/invocation"}}},
@@ -442,10 +454,10 @@ func BenchmarkSendmsg(b *testing.B) {
 			before := bb.programStats(b)
 			b.ResetTimer()
 			for r := 0; r < rounds; r++ {
-				d := roundTrips(b, c.path, chunk)
+				d := roundTrips(b, client, c.path, chunk)
 				own = append(own, d)
 				if c.compare != nil {
-					od := roundTrips(b, *c.compare, chunk)
+					od := roundTrips(b, client, *c.compare, chunk)
 					others = append(others, od)
 					ratios = append(ratios, d/od)
 				}

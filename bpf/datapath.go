@@ -816,11 +816,11 @@ func mapStats(maps map[MapName]*ebpf.Map, errs map[MapName]*atomic.Uint64) ([]Ma
 			st.FullIsNormal = true
 		case ebpf.LRUHash:
 			st.FullIsNormal = true
-			n, err := countReverse(m)
+			cnt, err := countReverse(m)
 			if err != nil {
-				return nil, fmt.Errorf("counting %s: %w", st.Name, err)
+				return nil, fmt.Errorf("counting %s: %w", n, err)
 			}
-			st.Entries = n
+			st.Entries = cnt
 		default:
 			k := make([]byte, m.KeySize())
 			it := m.Iterate()
