@@ -81,7 +81,7 @@ func (d *Daemon) Status(src StatusSource) Status {
 	if ms, err := d.dp.MapStats(); err == nil {
 		st.Maps = ms
 		for _, m := range ms {
-			if m.Capacity > 0 && m.Entries >= m.Capacity && m.Name != bpf.MapCounters {
+			if m.Capacity > 0 && m.Entries >= m.Capacity && !m.FullIsNormal && m.Name != bpf.MapCounters {
 				st.Problems = append(st.Problems, "map "+string(m.Name)+" is full")
 			}
 		}

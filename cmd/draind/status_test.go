@@ -93,7 +93,8 @@ func realStatus(t *testing.T) daemon.Status {
 	go d.Run(ctx)
 	src := daemon.StatusSource{
 		Features: bpf.Features{Kernel: "6.18.0-test", Cgroup2: "/sys/fs/cgroup", BTF: true, CgroupSockAddr: true, CgroupSKB: true,
-			HelperSetRetval: true, HelperBootTime: true, HelperPrandom: true, BPFLink: true},
+			HelperSetRetval: true, HelperBootTime: true, HelperPrandom: true, BPFLink: true,
+			CgroupSendmsg: true, CgroupRecvmsg: true, SocketStorage: true},
 		Attached: func() []string { return []string{"connect4", "connect6", "observe_ingress"} },
 	}
 	deadline := time.Now().Add(10 * time.Second)
