@@ -19,16 +19,16 @@ const maxQuiet = 5 * time.Minute
 
 // offline starts (or joins) the drain of the pod calling from ip and, with
 // wait > 0, blocks until it is drained or wait passes.
-func (l *localDrains) offline(ctx context.Context, ip netip.Addr, wait, quiet time.Duration) OfflineResult {
+func (l *hostedDrains) offline(ctx context.Context, ip netip.Addr, wait, quiet time.Duration) OfflineResult {
 	p := l.podByIP(ip)
 	if p == nil {
-		return OfflineResult{Error: fmt.Sprintf("%s is not a pod on node %s", ip, l.d.cfg.Node), code: http.StatusForbidden}
+		return OfflineResult{Error: fmt.Sprintf("%s is not a pod on node %s", ip, l.cfg.Node), code: http.StatusForbidden}
 	}
-	now := l.d.clock.Now()
+	now := l.cfg.Clock.Now()
 	l.mu.Lock()
 	if wait > 0 {
 		// Reserve the slot now: the check and the count must be one step.
-		if l.nwait >= l.d.cfg.MaxWaiters {
+		if l.nwait >= l.cfg.MaxWaiters {
 			l.mu.Unlock()
 			return OfflineResult{Pod: p.Namespace + "/" + p.Name, Error: "too many concurrent waits", code: http.StatusTooManyRequests}
 		}
@@ -58,7 +58,7 @@ func (l *localDrains) offline(ctx context.Context, ip netip.Addr, wait, quiet ti
 			l.mu.Unlock()
 			return OfflineResult{Pod: p.Namespace + "/" + p.Name, Error: "publishing the drain: " + err.Error(), code: http.StatusServiceUnavailable}
 		}
-		l.d.runner.Run()
+		l.cfg.RequestPass()
 	}
 	l.mu.Lock()
 	if wait <= 0 {
@@ -69,7 +69,7 @@ func (l *localDrains) offline(ctx context.Context, ip netip.Addr, wait, quiet ti
 	w := &waiter{quiet: quiet, deadline: now.Add(wait), started: now, done: make(chan OfflineResult, 1)}
 	ld.waiters = append(ld.waiters, w)
 	reserved = false              // the waiter owns the slot now; settling releases it
-	l.settle(ld, l.d.clock.Now()) // maybe drained already: judge it at this instant
+	l.settle(ld, l.cfg.Clock.Now()) // maybe drained already: judge it at this instant
 	l.mu.Unlock()
 	l.wake()
 	select {
@@ -91,10 +91,10 @@ func (l *localDrains) offline(ctx context.Context, ip netip.Addr, wait, quiet ti
 
 // online ends a drain the pod (or an operator) asked for. A drain caused by
 // the pod's deletion cannot be undone.
-func (l *localDrains) online(ctx context.Context, ip netip.Addr) OfflineResult {
+func (l *hostedDrains) online(ctx context.Context, ip netip.Addr) OfflineResult {
 	p := l.podByIP(ip)
 	if p == nil {
-		return OfflineResult{Error: fmt.Sprintf("%s is not a pod on node %s", ip, l.d.cfg.Node), code: http.StatusForbidden}
+		return OfflineResult{Error: fmt.Sprintf("%s is not a pod on node %s", ip, l.cfg.Node), code: http.StatusForbidden}
 	}
 	res := OfflineResult{Pod: p.Namespace + "/" + p.Name, code: http.StatusOK, State: "online"}
 	if p.Deleting() {
@@ -103,9 +103,9 @@ func (l *localDrains) online(ctx context.Context, ip netip.Addr) OfflineResult {
 	}
 	l.writer.drop(k8s.LeaseName(p.UID))
 	dctx, cancel := context.WithTimeout(ctx, leaseCallTimeout)
-	err := l.d.leases.Delete(dctx, k8s.LeaseName(p.UID))
+	err := l.cfg.Leases.Delete(dctx, k8s.LeaseName(p.UID))
 	cancel()
-	l.d.Metrics.LeaseOps.WithLabelValues("delete", result(err)).Inc()
+	l.cfg.Metrics.LeaseOps.WithLabelValues("delete", result(err)).Inc()
 	if err != nil {
 		res.Error, res.code = err.Error(), http.StatusServiceUnavailable
 		return res
@@ -113,12 +113,12 @@ func (l *localDrains) online(ctx context.Context, ip netip.Addr) OfflineResult {
 	l.mu.Lock()
 	if ld := l.pods[p.UID]; ld != nil {
 		ld.state = StateCancelled
-		l.finishWaiters(ld, l.d.clock.Now(), StateCancelled, http.StatusConflict)
+		l.finishWaiters(ld, l.cfg.Clock.Now(), StateCancelled, http.StatusConflict)
 		delete(l.pods, p.UID)
-		l.d.Metrics.DrainOutcomes.WithLabelValues("cancelled").Inc()
+		l.cfg.Metrics.DrainOutcomes.WithLabelValues("cancelled").Inc()
 	}
 	l.mu.Unlock()
-	l.d.runner.Run()
+	l.cfg.RequestPass()
 	return res
 }
 
@@ -207,7 +207,7 @@ func (d *Daemon) Handler() http.Handler {
 			reply(w, path, OfflineResult{Error: "unknown caller", code: http.StatusForbidden})
 			return
 		}
-		reply(w, path, d.local.offline(r.Context(), ip, wait, quiet))
+		reply(w, path, d.hosted.offline(r.Context(), ip, wait, quiet))
 	})
 	mux.HandleFunc("/v1/online", func(w http.ResponseWriter, r *http.Request) {
 		const path = "/v1/online"
@@ -224,7 +224,7 @@ func (d *Daemon) Handler() http.Handler {
 			reply(w, path, OfflineResult{Error: "unknown caller", code: http.StatusForbidden})
 			return
 		}
-		reply(w, path, d.local.online(r.Context(), ip))
+		reply(w, path, d.hosted.online(r.Context(), ip))
 	})
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Write([]byte("ok\n"))

@@ -30,9 +30,7 @@ func newHTTPFixture(t *testing.T, mod ...func(*Config)) *httpFixture {
 	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("127.0.0.1", "p0"), onNode(ready("10.0.0.2", "p1"), "node-b")))
 	h.putPod(pod("pod-p0", "p0", "127.0.0.1"))
 	h.pass()
-	h.d.mu.Lock()
-	h.d.firstDone = true
-	h.d.mu.Unlock()
+	h.d.firstDone.Store(true)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -166,9 +164,9 @@ func TestOfflineAPIManyWaitsBounded(t *testing.T) {
 			t.Fatalf("only %d of %d excess calls were refused", n429, callers-limit)
 		}
 	}
-	f.d.local.mu.Lock()
-	waiting := f.d.local.nwait
-	f.d.local.mu.Unlock()
+	f.d.hosted.mu.Lock()
+	waiting := f.d.hosted.nwait
+	f.d.hosted.mu.Unlock()
 	if waiting != limit {
 		t.Errorf("%d waits pending, want the limit %d", waiting, limit)
 	}
@@ -193,14 +191,14 @@ func TestOfflineAPIManyWaitsBounded(t *testing.T) {
 					t.Log(g)
 				}
 			}
-			f.d.local.mu.Lock()
-			for _, ld := range f.d.local.pods {
+			f.d.hosted.mu.Lock()
+			for _, ld := range f.d.hosted.pods {
 				t.Logf("drain %s: state %s waiters %d live %d checked %v started %v lastSYN %v now %v", ld.name, ld.state, len(ld.waiters), ld.live, ld.liveChecked, ld.started, ld.lastSYN, f.clock.Now())
 				for _, w := range ld.waiters {
 					t.Logf("  waiter quiet %v started %v deadline %v", w.quiet, w.started, w.deadline)
 				}
 			}
-			f.d.local.mu.Unlock()
+			f.d.hosted.mu.Unlock()
 			t.Fatalf("pending waits not answered: %d of %d", ok, limit)
 		}
 	}
@@ -218,11 +216,11 @@ func TestOfflineAPIManyWaitsBounded(t *testing.T) {
 	if growth > 64<<20 {
 		t.Errorf("heap grew by %d MiB under %d callers (client side included)", growth>>20, callers)
 	}
-	f.d.local.mu.Lock()
-	if f.d.local.nwait != 0 || len(f.d.local.pods["p0"].waiters) != 0 {
-		t.Errorf("waiter state left behind: %d waits", f.d.local.nwait)
+	f.d.hosted.mu.Lock()
+	if f.d.hosted.nwait != 0 || len(f.d.hosted.pods["p0"].waiters) != 0 {
+		t.Errorf("waiter state left behind: %d waits", f.d.hosted.nwait)
 	}
-	f.d.local.mu.Unlock()
+	f.d.hosted.mu.Unlock()
 	if left > 16<<20 {
 		t.Errorf("%d MiB of heap still held after every call ended", left>>20)
 	}

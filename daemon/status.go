@@ -71,14 +71,14 @@ func (d *Daemon) Status(src StatusSource) Status {
 	if src.Attached != nil {
 		st.Attached = src.Attached()
 	}
-	if c, err := d.dp.Counters(); err == nil {
+	if c, err := d.datapath.Counters(); err == nil {
 		for o := bpf.Outcome(0); int(o) < bpf.NumOutcomes; o++ {
 			st.Counters = append(st.Counters, CounterStat{Outcome: o.String(), IPv4: c.Get(o, bpf.IPv4), IPv6: c.Get(o, bpf.IPv6)})
 		}
 	} else {
 		st.Problems = append(st.Problems, "reading counters: "+err.Error())
 	}
-	if ms, err := d.dp.MapStats(); err == nil {
+	if ms, err := d.datapath.MapStats(); err == nil {
 		st.Maps = ms
 		for _, m := range ms {
 			if m.Capacity > 0 && m.Entries >= m.Capacity && !m.FullIsNormal && m.Name != bpf.MapCounters {

@@ -36,16 +36,16 @@ func (h *harness) offline(ip netip.Addr, wait, quiet time.Duration) *offlineCall
 	h.t.Helper()
 	c := &offlineCall{done: make(chan OfflineResult, 1)}
 	waiters := func() int { // queued, not merely reserved
-		h.d.local.mu.Lock()
-		defer h.d.local.mu.Unlock()
+		h.d.hosted.mu.Lock()
+		defer h.d.hosted.mu.Unlock()
 		n := 0
-		for _, ld := range h.d.local.pods {
+		for _, ld := range h.d.hosted.pods {
 			n += len(ld.waiters)
 		}
 		return n
 	}
 	before := waiters()
-	go func() { c.done <- h.d.local.offline(h.ctx, ip, wait, quiet) }()
+	go func() { c.done <- h.d.hosted.offline(h.ctx, ip, wait, quiet) }()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if wait > 0 && waiters() > before {
@@ -93,8 +93,8 @@ func (h *harness) waitLeases(n int) {
 func (h *harness) tick(d time.Duration) {
 	h.clock.Step(d)
 	h.pass()
-	h.d.local.reconcile(h.ctx)
-	h.d.local.writer.flush(h.ctx)
+	h.d.hosted.reconcile(h.ctx)
+	h.d.hosted.writer.flush(h.ctx)
 	h.syncLeases()
 }
 
@@ -337,21 +337,11 @@ func TestRestartDuringDrain(t *testing.T) {
 	h.tick(0)
 	h.setSYNs(4)
 	// A new daemon (upgrade) over the same API and maps.
-	h2 := &harness{t: t, client: h.client, dp: h.dp, ct: h.ct, clock: h.clock, ctx: h.ctx}
-	h2.d = New(h.d.cfg, h.client, h.dp, h.ct)
-	dump, _ := h.dp.Dump()
-	h2.d.rec.adopt(dump)
-	h2.d.inf.Run(h.ctx)
-	if err := h2.d.inf.WaitForSync(h.ctx); err != nil {
-		t.Fatal(err)
-	}
-	h2.d.synced.Store(true)
-	h2.d.SetAttached(true)
-	h2.d.claims.setLocalPods(h2.d.state.LocalPods())
+	h2 := h.restart()
 	h2.tick(0)
-	h2.d.local.mu.Lock()
-	ld := h2.d.local.pods["p0"]
-	h2.d.local.mu.Unlock()
+	h2.d.hosted.mu.Lock()
+	ld := h2.d.hosted.pods["p0"]
+	h2.d.hosted.mu.Unlock()
 	if ld == nil || ld.state != StateDraining || ld.reason != k8s.ReasonOffline {
 		t.Fatalf("the Lease did not carry the drain across the restart: %+v", ld)
 	}
@@ -381,7 +371,7 @@ func TestOnlineUndoesOffline(t *testing.T) {
 	call := h.offline(podIP, time.Minute, 2*time.Second)
 	h.openConn()
 	h.tick(0)
-	if r := h.d.local.online(h.ctx, podIP); r.code != 200 {
+	if r := h.d.hosted.online(h.ctx, podIP); r.code != 200 {
 		t.Fatalf("online: %+v", r)
 	}
 	r, ok := call.result(t)
@@ -391,7 +381,7 @@ func TestOnlineUndoesOffline(t *testing.T) {
 	h.waitLeases(0)
 	h.tick(0)
 	h.check(expect{})
-	if r := h.d.local.online(h.ctx, netip.MustParseAddr("192.0.2.1")); r.code != 403 {
+	if r := h.d.hosted.online(h.ctx, netip.MustParseAddr("192.0.2.1")); r.code != 403 {
 		t.Errorf("online from a foreign caller: %+v", r)
 	}
 }
@@ -444,9 +434,9 @@ func TestOfflineAPIUnreachable(t *testing.T) {
 	if !ok || r.code != 503 || r.Error == "" {
 		t.Fatalf("want 503 with an error, got %+v", r)
 	}
-	h.d.local.mu.Lock()
-	n := len(h.d.local.pods)
-	h.d.local.mu.Unlock()
+	h.d.hosted.mu.Lock()
+	n := len(h.d.hosted.pods)
+	h.d.hosted.mu.Unlock()
 	if n != 0 {
 		t.Errorf("a drain that could not be published is kept locally")
 	}
