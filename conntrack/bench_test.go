@@ -42,7 +42,7 @@ func BenchmarkExpire(b *testing.B) {
 	ns := testNS(b)
 
 	start := time.Now()
-	if err := createFlows(ns.Path(), total, 1000, 3600, benchFlow); err != nil {
+	if err := createFlows(ns.Path(), total, 3600, benchFlow); err != nil {
 		b.Fatal(err)
 	}
 	if got := tableCount(b, ns); got != total {
@@ -70,7 +70,7 @@ func BenchmarkExpire(b *testing.B) {
 	}
 	refill := func() {
 		b.Helper()
-		if err := createFlows(ns.Path(), epN, 1000, 3600, benchFlow); err != nil {
+		if err := createFlows(ns.Path(), epN, 3600, benchFlow); err != nil {
 			b.Fatal(err)
 		}
 		if got := tableCount(b, ns); got != total {

@@ -119,10 +119,7 @@ func (w *ctWorker) pass(ctx context.Context) {
 		}
 	}
 	w.mu.Unlock()
-	ts := true
-	if tsr, ok := w.d.ct.(interface{ Timestamps() bool }); ok {
-		ts = tsr.Timestamps()
-	}
+	ts := w.d.ct.Timestamps()
 	for _, g := range goneDue {
 		// Without timestamps the age of a flow is unknown: if the IP
 		// already belongs to a new pod, leave its flows alone.
