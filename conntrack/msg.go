@@ -359,6 +359,9 @@ func decodeFlow(m netlink.Message, ent *ctEntry) (bool, error) {
 // dump returns per flow) into ent. fam is the message's nfgen_family.
 func parseFlow(fam uint8, b []byte, ent *ctEntry) error {
 	*ent = ctEntry{}
+	if fam != unix.AF_INET && fam != unix.AF_INET6 {
+		return fmt.Errorf("flow of address family %d (want %d or %d)", fam, unix.AF_INET, unix.AF_INET6)
+	}
 	var haveOrig, haveReply bool
 	it := attrIter{b: b}
 	for it.next() {

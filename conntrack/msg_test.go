@@ -109,6 +109,7 @@ func TestParseFlowRejectsMalformed(t *testing.T) {
 		{"length past the end", unix.AF_INET, good[:40], "out of range"},
 		{"no tuples", unix.AF_INET, []byte{8, 0, ctaID, 0, 1, 2, 3, 4}, "without original or reply tuple"},
 		{"family mismatch", unix.AF_INET6, good, "does not match family"},
+		{"neither ipv4 nor ipv6 (found by FuzzParseFlow)", 48, good, "flow of address family 48"},
 		{"bad zone length", unix.AF_INET, append(append([]byte{}, good...), 5, 0, ctaZone, 0, 1, 0, 0, 0), "zone attribute has 1 bytes"},
 	}
 	for _, tt := range tests {
