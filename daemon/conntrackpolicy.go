@@ -153,10 +153,7 @@ func (w *conntrackPolicy) pass(ctx context.Context) {
 		}
 	}
 	w.mu.Unlock()
-	ts := true
-	if tsr, ok := w.cfg.Conntrack.(interface{ Timestamps() bool }); ok {
-		ts = tsr.Timestamps()
-	}
+	ts := w.cfg.Conntrack.Timestamps()
 	for _, g := range goneDue {
 		// Without timestamps the age of a flow is unknown: if the IP
 		// already belongs to a new pod, leave its flows alone.

@@ -126,8 +126,8 @@ type hostedDrains struct {
 	writer *leaseWriter
 	wakeCh chan struct{}
 
-	broadcaster record.EventBroadcaster // between startEvents and stopEvents
-	recorder    record.EventRecorder
+	broadcaster   record.EventBroadcaster // between startEvents and stopEvents
+	recorder      record.EventRecorder
 	loop, writing loopRunner
 
 	mu      sync.Mutex

@@ -68,7 +68,7 @@ func (l *hostedDrains) offline(ctx context.Context, ip netip.Addr, wait, quiet t
 	}
 	w := &waiter{quiet: quiet, deadline: now.Add(wait), started: now, done: make(chan OfflineResult, 1)}
 	ld.waiters = append(ld.waiters, w)
-	reserved = false              // the waiter owns the slot now; settling releases it
+	reserved = false                // the waiter owns the slot now; settling releases it
 	l.settle(ld, l.cfg.Clock.Now()) // maybe drained already: judge it at this instant
 	l.mu.Unlock()
 	l.wake()
