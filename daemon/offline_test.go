@@ -79,7 +79,14 @@ func TestOfflineAPIStatusCodes(t *testing.T) {
 		{"health", "GET", "/healthz", "", 200},
 		{"ready", "GET", "/readyz", "", 200},
 		{"accepted without wait", "POST", "/v1/offline", "", 200},
-		{"seconds as a number", "GET", "/v1/offline?wait=0&quiet=1.5", "", 200},
+		{"seconds as a number", "POST", "/v1/offline?wait=0&quiet=1.5", "", 200},
+		{"GET never acts (issue 12)", "GET", "/v1/offline", "", 405},
+		{"NaN wait", "POST", "/v1/offline?wait=NaN", "", 400},
+		{"NaN quiet", "POST", "/v1/offline?quiet=NaN", "", 400},
+		{"infinite quiet", "POST", "/v1/offline?quiet=Inf", "", 400},
+		{"overflowing wait", "POST", "/v1/offline?wait=1e300", "", 400},
+		{"overflowing Go duration", "POST", "/v1/offline?wait=9999999999h", "", 400},
+		{"repeated parameter", "POST", "/v1/offline?wait=1s&wait=2s", "", 400},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, r := f.get(t, tc.method, tc.path, tc.from)
