@@ -121,13 +121,7 @@ func (h *harness) do(kind *atomic.Uint64, n int, fn func(context.Context) error)
 	if err := fn(h.ctx); err != nil {
 		h.t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for kind.Load() < before+uint64(n) {
-		if time.Now().After(deadline) {
-			h.t.Fatalf("timed out waiting for %d informer events", n)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	eventually(h.t, 10*time.Second, fmt.Sprintf("%d informer events", n), func() bool { return kind.Load() >= before+uint64(n) })
 }
 
 // pass runs one reconciler pass and returns the datapath operations it made.

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"fmt"
 	"net/netip"
 	"testing"
 	"time"
@@ -46,23 +47,20 @@ func (h *harness) offline(ip netip.Addr, wait, quiet time.Duration) *offlineCall
 	}
 	before := waiters()
 	go func() { c.done <- h.d.hosted.offline(h.ctx, ip, wait, quiet) }()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if wait > 0 && waiters() > before {
-			break
-		}
+	answered := false
+	eventually(h.t, 10*time.Second, "the offline call to register", func() bool {
 		select {
 		case r := <-c.done: // answered at once (403, no wait, ...)
 			c.done <- r
-			return c
+			answered = true
+			return true
 		default:
 		}
-		if time.Now().After(deadline) {
-			h.t.Fatal("offline call never registered")
-		}
-		time.Sleep(time.Millisecond)
+		return wait > 0 && waiters() > before
+	})
+	if !answered {
+		h.waitLeases(1)
 	}
-	h.waitLeases(1)
 	return c
 }
 
@@ -78,13 +76,7 @@ func (c *offlineCall) result(t *testing.T) (OfflineResult, bool) {
 // waitLeases waits until the informer holds n drain Leases.
 func (h *harness) waitLeases(n int) {
 	h.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for len(h.d.state.DrainLeases()) != n {
-		if time.Now().After(deadline) {
-			h.t.Fatalf("want %d drain leases in the cache, have %d", n, len(h.d.state.DrainLeases()))
-		}
-		time.Sleep(time.Millisecond)
-	}
+	eventually(h.t, 10*time.Second, fmt.Sprintf("%d drain leases in the cache", n), func() bool { return len(h.d.state.DrainLeases()) == n })
 }
 
 // tick advances the fake clock and runs a model pass and a local pass,
@@ -101,33 +93,25 @@ func (h *harness) tick(d time.Duration) {
 // syncLeases waits until the Lease cache matches the API.
 func (h *harness) syncLeases() {
 	h.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	eventually(h.t, 10*time.Second, "the Lease cache to match the API", func() bool {
 		l, err := h.client.CoordinationV1().Leases(testNS).List(h.ctx, metav1.ListOptions{})
 		if err != nil {
-			h.t.Fatal(err)
-		}
-		want := map[string]time.Time{}
-		for _, x := range l.Items {
-			if x.Spec.RenewTime != nil {
-				want[x.Name] = x.Spec.RenewTime.Time
-			}
+			return false // an outage the test simulates: nothing to match
 		}
 		have := map[string]time.Time{}
 		for _, x := range h.d.state.DrainLeases() {
 			have[x.Name] = x.Renewed
 		}
-		same := len(want) == len(have)
-		for n, t := range want {
-			if !have[n].Equal(t) {
-				same = false
+		if len(l.Items) != len(have) {
+			return false
+		}
+		for _, x := range l.Items {
+			if x.Spec.RenewTime == nil || !have[x.Name].Equal(x.Spec.RenewTime.Time) {
+				return false
 			}
 		}
-		if same || time.Now().After(deadline) {
-			return
-		}
-		time.Sleep(time.Millisecond)
-	}
+		return true
+	})
 }
 
 func (h *harness) setSYNs(n uint64) {
@@ -152,20 +136,19 @@ func (h *harness) closeConns() {
 // asynchronously; wait for at least min).
 func (h *harness) events(reason string, min int) []corev1.Event {
 	h.t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	var out []corev1.Event
+	list := func() bool {
+		out = nil
 		l, _ := h.client.CoreV1().Events("default").List(h.ctx, metav1.ListOptions{})
-		var out []corev1.Event
 		for _, e := range l.Items {
 			if e.Reason == reason {
 				out = append(out, e)
 			}
 		}
-		if len(out) >= min || time.Now().After(deadline) {
-			return out
-		}
-		time.Sleep(5 * time.Millisecond)
+		return len(out) >= min
 	}
+	poll(5*time.Second, list) // fewer than min: the caller's assertion says so
+	return out
 }
 
 func TestOfflineReturnsWhenDrained(t *testing.T) {
@@ -357,11 +340,7 @@ func TestRestartDuringDrain(t *testing.T) {
 	// It keeps renewing the Lease it adopted.
 	before := h.d.state.DrainLeases()[0].Renewed
 	h2.tick(11 * time.Second)
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) && !h2.d.state.DrainLeases()[0].Renewed.After(before) {
-		time.Sleep(time.Millisecond)
-	}
-	if !h2.d.state.DrainLeases()[0].Renewed.After(before) {
+	if !poll(5*time.Second, func() bool { return h2.d.state.DrainLeases()[0].Renewed.After(before) }) {
 		t.Error("the adopted Lease is not renewed")
 	}
 }

@@ -231,10 +231,7 @@ func TestOfflineAPIManyWaitsBounded(t *testing.T) {
 	if left > 16<<20 {
 		t.Errorf("%d MiB of heap still held after every call ended", left>>20)
 	}
-	deadline2 := time.Now().Add(5 * time.Second)
-	for runtime.NumGoroutine() > goroutines+20 && time.Now().Before(deadline2) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	poll(5*time.Second, func() bool { return runtime.NumGoroutine() <= goroutines+20 })
 	if g := runtime.NumGoroutine(); g > goroutines+20 {
 		t.Errorf("%d goroutines left, %d before", g, goroutines)
 	}

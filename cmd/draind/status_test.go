@@ -16,6 +16,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
 	testingclock "k8s.io/utils/clock/testing"
 
@@ -97,17 +98,15 @@ func realStatus(t *testing.T) daemon.Status {
 			CgroupSendmsg: true, CgroupRecvmsg: true, SocketStorage: true},
 		Attached: func() []string { return []string{"connect4", "connect6", "observe_ingress"} },
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		st := d.Status(src)
-		if st.Healthy && len(st.Pods) == 2 && st.Pods[0].Local && st.Pods[0].SYNs == 3 && st.Pods[0].LiveConnections == 1 {
-			return st
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("status never settled: %+v", st)
-		}
-		time.Sleep(5 * time.Millisecond)
+	var st daemon.Status
+	settled := func(context.Context) (bool, error) {
+		st = d.Status(src)
+		return st.Healthy && len(st.Pods) == 2 && st.Pods[0].Local && st.Pods[0].SYNs == 3 && st.Pods[0].LiveConnections == 1, nil
 	}
+	if err := wait.PollUntilContextTimeout(context.Background(), 5*time.Millisecond, 10*time.Second, true, settled); err != nil {
+		t.Fatalf("status never settled: %+v", st)
+	}
+	return st
 }
 
 func golden(t *testing.T, name string, got []byte) {
@@ -161,12 +160,10 @@ func TestStatusUnhealthyExitsNonZero(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go daemon.ServeStatus(ctx, sock, func() daemon.Status { return st })
-	for i := 0; i < 500; i++ {
-		if _, err := os.Stat(sock); err == nil {
-			break
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	wait.PollUntilContextTimeout(ctx, 2*time.Millisecond, time.Second, true, func(context.Context) (bool, error) {
+		_, err := os.Stat(sock)
+		return err == nil, nil
+	})
 	fi, err := os.Stat(sock)
 	if err != nil {
 		t.Fatal(err)
