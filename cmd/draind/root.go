@@ -17,7 +17,7 @@ func newRootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newRunCmd(), newStatusCmd(), newDrainCmd(), newUndrainCmd(), newBPFCmd(), newOfflineCmd(), newCopySelfCmd(), newDemoCmd(), newVersionCmd())
+	root.AddCommand(newRunCmd(), newStatusCmd(), newDrainCmd(), newUndrainCmd(), newBPFCmd(), newOfflineCmd(), newCopySelfCmd(), newVersionCmd())
 	return root
 }
 

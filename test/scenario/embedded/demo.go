@@ -64,7 +64,7 @@ var Tools = []string{"ip", "iptables", "iptables-save", "iptables-restore"}
 // cgroup v2, the kernel features of the datapath.
 func Preflight() error {
 	if os.Geteuid() != 0 {
-		return errors.New("the demo must run as root: it creates network namespaces, cgroups, iptables rules and BPF programs (sudo go run ./cmd/draind demo)")
+		return errors.New("the demo must run as root: it creates network namespaces, cgroups, iptables rules and BPF programs (sudo -i, then go run ./cmd/draind-demo)")
 	}
 	var missing []string
 	for _, t := range Tools {

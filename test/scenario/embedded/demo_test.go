@@ -11,7 +11,7 @@ import (
 	"github.com/draind/draind/test/scenario"
 )
 
-// TestPrivilegedDemo runs a shortened `draind demo` (5 s of traffic after
+// TestPrivilegedDemo runs a shortened `draind-demo` (5 s of traffic after
 // the rollout instead of 30 s) and checks what the demo claims: with
 // draind no client sees a failed connection, with preStop sleep the stale
 // registry client does, and draind's rollout is faster than sleep's.

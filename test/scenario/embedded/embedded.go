@@ -1,4 +1,4 @@
-// Package embedded is the control plane of `draind demo`: it starts in
+// Package embedded is the control plane of `draind-demo` (cmd/draind-demo): it starts in
 // seconds and needs no Kubernetes build. The API is client-go's fake
 // clientset in this process; stand-ins play the EndpointSlice controller,
 // kube-proxy (real iptables DNAT rules in every node's namespace, rewritten
