@@ -17,6 +17,9 @@ import (
 // registry client does, and draind's rollout is faster than sleep's.
 func TestPrivilegedDemo(t *testing.T) {
 	bed.RequirePrivileged(t)
+	// The demo needs no program on the PATH (no iptables, conntrack or ip):
+	// its helpers are this binary, everything else goes over netlink.
+	t.Setenv("PATH", t.TempDir())
 	if err := Preflight(); err != nil {
 		t.Skipf("SKIP: %v", err)
 	}

@@ -1,11 +1,12 @@
-// Package embedded is the control plane of `draind-demo` (cmd/draind-demo): it starts in
-// seconds and needs no Kubernetes build. The API is client-go's fake
-// clientset in this process; stand-ins play the EndpointSlice controller,
-// kube-proxy (real iptables DNAT rules in every node's namespace, rewritten
-// from the EndpointSlices with kube-proxy's delays) and the kubelet; and in
-// draind variants the real draind daemon runs in this process, one per node,
-// with the real BPF datapath and conntrack. Nodes and pods are test/bed
-// network namespaces with real servers and clients.
+// Package embedded is the control plane of `draind-demo` (cmd/draind-demo):
+// it starts in seconds and needs no Kubernetes build and no installed
+// program. The API is client-go's fake clientset in this process; stand-ins
+// play the EndpointSlice controller, kube-proxy (real DNAT rules in every
+// node's namespace, nftables over netlink, rewritten from the EndpointSlices
+// with kube-proxy's delays) and the kubelet; and in draind variants the real
+// draind daemon runs in this process, one per node, with the real BPF
+// datapath and conntrack. Nodes and pods are test/bed network namespaces with
+// real servers and clients.
 package embedded
 
 import (
@@ -180,7 +181,7 @@ func New(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 
 // Describe names the control plane and its delays.
 func (c *Cluster) Describe() string {
-	return fmt.Sprintf("embedded (fake API; EndpointSlice stand-in %v; kube-proxy stand-in: iptables, sync %v after a change, at most every %v; real draind in process)",
+	return fmt.Sprintf("embedded (fake API; EndpointSlice stand-in %v; kube-proxy stand-in: nftables DNAT, sync %v after a change, at most every %v; real draind in process)",
 		c.cfg.SliceDelay, c.cfg.ProxySyncDelay, c.cfg.ProxyMinSyncPeriod)
 }
 
