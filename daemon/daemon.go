@@ -129,6 +129,7 @@ type Daemon struct {
 
 	synced   atomic.Bool
 	attached atomic.Bool
+	lastSync atomic.Int64 // unix nanoseconds at the end of the last datapath pass (status)
 	// informer events handled, per kind (tests wait on them)
 	events struct{ slices, services, leases, pods atomic.Uint64 }
 
@@ -480,6 +481,7 @@ func (d *Daemon) sync() time.Time {
 	}
 	res := d.rec.apply(m, now, full)
 	done := d.clock.Now()
+	d.lastSync.Store(done.UnixNano())
 	d.Metrics.DatapathOps.Add(float64(res.Ops))
 	if res.Ops > 0 {
 		if len(changedDrains) > 0 && !podViaServices {
