@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"golang.org/x/sync/errgroup"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -40,6 +41,21 @@ type runOptions struct {
 	logFormat, logLevel         string
 	apiQPS                      float32
 	apiBurst                    int
+
+	config []daemon.ConfigEntry // every flag's effective value, for status
+}
+
+// effectiveConfig lists every flag of fs with the value in force (given,
+// from the environment, or the default), sorted by name.
+func effectiveConfig(fs *pflag.FlagSet) []daemon.ConfigEntry {
+	var out []daemon.ConfigEntry
+	fs.VisitAll(func(f *pflag.Flag) {
+		if f.Name == "help" {
+			return
+		}
+		out = append(out, daemon.ConfigEntry{Name: f.Name, Value: f.Value.String()})
+	})
+	return out
 }
 
 func newRunCmd() *cobra.Command {
@@ -52,7 +68,10 @@ node's pods; steer new connections away from draining pods with the
 connect4/connect6 hooks; count what still reaches the pods of this node; answer
 their /v1/offline calls; expire stale conntrack flows; serve metrics and status.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return runDaemon(cmd.Context(), o) },
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.config = effectiveConfig(cmd.Flags())
+			return runDaemon(cmd.Context(), o)
+		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.node, "node-name", "", "name of this node (required; the downward API's spec.nodeName)")
@@ -111,6 +130,7 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 }
 
 func runDaemon(ctx context.Context, o *runOptions) error {
+	started := time.Now()
 	log, err := newLogger(o.logFormat, o.logLevel)
 	if err != nil {
 		return err
@@ -157,16 +177,19 @@ func runDaemon(ctx context.Context, o *runOptions) error {
 		log.Info("pruned orphaned map entries", "entries", n)
 	}
 	var ct conntrack.Interface
+	ctStatus := daemon.ConntrackStatus{Reason: "--conntrack=false"}
 	if o.conntrack {
 		nl, err := conntrack.Open(conntrack.Options{})
 		if err != nil {
 			log.Warn("conntrack unavailable: no flow expiry, live connections not counted", "err", err)
+			ctStatus.Reason = "unavailable: " + err.Error()
 		} else {
 			defer nl.Close()
 			if !nl.Timestamps() {
 				log.Warn("conntrack timestamps are off (net.netfilter.nf_conntrack_timestamp): flows of a reused pod IP are then never expired")
 			}
 			ct = nl
+			ctStatus = daemon.ConntrackStatus{Enabled: true, Timestamps: nl.Timestamps()}
 		}
 	}
 	d := daemon.New(daemon.Config{
@@ -201,7 +224,8 @@ func runDaemon(ctx context.Context, o *runOptions) error {
 		g.Go(func() error { return daemon.Serve(gctx, srv, l) })
 	}
 	if o.statusSocket != "" {
-		src := daemon.StatusSource{Features: features, Attached: dp.Attached}
+		src := daemon.StatusSource{Features: features, Attached: dp.Attached, Cgroup: cgroup, PinDir: o.pinDir,
+			Conntrack: ctStatus, Config: o.config, Started: started}
 		g.Go(func() error {
 			return daemon.ServeStatus(gctx, o.statusSocket, func() daemon.Status { return d.Status(src) })
 		})
