@@ -371,7 +371,8 @@ func (l *localDrains) publish(ctx context.Context, ld *localDrain, now time.Time
 func (l *localDrains) renew(ctx context.Context, ld *localDrain, now time.Time) {
 	l.mu.Lock()
 	name := k8s.LeaseName(ld.uid)
-	progress := k8s.FormatProgress(ld.syns, ld.live, ld.steered)
+	progress := k8s.Progress{SYNs: ld.syns, SYNsLast10s: ld.synsSince(now, 10*time.Second), HasLast10s: true,
+		Live: ld.live, Steered: ld.steered}.String()
 	ann := map[string]string{k8s.AnnState: ld.state, k8s.AnnProgress: progress}
 	l.mu.Unlock()
 	_, err := l.d.leases.Renew(ctx, name, l.d.cfg.LeaseDuration, now, ann)
