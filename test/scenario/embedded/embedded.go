@@ -87,6 +87,7 @@ type Cluster struct {
 
 	mu      sync.Mutex
 	nextVIP int
+	daemons map[*bed.Node]*nodeDaemon // while a draind variant runs
 }
 
 var _ scenario.ControlPlane = (*Cluster)(nil)
@@ -202,6 +203,9 @@ func (c *Cluster) Prepare(ctx context.Context, v scenario.Variant) (func() error
 	}
 	var daemons []*nodeDaemon
 	stop := func() error {
+		c.mu.Lock()
+		c.daemons = nil
+		c.mu.Unlock()
 		var errs []error
 		for _, d := range daemons {
 			errs = append(errs, d.stop())
@@ -214,6 +218,12 @@ func (c *Cluster) Prepare(ctx context.Context, v scenario.Variant) (func() error
 			return nil, errors.Join(err, stop())
 		}
 		daemons = append(daemons, d)
+		c.mu.Lock()
+		if c.daemons == nil {
+			c.daemons = map[*bed.Node]*nodeDaemon{}
+		}
+		c.daemons[n] = d
+		c.mu.Unlock()
 	}
 	return stop, nil
 }
