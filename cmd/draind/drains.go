@@ -81,9 +81,9 @@ func newDrainsCmd() *cobra.Command {
 		Long: `List every pod being drained anywhere in the cluster, from the drain Leases in
 draind's namespace and the EndpointSlices of every namespace: pod, node,
 reason, state, age and progress (SYNs in the last 10 s and live connections,
-as the pod's node measures them). Needs a kubeconfig that may list and watch
-Leases in draind's namespace and EndpointSlices cluster-wide (and get pods,
-for the age of drains without a Lease).`,
+as the pod's node measures them). Needs a kubeconfig that may list Leases in
+draind's namespace and EndpointSlices cluster-wide, and get pods (for the age
+of drains without a Lease); --watch lists again every --interval.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			switch o.output {
@@ -165,7 +165,12 @@ func (l *drainLister) podSince(ctx context.Context, d *clusterDrain) time.Time {
 	}
 	switch {
 	case p.DeletionTimestamp != nil:
+		// A graceful deletion sets the timestamp to the end of the grace
+		// period: the deletion began that much earlier.
 		t = p.DeletionTimestamp.Time
+		if g := p.DeletionGracePeriodSeconds; g != nil {
+			t = t.Add(-time.Duration(*g) * time.Second)
+		}
 	default:
 		for _, c := range p.Status.Conditions {
 			if c.Type == corev1.PodReady && c.Status != corev1.ConditionTrue {

@@ -84,9 +84,11 @@ func drainsFixture(t *testing.T) *fake.Clientset {
 			t.Fatal(err)
 		}
 	}
-	del := metav1.NewTime(drainsNow.Add(-4 * time.Second))
+	// Deleted 4 s ago with a 30 s grace period: the API server sets the
+	// deletion timestamp to the end of the grace period.
+	del, grace := metav1.NewTime(drainsNow.Add(26*time.Second)), int64(30)
 	for _, p := range []*corev1.Pod{
-		{ObjectMeta: metav1.ObjectMeta{Name: "cart-b", Namespace: "shop", UID: "uid-b", DeletionTimestamp: &del}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "cart-b", Namespace: "shop", UID: "uid-b", DeletionTimestamp: &del, DeletionGracePeriodSeconds: &grace}},
 		{ObjectMeta: metav1.ObjectMeta{Name: "cart-c", Namespace: "shop", UID: "uid-c"}, Status: corev1.PodStatus{Conditions: []corev1.PodCondition{
 			{Type: corev1.PodReady, Status: corev1.ConditionFalse, LastTransitionTime: metav1.NewTime(drainsNow.Add(-75 * time.Second))}}}},
 	} {

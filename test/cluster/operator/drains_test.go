@@ -46,14 +46,14 @@ type drainsDoc struct {
 	} `json:"drains"`
 }
 
-// operatorRBAC grants user what `draind drains` documents: list and watch
-// the drain Leases in draind's namespace, list EndpointSlices cluster-wide,
-// get pods (the age of drains without a Lease). Nothing more.
+// operatorRBAC grants user what `draind drains` documents: list the drain
+// Leases in draind's namespace, list EndpointSlices cluster-wide, get pods
+// (the age of drains without a Lease). Nothing more.
 func operatorRBAC(t *testing.T, ctx context.Context, c kubernetes.Interface, user string) {
 	t.Helper()
 	subj := []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}}
 	if _, err := c.RbacV1().Roles(draindNS).Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "drains-" + user},
-		Rules: []rbacv1.PolicyRule{{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"list", "watch"}}}},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"list"}}}},
 		metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +63,7 @@ func operatorRBAC(t *testing.T, ctx context.Context, c kubernetes.Interface, use
 	}
 	if _, err := c.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "drains-" + user},
 		Rules: []rbacv1.PolicyRule{
-			{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"list", "watch"}},
+			{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"list"}},
 			{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get"}},
 		}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
