@@ -356,7 +356,9 @@ func (l *hostedDrains) reconcile(ctx context.Context) {
 		case !ld.published:
 			l.writer.want(name, leaseWrite{kind: leasePublish, req: l.request(ld)})
 		case now.Sub(ld.lastRenew) >= l.cfg.LeaseDuration/3:
-			ann := map[string]string{k8s.AnnState: ld.state, k8s.AnnProgress: k8s.FormatProgress(ld.syns, ld.live, ld.steered)}
+			progress := k8s.Progress{SYNs: ld.syns, SYNsLast10s: ld.synsSince(now, 10*time.Second), HasLast10s: true,
+				Live: ld.live, Steered: ld.steered}.String()
+			ann := map[string]string{k8s.AnnState: ld.state, k8s.AnnProgress: progress}
 			l.writer.want(name, leaseWrite{kind: leaseRenew, req: l.request(ld), ann: ann})
 		}
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"golang.org/x/sync/errgroup"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -41,6 +42,21 @@ type runOptions struct {
 	logFormat, logLevel         string
 	apiQPS                      float32
 	apiBurst                    int
+
+	config []daemon.ConfigEntry // every flag's effective value, for status
+}
+
+// effectiveConfig lists every flag of fs with the value in force (given,
+// from the environment, or the default), sorted by name.
+func effectiveConfig(fs *pflag.FlagSet) []daemon.ConfigEntry {
+	var out []daemon.ConfigEntry
+	fs.VisitAll(func(f *pflag.Flag) {
+		if f.Name == "help" {
+			return
+		}
+		out = append(out, daemon.ConfigEntry{Name: f.Name, Value: f.Value.String()})
+	})
+	return out
 }
 
 func newRunCmd() *cobra.Command {
@@ -53,7 +69,10 @@ node's pods; steer new connections away from draining pods with the
 connect4/connect6 hooks; count what still reaches the pods of this node; answer
 their /v1/offline calls; expire stale conntrack flows; serve metrics and status.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return runDaemon(cmd.Context(), o) },
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.config = effectiveConfig(cmd.Flags())
+			return runDaemon(cmd.Context(), o)
+		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.node, "node-name", "", "name of this node (required; the downward API's spec.nodeName)")
@@ -117,6 +136,7 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 // are bound before anything runs, and the maps are closed only after
 // everything that uses them has stopped.
 func runDaemon(ctx context.Context, o *runOptions) error {
+	started := time.Now()
 	log, err := newLogger(o.logFormat, o.logLevel)
 	if err != nil {
 		return err
@@ -160,7 +180,7 @@ func runDaemon(ctx context.Context, o *runOptions) error {
 	} else if n > 0 {
 		log.Info("pruned orphaned map entries", "entries", n)
 	}
-	ct := openConntrack(o, log)
+	ct, ctStatus := openConntrack(o, log)
 	if ct != nil {
 		defer ct.Close()
 	}
@@ -175,7 +195,8 @@ func runDaemon(ctx context.Context, o *runOptions) error {
 	}
 	d.SetAttached(true)
 	log.Info("programs attached", "cgroup", cgroup, "kernel", features.Kernel, "pin_dir", o.pinDir)
-	err = serve(ctx, o, d, ls, daemon.StatusSource{Features: features, Attached: dp.Attached})
+	err = serve(ctx, o, d, ls, daemon.StatusSource{Features: features, Attached: dp.Attached, Cgroup: cgroup,
+		PinDir: o.pinDir, Conntrack: ctStatus, Config: o.config, Started: started})
 	if err != nil && !errors.Is(err, context.Canceled) {
 		return err
 	}
@@ -200,20 +221,21 @@ func apiClient(o *runOptions) (kubernetes.Interface, error) {
 }
 
 // openConntrack opens conntrack in this network namespace, or returns nil
-// (with a warning) when it is off or unavailable.
-func openConntrack(o *runOptions, log *slog.Logger) conntrack.Interface {
+// (with a warning, and the reason for status) when it is off or
+// unavailable.
+func openConntrack(o *runOptions, log *slog.Logger) (conntrack.Interface, daemon.ConntrackStatus) {
 	if !o.conntrack {
-		return nil
+		return nil, daemon.ConntrackStatus{Reason: "--conntrack=false"}
 	}
 	nl, err := conntrack.Open(conntrack.Options{Zone: o.conntrackZone})
 	if err != nil {
 		log.Warn("conntrack unavailable: no flow expiry, live connections not counted", "err", err)
-		return nil
+		return nil, daemon.ConntrackStatus{Reason: "unavailable: " + err.Error()}
 	}
 	if !nl.Timestamps() {
 		log.Warn("conntrack timestamps are off (net.netfilter.nf_conntrack_timestamp): flows of a reused pod IP are then never expired")
 	}
-	return nl
+	return nl, daemon.ConntrackStatus{Enabled: true, Timestamps: nl.Timestamps()}
 }
 
 // listeners are bound before anything runs: a port in use stops draind
