@@ -32,6 +32,12 @@ import (
 // draining pod, which this second pass removes instead of the periodic one.
 const udpFollowUp = 2 * time.Second
 
+// expiryBackoff is the wait after the nth failed expiry in a row: 200 ms
+// doubling up to 30 s.
+func expiryBackoff(n int) time.Duration {
+	return min(100*time.Millisecond<<min(n, 9), 30*time.Second)
+}
+
 // udpDue is when a draining UDP endpoint's flows are expired next.
 type udpDue struct {
 	at     time.Time
@@ -173,9 +179,12 @@ func (w *conntrackPolicy) pass(ctx context.Context) {
 	w.cfg.Metrics.CTExpiryDuration.Observe(time.Since(start).Seconds())
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if err != nil && ctx.Err() != nil {
+		return // stopping: not a failure
+	}
 	if err != nil {
 		w.failures++
-		backoff := min(time.Duration(1<<min(w.failures, 6))*100*time.Millisecond, 30*time.Second)
+		backoff := expiryBackoff(w.failures)
 		w.nextRetry = now.Add(backoff)
 		w.cfg.Metrics.CTErrors.Inc()
 		w.cfg.Log.Error("conntrack expiry failed, will retry", logKeyErr, err, "filters", len(filters), "retry_in", backoff)
