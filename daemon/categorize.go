@@ -37,6 +37,11 @@ type drainingEndpoint struct {
 	// Lease) causes: if nobody renews the Lease, steering ends with it.
 	// Zero when the slice itself says the endpoint is not ready.
 	expires time.Time
+	// identified: a trusted slice says whose it is. An endpoint only a
+	// hand-written (or mirrored) slice lists is steered away from on its
+	// Service's VIP, as kube-proxy would, but its address is never acted
+	// on (no pod-IP entry, no conntrack expiry, no linger).
+	identified bool
 }
 
 // servicePortEndpoints is the categorisation of one service-port.
@@ -64,6 +69,7 @@ type listing struct {
 	uid        types.UID
 	pod        string
 	draining   bool
+	identified bool // a trusted slice lists it
 	selectable bool
 	reason     string
 	expires    time.Time
@@ -93,7 +99,7 @@ func categorize(svc *k8s.Service, sliceList []*k8s.Slice, drains map[types.UID]*
 				}
 				if l.draining {
 					c.draining = append(c.draining, drainingEndpoint{key: endpointKey(ap, sp.Protocol),
-						uid: l.uid, pod: l.pod, reason: l.reason, expires: l.expires})
+						uid: l.uid, pod: l.pod, reason: l.reason, expires: l.expires, identified: l.identified})
 				}
 			}
 			slices.SortFunc(c.selectable, netip.AddrPort.Compare)
@@ -123,43 +129,64 @@ func targetPort(sl *k8s.Slice, fam k8s.Family, sp k8s.ServicePort) uint16 {
 }
 
 // listEndpoints merges the endpoints of one slice at port into eps.
+//
+// Only a trusted slice (the EndpointSlice controller's, for a Service with a
+// selector) says whose an endpoint is: its endpoints with a Pod of the
+// Service's namespace may drain (and so be steered by pod IP, expired,
+// lingered). Any other slice (hand-written,
+// mirrored) only adds selectable endpoints, as kube-proxy routes to them:
+// what a tenant writes never changes where connections to a pod IP go.
 func listEndpoints(svc *k8s.Service, sl *k8s.Slice, port uint16, proto bpf.Protocol, drains map[types.UID]*podDrain,
 	node string, eps map[netip.AddrPort]*listing, out *categorized) {
+	trusted := sl.Trusted(svc)
 	for i := range sl.Endpoints {
 		e := &sl.Endpoints[i]
 		ap := netip.AddrPortFrom(e.Addr, port)
+		identified := trusted && e.PodUID != ""
 		var pd *podDrain
-		if e.PodUID != "" {
+		if identified {
 			pd = drains[e.PodUID]
 		}
 		draining := !e.Ready() || pd != nil
-		reason := ""
-		switch {
-		case pd != nil:
-			reason = pd.Reason
-			out.drainedPods[e.PodUID] = struct{}{}
-		case e.Terminating():
-			reason = ReasonTerminating
-		case !e.Ready():
-			reason = ReasonNotReady
-		}
 		selectable := !draining && (!svc.InternalLocal || e.Node == node)
 		l, ok := eps[ap]
 		if !ok {
-			l = &listing{uid: e.PodUID, pod: svc.Namespace + "/" + e.PodName, selectable: selectable}
+			l = &listing{selectable: selectable}
 			eps[ap] = l
 		}
-		if draining && !l.draining {
-			l.draining, l.reason = true, reason
+		l.selectable = l.selectable && selectable
+		if identified {
+			if !l.identified {
+				l.identified, l.uid, l.pod = true, e.PodUID, svc.Namespace+"/"+e.PodName
+			}
+			out.listed[endpointKey(ap, proto)] = e.PodUID
+			if pd != nil {
+				out.drainedPods[e.PodUID] = struct{}{}
+			}
+		}
+		if !draining {
+			continue
+		}
+		if !l.draining {
+			l.draining, l.reason = true, drainReason(e, pd)
 			if e.Ready() && pd != nil {
 				l.expires = pd.Expires
 			}
-		} else if draining && !e.Ready() {
+		} else if !e.Ready() {
 			l.expires = time.Time{}
 		}
-		l.selectable = l.selectable && selectable
-		out.listed[endpointKey(ap, proto)] = e.PodUID
 	}
+}
+
+// drainReason says why a listed endpoint drains.
+func drainReason(e *k8s.Endpoint, pd *podDrain) string {
+	switch {
+	case pd != nil:
+		return pd.Reason
+	case e.Terminating():
+		return ReasonTerminating
+	}
+	return ReasonNotReady
 }
 
 func endpointKey(ap netip.AddrPort, proto bpf.Protocol) bpf.EndpointKey {

@@ -9,78 +9,119 @@ import (
 	"github.com/draind/draind/k8s"
 )
 
-// claims records which pods own an IP right now: the ready endpoints of
-// every slice, and (on the node hosting them) the local pods. A drain entry
-// of pod A on IP X is void the moment X is claimed by another pod: pod IPs
-// are reused, identity is the pod UID.
+// claims records which pods own an IP right now, from the cluster's own
+// records only: the endpoints of trusted slices (the EndpointSlice
+// controller's, for Services with a selector: see k8s.Slice.Trusted), and
+// (on the node hosting them) the local pods. It answers two questions:
 //
-// Informer handlers update it (under mu) as events arrive; the model reads
-// it from the runner.
+//   - is IP X claimed by a pod other than A? A drain entry of pod A on X is
+//     void the moment X is claimed by another pod: pod IPs are reused,
+//     identity is the pod UID;
+//   - which node hosts the pod listed at X? A drain Lease is honoured only
+//     when its holder is that node, and only for the pod's own IPs.
+//
+// A hand-written slice (any tenant can write one, with any label) claims
+// nothing. Informer handlers update it (under mu) as events arrive; the
+// model reads it from the runner.
 type claims struct {
-	mu    sync.Mutex
-	ready map[netip.Addr]claim
-	local map[netip.Addr]types.UID
+	mu     sync.Mutex
+	byIP   map[netip.Addr]ipListings
+	slices map[string]*k8s.Slice // trusted slices as applied, by namespace/name
+	local  map[netip.Addr]types.UID
 }
 
-// claim is the set of pods listing an IP as ready; almost always one.
-type claim struct {
+// ipListing is one pod's listings of an IP in trusted slices.
+type ipListing struct {
 	uid   types.UID
-	n     int32
-	extra []uidCount
+	node  string // interned by k8s
+	ready int32  // ready listings
+	all   int32  // all listings
 }
 
-type uidCount struct {
-	uid types.UID
-	n   int32
+// ipListings are the pods listing an IP: almost always one, kept inline.
+type ipListings struct {
+	first ipListing
+	extra []ipListing
 }
 
 func newClaims() *claims {
-	return &claims{ready: map[netip.Addr]claim{}, local: map[netip.Addr]types.UID{}}
+	return &claims{byIP: map[netip.Addr]ipListings{}, slices: map[string]*k8s.Slice{}, local: map[netip.Addr]types.UID{}}
 }
 
-// add counts d more (or fewer) ready listings of uid and reports whether
-// uid joined or left the set.
-func (c *claim) add(uid types.UID, d int32) bool {
-	if c.n > 0 && c.uid == uid {
-		c.n += d
-		if c.n > 0 {
-			return false
-		}
-		c.n = 0
-		if len(c.extra) > 0 {
-			c.uid, c.n = c.extra[0].uid, c.extra[0].n
-			c.extra = c.extra[1:]
-		}
-		return true
+// find returns the listing of uid, or nil.
+func (l *ipListings) find(uid types.UID) *ipListing {
+	if l.first.all > 0 && l.first.uid == uid {
+		return &l.first
 	}
-	for i := range c.extra {
-		if c.extra[i].uid == uid {
-			c.extra[i].n += d
-			if c.extra[i].n > 0 {
-				return false
-			}
-			c.extra = append(c.extra[:i], c.extra[i+1:]...)
-			return true
+	for i := range l.extra {
+		if l.extra[i].uid == uid {
+			return &l.extra[i]
 		}
 	}
-	if d <= 0 {
-		return false // not listed: nothing to take away
-	}
-	if c.n == 0 {
-		c.uid, c.n = uid, d
-	} else {
-		c.extra = append(c.extra, uidCount{uid, d})
-	}
-	return true
+	return nil
 }
 
-func (c *claim) empty() bool { return c.n == 0 && len(c.extra) == 0 }
+// add counts one listing more (d = +1) or less (d = -1) of e and reports
+// whether the set of pods listing the IP as ready changed.
+func (l *ipListings) add(e *k8s.Endpoint, d int32) (readyChanged bool) {
+	x := l.find(e.PodUID)
+	if x == nil {
+		if d < 0 {
+			return false // never applied
+		}
+		if l.first.all == 0 {
+			l.first = ipListing{uid: e.PodUID}
+			x = &l.first
+		} else {
+			l.extra = append(l.extra, ipListing{uid: e.PodUID})
+			x = &l.extra[len(l.extra)-1]
+		}
+	}
+	wasReady := x.ready > 0
+	x.all += d
+	if e.Ready() {
+		x.ready += d
+	}
+	if x.node == "" {
+		x.node = e.Node
+	}
+	readyChanged = wasReady != (x.ready > 0)
+	if x.all <= 0 {
+		l.remove(x)
+	}
+	return readyChanged
+}
 
-// updateSlice applies a slice change (either side may be nil) and returns
-// the IPs whose set of claiming pods changed.
-func (c *claims) updateSlice(old, new *k8s.Slice) []netip.Addr {
+func (l *ipListings) remove(x *ipListing) {
+	if x == &l.first {
+		l.first = ipListing{}
+		if len(l.extra) > 0 {
+			l.first, l.extra = l.extra[0], l.extra[1:]
+		}
+		return
+	}
+	for i := range l.extra {
+		if &l.extra[i] == x {
+			l.extra = append(l.extra[:i], l.extra[i+1:]...)
+			return
+		}
+	}
+}
+
+func (l *ipListings) empty() bool { return l.first.all == 0 && len(l.extra) == 0 }
+
+// setSlice records the current state of slice key: s if it is trusted, nil
+// if it is not (or was deleted). It returns the IPs whose ready claims
+// changed. Setting the same state twice changes nothing, so a Service
+// event re-applying its slices and the slices' own events never count a
+// slice twice.
+func (c *claims) setSlice(key string, s *k8s.Slice) []netip.Addr {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	old := c.slices[key]
+	if old == s {
+		return nil
+	}
 	var changed []netip.Addr
 	apply := func(s *k8s.Slice, d int32) {
 		if s == nil {
@@ -88,22 +129,27 @@ func (c *claims) updateSlice(old, new *k8s.Slice) []netip.Addr {
 		}
 		for i := range s.Endpoints {
 			e := &s.Endpoints[i]
-			if !e.Ready() {
+			if e.PodUID == "" {
 				continue
 			}
-			cl := c.ready[e.Addr]
-			if cl.add(e.PodUID, d) {
+			l := c.byIP[e.Addr]
+			if l.add(e, d) {
 				changed = append(changed, e.Addr)
 			}
-			if cl.empty() {
-				delete(c.ready, e.Addr)
+			if l.empty() {
+				delete(c.byIP, e.Addr)
 			} else {
-				c.ready[e.Addr] = cl
+				c.byIP[e.Addr] = l
 			}
 		}
 	}
 	apply(old, -1)
-	apply(new, +1)
+	apply(s, +1)
+	if s == nil {
+		delete(c.slices, key)
+	} else {
+		c.slices[key] = s
+	}
 	return changed
 }
 
@@ -136,26 +182,41 @@ func (c *claims) setLocalPods(pods []*k8s.Pod) []netip.Addr {
 	return changed
 }
 
-// claimedByOther reports whether ip is currently owned by a pod other than uid.
+// claimedByOther reports whether ip is currently owned by a pod other than
+// uid: a local pod, or a ready listing.
 func (c *claims) claimedByOther(ip netip.Addr, uid types.UID) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if l, ok := c.local[ip]; ok && l != uid {
 		return true
 	}
-	cl, ok := c.ready[ip]
+	l, ok := c.byIP[ip]
 	if !ok {
 		return false
 	}
-	if cl.n > 0 && cl.uid != uid {
+	if l.first.ready > 0 && l.first.uid != uid {
 		return true
 	}
-	for _, e := range cl.extra {
-		if e.uid != uid {
+	for _, x := range l.extra {
+		if x.ready > 0 && x.uid != uid {
 			return true
 		}
 	}
 	return false
+}
+
+// hostOf returns the node that trusted slices say hosts pod uid at ip.
+func (c *claims) hostOf(ip netip.Addr, uid types.UID) (node string, listed bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l, ok := c.byIP[ip]
+	if !ok {
+		return "", false
+	}
+	if x := l.find(uid); x != nil {
+		return x.node, true
+	}
+	return "", false
 }
 
 // localOwner returns the local pod holding ip, if any.

@@ -32,6 +32,9 @@ type contribution struct {
 	reason      string
 	since       time.Time
 	expires     time.Time // zero: refreshed by EntryTTL
+	// frontendOnly: an endpoint no trusted slice identifies; it keeps its
+	// service-port's VIP steered but its address gets no entry.
+	frontendOnly bool
 }
 
 // lingerRecord is a departed endpoint still steered until until.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
 
 	"github.com/draind/draind/bpf"
@@ -49,9 +50,15 @@ type Config struct {
 	MaxWaiters  int           // concurrent waits before 429
 	PollEvery   time.Duration // drained-check period
 	OfflineAddr string        // listen address of the offline API ("" = off)
-	// HeaderTimeout bounds how long a client may take to send its request
-	// headers (slow clients).
+	// HeaderTimeout and BodyTimeout bound how long a client may take to
+	// send its request headers and body (slow clients).
 	HeaderTimeout time.Duration
+	BodyTimeout   time.Duration
+	// MaxConnections caps the offline API's open connections.
+	MaxConnections int
+	// MaxWaitersPerPod caps one pod's concurrent waits, so that one pod
+	// cannot take the node's slots from another.
+	MaxWaitersPerPod int
 
 	Clock  clock.WithTicker
 	Logger *slog.Logger
@@ -76,8 +83,15 @@ func (c *Config) Defaults() {
 	def(&c.PollEvery, 200*time.Millisecond)
 	def(&c.HeaderTimeout, 5*time.Second)
 
+	def(&c.BodyTimeout, 5*time.Second)
 	if c.MaxWaiters == 0 {
 		c.MaxWaiters = 256
+	}
+	if c.MaxWaitersPerPod == 0 {
+		c.MaxWaitersPerPod = 8
+	}
+	if c.MaxConnections == 0 {
+		c.MaxConnections = 1024
 	}
 	if c.Clock == nil {
 		c.Clock = clock.RealClock{}
@@ -101,9 +115,10 @@ type Daemon struct {
 	clock     clock.WithTicker
 	Metrics   *Metrics
 
-	claims  *claims
-	tracker tracker
-	runner  *runner
+	claims   *claims
+	tracker  tracker
+	runner   *runner
+	handlers []cache.ResourceEventHandlerRegistration
 
 	// Owned by the runner goroutine (pass.go).
 	model      *model
@@ -115,11 +130,13 @@ type Daemon struct {
 
 	conntrackPolicy *conntrackPolicy
 	hosted          *hostedDrains
+	leaseTrust      *leaseTrust
 
 	synced    atomic.Bool
 	attached  atomic.Bool
 	firstDone atomic.Bool
 	lastSync  atomic.Int64 // unix nanoseconds of the last pass
+	conns     atomic.Int64 // open connections of the offline API
 	// informer events handled, per kind (tests wait on them)
 	events struct{ slices, services, leases, pods atomic.Uint64 }
 }
@@ -148,11 +165,12 @@ func New(cfg Config, client kubernetes.Interface, dp Datapath, ct conntrack.Inte
 	d.runner = newRunner(cfg.Clock, cfg.MinSyncInterval, cfg.EntryTTL/4, d.sync)
 	d.hosted = newHostedDrains(hostedDrainsConfig{
 		Node: cfg.Node, Linger: cfg.Linger, LeaseDuration: cfg.LeaseDuration, Quiet: cfg.Quiet,
-		PollEvery: cfg.PollEvery, MaxWaiters: cfg.MaxWaiters, State: d.state, Claims: d.claims, Datapath: dp,
+		PollEvery: cfg.PollEvery, MaxWaiters: cfg.MaxWaiters, MaxWaitersPerPod: cfg.MaxWaitersPerPod, State: d.state, Claims: d.claims, Datapath: dp,
 		Conntrack: ct, Leases: &k8s.Leases{Client: client, Namespace: cfg.Namespace},
 		Events: client.CoreV1().Events(""), Metrics: d.Metrics, Log: cfg.Logger, Clock: cfg.Clock,
 		RequestPass: d.runner.Run,
 	})
+	d.leaseTrust = newLeaseTrust(client.CoreV1(), cfg.Clock, cfg.Logger, d.runner.Run)
 	d.registerHandlers()
 	return d
 }
@@ -183,24 +201,40 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if err := d.inf.WaitForSync(ctx); err != nil {
 		return err
 	}
+	if !cache.WaitForCacheSync(ctx.Done(), d.handlersSynced) {
+		return fmt.Errorf("waiting for the informer handlers to sync: %w", ctx.Err())
+	}
 	for name, ok := range d.inf.Synced() {
 		if ok {
 			d.Metrics.InformerSynced.WithLabelValues(name).Set(1)
 		}
 	}
 	d.synced.Store(true)
+	d.checkLeases(ctx)
 	d.log.Info("informers synced, reconciling")
 	// Started in dependency order, stopped in reverse: the hosted drains
 	// answer their waiters before the loop that feeds them stops.
 	d.conntrackPolicy.Start(ctx)
+	d.leaseTrust.Start(ctx)
 	d.hosted.Start(ctx)
 	d.runner.Start(ctx)
 	d.runner.Run()
 	<-ctx.Done()
 	d.runner.Stop()
 	d.hosted.Stop("draind is stopping")
+	d.leaseTrust.Stop()
 	d.conntrackPolicy.Stop()
 	return nil
+}
+
+// checkLeases checks, before the first pass, the Leases that only their
+// pods can confirm: a restart must not drop (even for one pass) the
+// entries of a registry-only drain it adopted.
+func (d *Daemon) checkLeases(ctx context.Context) {
+	d.modelMu.Lock()
+	d.podDrains(d.clock.Now())
+	d.modelMu.Unlock()
+	d.leaseTrust.flush(ctx)
 }
 
 // adoptDatapath seeds the reconciler (and the model's ids) from the pinned

@@ -20,7 +20,7 @@ func (m *model) desiredDrain(k bpf.EndpointKey, now time.Time) (bpf.Drain, bool)
 	d := bpf.Drain{Key: k, Policy: bpf.PolicyRewrite}
 	found := false
 	for _, c := range m.contributions[k] {
-		if m.suppressed(c, k.Addr) {
+		if c.frontendOnly || m.suppressed(c, k.Addr) {
 			continue
 		}
 		p, rewriteTo := m.effectivePolicy(c)
@@ -137,7 +137,7 @@ func (m *model) podStatuses() []PodStatus {
 	by := map[types.UID]*row{}
 	for k, cs := range m.contributions {
 		for _, c := range cs {
-			if m.suppressed(c, k.Addr) {
+			if c.frontendOnly || m.suppressed(c, k.Addr) {
 				continue
 			}
 			id := c.uid

@@ -31,18 +31,19 @@ func restartFixture(h *harness) {
 	}))
 	h.addService(svc("quiet", []string{"10.96.0.30"}, []corev1.ServicePort{port("http", 80, corev1.ProtocolTCP)}))
 	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b"), ready("10.0.0.3", "c")))
-	h.putSlice(slice("api-1", "api", v4, httpPorts(9090), ready("10.0.1.1", "d"), ready("10.0.1.2", "e")))
+	h.putSlice(slice("api-1", "api", v4, httpPorts(9090), onNode(ready("10.0.1.1", "d"), "node-b"), ready("10.0.1.2", "e")))
 	h.putSlice(slice("db-1", "db", v4, []slicePort{{"sql", 5432, corev1.ProtocolTCP}}, terminating("10.0.2.1", "f"), ready("10.0.2.2", "g")))
 	h.putSlice(slice("quiet-1", "quiet", v4, httpPorts(8080), ready("10.0.3.1", "h")))
-	h.lease("d", "default", "pod-d", testNode, k8s.ReasonOffline, time.Minute, "10.0.1.1")
-	h.lease("reg", "default", "nacos-client", testNode, k8s.ReasonOffline, time.Minute, "10.0.4.1")
+	h.lease("d", "default", "pod-d", "node-b", k8s.ReasonOffline, time.Minute, "10.0.1.1")
+	h.podElsewhere("nacos-client", "reg", "node-b", "10.0.4.1")
+	h.lease("reg", "default", "nacos-client", "node-b", k8s.ReasonOffline, time.Minute, "10.0.4.1")
 }
 
 // restartFixtureChange moves the fixture on: web's drained pod recovers, a
 // second api pod terminates.
 func restartFixtureChange(h *harness) {
 	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.1", "a"), ready("10.0.0.2", "b"), ready("10.0.0.3", "c")))
-	h.putSlice(slice("api-1", "api", v4, httpPorts(9090), ready("10.0.1.1", "d"), terminating("10.0.1.2", "e"), ready("10.0.1.3", "i")))
+	h.putSlice(slice("api-1", "api", v4, httpPorts(9090), onNode(ready("10.0.1.1", "d"), "node-b"), terminating("10.0.1.2", "e"), ready("10.0.1.3", "i")))
 }
 
 // normalized renders a datapath with service-port ids replaced by what they

@@ -87,6 +87,7 @@ func newHarness(t *testing.T, mod ...func(*Config)) *harness {
 	if err := h.d.inf.WaitForSync(ctx); err != nil {
 		t.Fatal(err)
 	}
+	eventually(t, 10*time.Second, "the handlers to sync", h.d.handlersSynced)
 	h.d.synced.Store(true)
 	h.d.SetAttached(true)
 	return h
@@ -107,9 +108,11 @@ func (h *harness) restart() *harness {
 	if err := h2.d.inf.WaitForSync(h.ctx); err != nil {
 		h.t.Fatal(err)
 	}
+	eventually(h.t, 10*time.Second, "the handlers to sync", h2.d.handlersSynced)
 	h2.d.synced.Store(true)
 	h2.d.SetAttached(true)
 	h2.d.claims.setLocalPods(h2.d.state.LocalPods())
+	h2.d.checkLeases(h.ctx)
 	return h2
 }
 
@@ -124,11 +127,29 @@ func (h *harness) do(kind *atomic.Uint64, n int, fn func(context.Context) error)
 	eventually(h.t, 10*time.Second, fmt.Sprintf("%d informer events", n), func() bool { return kind.Load() >= before+uint64(n) })
 }
 
-// pass runs one reconciler pass and returns the datapath operations it made.
+// pass runs one reconciler pass and returns the datapath operations it
+// made. A Lease the pass had to check against its pod is checked at once
+// and the pass repeated, as the daemon's Lease checker would.
 func (h *harness) pass() int {
 	before := h.dp.OpCount()
 	h.d.sync()
+	if h.d.leaseTrust.hasPending() {
+		h.d.leaseTrust.flush(h.ctx)
+		h.d.sync()
+	}
 	return h.dp.OpCount() - before
+}
+
+// podElsewhere creates a pod of another node in the API (this node's pod
+// informer never sees it): the object a registry-only Lease is checked
+// against.
+func (h *harness) podElsewhere(name, uid, node string, ips ...string) {
+	h.t.Helper()
+	p := pod(name, uid, ips...)
+	p.Spec.NodeName = node
+	if _, err := h.client.CoreV1().Pods(p.Namespace).Create(h.ctx, p, metav1.CreateOptions{}); err != nil {
+		h.t.Fatal(err)
+	}
 }
 
 func (h *harness) addService(s *corev1.Service) {
@@ -214,7 +235,8 @@ type svcOpt func(*corev1.Service)
 func svc(name string, clusterIPs []string, ports []corev1.ServicePort, opts ...svcOpt) *corev1.Service {
 	s := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
-		Spec:       corev1.ServiceSpec{Type: corev1.ServiceTypeClusterIP, ClusterIPs: clusterIPs, Ports: ports},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeClusterIP, ClusterIPs: clusterIPs, Ports: ports,
+			Selector: map[string]string{"app": name}},
 	}
 	if len(clusterIPs) > 0 {
 		s.Spec.ClusterIP = clusterIPs[0]
@@ -257,7 +279,8 @@ type slicePort struct {
 
 func slice(name, service string, fam discoveryv1.AddressType, ports []slicePort, eps ...epSpec) *discoveryv1.EndpointSlice {
 	s := &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Name: name, Namespace: "default", Labels: map[string]string{discoveryv1.LabelServiceName: service}},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", Labels: map[string]string{discoveryv1.LabelServiceName: service,
+			discoveryv1.LabelManagedBy: k8s.ManagedByController}},
 		AddressType: fam,
 	}
 	for _, p := range ports {

@@ -107,6 +107,8 @@ type hostedDrainsConfig struct {
 	Quiet         time.Duration // drained = no SYN for this long and no live connection
 	PollEvery     time.Duration // measure and settle this often
 	MaxWaiters    int
+	// MaxWaitersPerPod caps one pod's waits (see reserve).
+	MaxWaitersPerPod int
 
 	State       State
 	Claims      *claims
@@ -130,15 +132,16 @@ type hostedDrains struct {
 	recorder      record.EventRecorder
 	loop, writing loopRunner
 
-	mu      sync.Mutex
-	pods    map[types.UID]*hostedDrain
-	nwait   int
-	keysFor map[types.UID][]bpf.EndpointKey // from the last pass
+	mu       sync.Mutex
+	pods     map[types.UID]*hostedDrain
+	nwait    int                             // waits of every pod
+	podWaits map[types.UID]int               // waits per pod
+	keysFor  map[types.UID][]bpf.EndpointKey // from the last pass
 }
 
 func newHostedDrains(cfg hostedDrainsConfig) *hostedDrains {
 	l := &hostedDrains{cfg: cfg, wakeCh: make(chan struct{}, 1),
-		pods: map[types.UID]*hostedDrain{}, keysFor: map[types.UID][]bpf.EndpointKey{}}
+		pods: map[types.UID]*hostedDrain{}, podWaits: map[types.UID]int{}, keysFor: map[types.UID][]bpf.EndpointKey{}}
 	l.writer = newLeaseWriter(cfg.Leases, cfg.LeaseDuration, cfg.Clock, cfg.Log, l.leaseWritten)
 	return l
 }
@@ -271,17 +274,24 @@ func (l *hostedDrains) annotate(ps *PodStatus) {
 }
 
 // podByIP finds the local pod (not host-network) owning ip.
+//
+// A pod that finished (Succeeded, Failed) may still list the IP its
+// sandbox had, which the kubelet gives to a new pod: a finished pod is
+// never the caller, and of several live pods sharing an IP (which the
+// kubelet never does) none is.
 func (l *hostedDrains) podByIP(ip netip.Addr) *k8s.Pod {
 	ip = ip.Unmap()
+	var found *k8s.Pod
 	for _, p := range l.cfg.State.LocalPods() {
-		if p.HostNetwork {
+		if p.HostNetwork || p.Finished() || !slices.Contains(p.IPs, ip) {
 			continue
 		}
-		if slices.Contains(p.IPs, ip) {
-			return p
+		if found != nil {
+			return nil // ambiguous
 		}
+		found = p
 	}
-	return nil
+	return found
 }
 
 // reconcile is one pass over this node's drains.
@@ -305,8 +315,8 @@ func (l *hostedDrains) reconcile(ctx context.Context) {
 	// stopped (this node was down, or the API server was).
 	for uid, dl := range leases {
 		p := pods[uid]
-		if p == nil {
-			continue
+		if p == nil || dl.Holder != l.cfg.Node {
+			continue // not a drain this node holds: never adopted
 		}
 		ld := l.pods[uid]
 		if ld == nil || ld.state == StateCancelled {
@@ -611,7 +621,7 @@ func (l *hostedDrains) settle(ld *hostedDrain, now time.Time) {
 		switch {
 		case l.isDrained(ld, now, w.quiet):
 			w.done <- l.resultOf(ld, now, w, StateDrained, 200)
-			l.nwait--
+			l.release(ld.uid)
 		case !now.Before(w.deadline):
 			if !ld.timedOut {
 				ld.timedOut = true
@@ -624,7 +634,7 @@ func (l *hostedDrains) settle(ld *hostedDrain, now time.Time) {
 					now.Sub(ld.started).Seconds(), ld.live, ago(now, ld.lastSYN)))
 			}
 			w.done <- l.resultOf(ld, now, w, StateTimedOut, 504)
-			l.nwait--
+			l.release(ld.uid)
 		default:
 			kept = append(kept, w)
 		}
@@ -651,7 +661,7 @@ func (l *hostedDrains) resultOf(ld *hostedDrain, now time.Time, w *waiter, state
 func (l *hostedDrains) finishWaiters(ld *hostedDrain, now time.Time, state string, code int) {
 	for _, w := range ld.waiters {
 		w.done <- l.resultOf(ld, now, w, state, code)
-		l.nwait--
+		l.release(ld.uid)
 	}
 	ld.waiters = nil
 }
@@ -664,7 +674,7 @@ func (l *hostedDrains) cancelAll(why string) {
 			r := l.resultOf(ld, l.cfg.Clock.Now(), w, ld.state, 503)
 			r.Error = why
 			w.done <- r
-			l.nwait--
+			l.release(ld.uid)
 		}
 		ld.waiters = nil
 	}

@@ -87,6 +87,7 @@ func (h *harness) tick(d time.Duration) {
 	h.pass()
 	h.d.hosted.reconcile(h.ctx)
 	h.d.hosted.writer.flush(h.ctx)
+	h.d.leaseTrust.flush(h.ctx)
 	h.syncLeases()
 }
 

@@ -109,8 +109,8 @@ func sameVersion(a, b any) bool {
 // onChange calls fn with the old and new object of every add (old nil),
 // real update and delete (new nil). Resyncs, which repeat a
 // resourceVersion, are dropped.
-func onChange(inf cache.SharedIndexInformer, fn func(old, new any)) {
-	inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+func onChange(inf cache.SharedIndexInformer, fn func(old, new any)) cache.ResourceEventHandlerRegistration {
+	reg, _ := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) { fn(nil, obj) },
 		UpdateFunc: func(o, n any) {
 			if !sameVersion(o, n) {
@@ -124,13 +124,28 @@ func onChange(inf cache.SharedIndexInformer, fn func(old, new any)) {
 			fn(obj, nil)
 		},
 	})
+	return reg
 }
 
 func (d *Daemon) registerHandlers() {
-	onChange(d.inf.Slices, d.sliceEvent)
-	onChange(d.inf.Services, d.serviceEvent)
-	onChange(d.inf.Leases, d.leaseEvent)
-	onChange(d.inf.Pods, d.podEvent)
+	d.handlers = []cache.ResourceEventHandlerRegistration{
+		onChange(d.inf.Slices, d.sliceEvent),
+		onChange(d.inf.Services, d.serviceEvent),
+		onChange(d.inf.Leases, d.leaseEvent),
+		onChange(d.inf.Pods, d.podEvent),
+	}
+}
+
+// handlersSynced reports whether every handler has seen its informer's
+// initial list: only then does the model know the whole cluster, and only
+// then may a pass delete what it does not know.
+func (d *Daemon) handlersSynced() bool {
+	for _, h := range d.handlers {
+		if h == nil || !h.HasSynced() {
+			return false
+		}
+	}
+	return true
 }
 
 // sliceEvent: the slice's Service must be recomputed, and the IPs whose
@@ -140,7 +155,11 @@ func (d *Daemon) sliceEvent(oldObj, newObj any) {
 	old, _ := oldObj.(*k8s.Slice)
 	cur, _ := newObj.(*k8s.Slice)
 	now := d.clock.Now()
-	d.tracker.markIPs(d.claims.updateSlice(old, cur))
+	if cur != nil {
+		d.tracker.markIPs(d.claims.setSlice(cur.Namespace+"/"+cur.Name, d.trusted(cur)))
+	} else if old != nil {
+		d.tracker.markIPs(d.claims.setSlice(old.Namespace+"/"+old.Name, nil))
+	}
 	for _, s := range []*k8s.Slice{old, cur} {
 		if s != nil && s.Service != "" {
 			d.tracker.markService(s.Namespace+"/"+s.Service, now)
@@ -149,16 +168,36 @@ func (d *Daemon) sliceEvent(oldObj, newObj any) {
 	d.runner.Run()
 }
 
+// serviceEvent: the Service must be recomputed; if whether it has a
+// selector changed, so did the trust in its slices.
 func (d *Daemon) serviceEvent(oldObj, newObj any) {
 	defer d.events.services.Add(1)
-	s, ok := newObj.(*k8s.Service)
-	if !ok {
-		s, ok = oldObj.(*k8s.Service)
+	old, _ := oldObj.(*k8s.Service)
+	cur, _ := newObj.(*k8s.Service)
+	s := cur
+	if s == nil {
+		s = old
 	}
-	if ok {
-		d.tracker.markService(s.Namespace+"/"+s.Name, d.clock.Now())
-		d.runner.Run()
+	if s == nil {
+		return
 	}
+	key := s.Namespace + "/" + s.Name
+	if (old != nil && old.HasSelector) != (cur != nil && cur.HasSelector) {
+		for _, sl := range d.state.SlicesOf(key) {
+			d.tracker.markIPs(d.claims.setSlice(sl.Namespace+"/"+sl.Name, d.trusted(sl)))
+		}
+	}
+	d.tracker.markService(key, d.clock.Now())
+	d.runner.Run()
+}
+
+// trusted returns s if it is the cluster's own record of its Service's
+// pods (k8s.Slice.Trusted), else nil.
+func (d *Daemon) trusted(s *k8s.Slice) *k8s.Slice {
+	if s.Service == "" || !s.Trusted(d.state.Service(s.Namespace+"/"+s.Service)) {
+		return nil
+	}
+	return s
 }
 
 // leaseEvent: pod drains changed. A deleted Lease also ends its pod's

@@ -260,7 +260,7 @@ func (m *model) activate(next *serviceResult, c servicePortEndpoints, noSteer bo
 			}
 		}
 		ct := contribution{kind: fromServicePort, uid: e.uid, pod: e.pod, servicePort: id,
-			policy: policy, reason: e.reason, since: since, expires: e.expires}
+			policy: policy, reason: e.reason, since: since, expires: e.expires, frontendOnly: !e.identified}
 		m.addContribution(e.key, ct)
 		next.draining[e.key] = ct
 		next.keys = append(next.keys, e.key)
@@ -295,7 +295,7 @@ func (m *model) lingerDeparted(old, next *serviceResult, listed map[bpf.Endpoint
 		return false
 	}
 	for k, prev := range old.draining {
-		if _, still := next.draining[k]; still {
+		if _, still := next.draining[k]; still || prev.frontendOnly {
 			continue
 		}
 		if uid, ok := listed[k]; ok && uid == prev.uid {

@@ -154,8 +154,8 @@ func TestMultiplePortsAndProtocols(t *testing.T) {
 func TestDualStack(t *testing.T) {
 	h := newHarness(t)
 	h.addService(svc("web", []string{"10.96.0.10", "fd00:96::10"}, []corev1.ServicePort{port("http", 80, corev1.ProtocolTCP)}))
-	h.putSlice(slice("web-v4", "web", v4, httpPorts(8080), ready("10.0.0.1", "a"), ready("10.0.0.2", "b")))
-	h.putSlice(slice("web-v6", "web", v6, httpPorts(8080), ready("fd00::1", "a"), ready("fd00::2", "b")))
+	h.putSlice(slice("web-v4", "web", v4, httpPorts(8080), onNode(ready("10.0.0.1", "a"), "node-b"), ready("10.0.0.2", "b")))
+	h.putSlice(slice("web-v6", "web", v6, httpPorts(8080), onNode(ready("fd00::1", "a"), "node-b"), ready("fd00::2", "b")))
 	h.pass()
 	h.check(expect{})
 	// Pod a asks to go offline: both of its IPs drain.
@@ -289,12 +289,13 @@ func TestFQDNAndNoTargetRef(t *testing.T) {
 	fq := slice("web-fqdn", "web", discoveryv1.AddressTypeFQDN, httpPorts(8080))
 	fq.Endpoints = []discoveryv1.Endpoint{{Addresses: []string{"example.com"}}}
 	h.putSlice(fq)
-	// An endpoint without targetRef (a manually managed slice) drains by its
-	// conditions like any other.
+	// An endpoint without targetRef (a manually managed slice) keeps its
+	// Service's VIP steered away from it, as kube-proxy would; its address
+	// is nobody's as far as the cluster's records go, so it gets no pod-IP
+	// entry (issue 12: before, it was rewritten like a pod's).
 	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", ""), ready("10.0.0.2", "")))
 	h.pass()
-	h.check(expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}},
-		drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyRewrite}})
+	h.check(expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}}})
 }
 
 func TestMalformedObjects(t *testing.T) {
@@ -332,6 +333,7 @@ func TestPodIPReuse(t *testing.T) {
 
 func TestPodIPReuseLocal(t *testing.T) {
 	h := newHarness(t)
+	h.podElsewhere("pod-old", "old", "node-b", "10.0.0.7")
 	h.lease("old", "default", "pod-old", "node-b", k8s.ReasonOffline, time.Minute, "10.0.0.7")
 	h.pass()
 	h.check(expect{drains: map[bpf.EndpointKey]bpf.Policy{wildcard("10.0.0.7", bpf.TCP): bpf.PolicyRefuse, wildcard("10.0.0.7", bpf.UDP): bpf.PolicyRefuse}})
@@ -344,6 +346,7 @@ func TestPodIPReuseLocal(t *testing.T) {
 
 func TestRegistryOnlyLease(t *testing.T) {
 	h := newHarness(t)
+	h.podElsewhere("nacos-client", "reg", "node-b", "10.0.0.5", "fd00::5")
 	h.lease("reg", "default", "nacos-client", "node-b", k8s.ReasonOffline, time.Minute, "10.0.0.5", "fd00::5")
 	h.pass()
 	h.check(expect{drains: map[bpf.EndpointKey]bpf.Policy{
@@ -352,6 +355,7 @@ func TestRegistryOnlyLease(t *testing.T) {
 	}})
 	// Off, when configured so.
 	h2 := newHarness(t, func(c *Config) { c.RegistryOnlyPolicy = bpf.PolicyOff })
+	h2.podElsewhere("nacos-client", "reg", "node-b", "10.0.0.5")
 	h2.lease("reg", "default", "nacos-client", "node-b", k8s.ReasonOffline, time.Minute, "10.0.0.5")
 	h2.pass()
 	h2.check(expect{drains: map[bpf.EndpointKey]bpf.Policy{wildcard("10.0.0.5", bpf.TCP): bpf.PolicyOff, wildcard("10.0.0.5", bpf.UDP): bpf.PolicyOff}})
@@ -360,7 +364,7 @@ func TestRegistryOnlyLease(t *testing.T) {
 func TestLeaseBeforeSlice(t *testing.T) {
 	h := newHarness(t)
 	h.addService(webService())
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(ready("10.0.0.1", "a"), "node-b"), ready("10.0.0.2", "b")))
 	h.pass()
 	// The Lease arrives before any slice changes: the pod drains now.
 	h.lease("a", "default", "pod-a", "node-b", k8s.ReasonOffline, time.Minute, "10.0.0.1")
@@ -377,7 +381,7 @@ func TestLeaseBeforeSlice(t *testing.T) {
 func TestLeaseExpiry(t *testing.T) {
 	h := newHarness(t)
 	h.addService(webService())
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(ready("10.0.0.1", "a"), "node-b"), ready("10.0.0.2", "b")))
 	h.lease("a", "default", "pod-a", "node-b", k8s.ReasonOffline, 30*time.Second, "10.0.0.1")
 	next := h.d.sync()
 	if want := h.clock.Now().Add(30 * time.Second); !next.Equal(want) {
@@ -400,7 +404,7 @@ func TestLeaseExpiry(t *testing.T) {
 func TestRestartWithLeasesPresent(t *testing.T) {
 	h := newHarness(t)
 	h.addService(webService())
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(ready("10.0.0.1", "a"), "node-b"), ready("10.0.0.2", "b")))
 	h.lease("a", "default", "pod-a", "node-b", k8s.ReasonOffline, time.Minute, "10.0.0.1")
 	h.pass()
 	want := h.describe()

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net"
 	"net/http"
@@ -13,6 +14,9 @@ import (
 	"strconv"
 	"time"
 
+	"golang.org/x/net/netutil"
+	"k8s.io/apimachinery/pkg/types"
+
 	"github.com/draind/draind/k8s"
 )
 
@@ -20,30 +24,38 @@ import (
 const maxQuiet = 5 * time.Minute
 
 // offline starts (or joins) the drain of the pod calling from ip and, with
-// wait > 0, blocks until it is drained or wait passes.
+// wait > 0, blocks until it is drained, wait passes, or the caller goes
+// away.
 func (l *hostedDrains) offline(ctx context.Context, ip netip.Addr, wait, quiet time.Duration) OfflineResult {
 	p := l.podByIP(ip)
 	if p == nil {
 		return OfflineResult{Error: fmt.Sprintf("%s is not a pod on node %s", ip, l.cfg.Node), code: http.StatusForbidden}
 	}
-	now := l.cfg.Clock.Now()
-	l.mu.Lock()
-	if wait > 0 {
-		// Reserve the slot now: the check and the count must be one step.
-		if l.nwait >= l.cfg.MaxWaiters {
-			l.mu.Unlock()
-			return OfflineResult{Pod: p.Namespace + "/" + p.Name, Error: "too many concurrent waits", code: http.StatusTooManyRequests}
-		}
-		l.nwait++
+	if wait > 0 && !l.reserve(p.UID) {
+		return OfflineResult{Pod: p.Namespace + "/" + p.Name, Error: "too many concurrent waits", code: http.StatusTooManyRequests}
 	}
-	reserved := wait > 0
-	defer func() {
-		if reserved { // the call ended before it became a waiter
+	now := l.cfg.Clock.Now()
+	ld, err := l.join(ctx, p, now)
+	if err != nil {
+		if wait > 0 {
 			l.mu.Lock()
-			l.nwait--
+			l.release(p.UID)
 			l.mu.Unlock()
 		}
-	}()
+		return OfflineResult{Pod: p.Namespace + "/" + p.Name, Error: "publishing the drain: " + err.Error(), code: http.StatusServiceUnavailable}
+	}
+	if wait <= 0 {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return l.resultOf(ld, now, nil, ld.state, http.StatusOK)
+	}
+	return l.wait(ctx, ld, &waiter{quiet: quiet, deadline: now.Add(wait), started: now, done: make(chan OfflineResult, 1)})
+}
+
+// join starts the pod's drain, or joins the one in progress, and makes
+// sure its Lease is published before the caller is answered.
+func (l *hostedDrains) join(ctx context.Context, p *k8s.Pod, now time.Time) (*hostedDrain, error) {
+	l.mu.Lock()
 	ld := l.pods[p.UID]
 	created := ld == nil || ld.state == StateCancelled
 	if created {
@@ -51,26 +63,26 @@ func (l *hostedDrains) offline(ctx context.Context, ip netip.Addr, wait, quiet t
 	}
 	needPublish := !ld.published
 	l.mu.Unlock()
-	if needPublish {
-		if err := l.publish(ctx, ld, now); err != nil {
-			l.mu.Lock()
-			if created && l.pods[p.UID] == ld && !ld.published {
-				delete(l.pods, p.UID)
-			}
-			l.mu.Unlock()
-			return OfflineResult{Pod: p.Namespace + "/" + p.Name, Error: "publishing the drain: " + err.Error(), code: http.StatusServiceUnavailable}
+	if !needPublish {
+		return ld, nil
+	}
+	if err := l.publish(ctx, ld, now); err != nil {
+		l.mu.Lock()
+		if created && l.pods[p.UID] == ld && !ld.published {
+			delete(l.pods, p.UID)
 		}
-		l.cfg.RequestPass()
-	}
-	l.mu.Lock()
-	if wait <= 0 {
-		r := l.resultOf(ld, now, nil, ld.state, http.StatusOK)
 		l.mu.Unlock()
-		return r
+		return nil, err
 	}
-	w := &waiter{quiet: quiet, deadline: now.Add(wait), started: now, done: make(chan OfflineResult, 1)}
+	l.cfg.RequestPass()
+	return ld, nil
+}
+
+// wait queues w on the drain (its slot is reserved) and blocks until it is
+// settled or the caller goes away.
+func (l *hostedDrains) wait(ctx context.Context, ld *hostedDrain, w *waiter) OfflineResult {
+	l.mu.Lock()
 	ld.waiters = append(ld.waiters, w)
-	reserved = false                // the waiter owns the slot now; settling releases it
 	l.settle(ld, l.cfg.Clock.Now()) // maybe drained already: judge it at this instant
 	l.mu.Unlock()
 	l.wake()
@@ -83,11 +95,34 @@ func (l *hostedDrains) offline(ctx context.Context, ip netip.Addr, wait, quiet t
 		for i, x := range ld.waiters {
 			if x == w {
 				ld.waiters = append(ld.waiters[:i], ld.waiters[i+1:]...)
-				l.nwait--
+				l.release(ld.uid)
 				return OfflineResult{Error: "caller went away", code: 499}
 			}
 		}
 		return <-w.done // settled meanwhile
+	}
+}
+
+// reserve takes a wait slot for a pod: at most MaxWaitersPerPod per pod,
+// and MaxWaiters on the node, except that a pod's first wait is never
+// refused for the node-wide cap: one pod (or a few) cannot starve another.
+func (l *hostedDrains) reserve(uid types.UID) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := l.podWaits[uid]
+	if n >= l.cfg.MaxWaitersPerPod || (n > 0 && l.nwait >= l.cfg.MaxWaiters) {
+		return false
+	}
+	l.podWaits[uid] = n + 1
+	l.nwait++
+	return true
+}
+
+// release gives a wait slot back (l.mu held).
+func (l *hostedDrains) release(uid types.UID) {
+	l.nwait--
+	if l.podWaits[uid]--; l.podWaits[uid] <= 0 {
+		delete(l.podWaits, uid)
 	}
 }
 
@@ -207,6 +242,10 @@ func (d *Daemon) Handler() http.Handler {
 
 func (d *Daemon) serveOffline(w http.ResponseWriter, r *http.Request) {
 	const path = "/v1/offline"
+	if err := d.readBody(w, r); err != nil {
+		d.reply(w, path, OfflineResult{Error: "reading the request body: " + err.Error(), code: bodyErrorCode(err)})
+		return
+	}
 	if !d.Ready() {
 		d.reply(w, path, OfflineResult{Error: errNotReady.Error(), code: http.StatusServiceUnavailable})
 		return
@@ -226,6 +265,10 @@ func (d *Daemon) serveOffline(w http.ResponseWriter, r *http.Request) {
 
 func (d *Daemon) serveOnline(w http.ResponseWriter, r *http.Request) {
 	const path = "/v1/online"
+	if err := d.readBody(w, r); err != nil {
+		d.reply(w, path, OfflineResult{Error: "reading the request body: " + err.Error(), code: bodyErrorCode(err)})
+		return
+	}
 	if !d.Ready() {
 		d.reply(w, path, OfflineResult{Error: errNotReady.Error(), code: http.StatusServiceUnavailable})
 		return
@@ -236,6 +279,16 @@ func (d *Daemon) serveOnline(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d.reply(w, path, d.hosted.online(r.Context(), ip))
+}
+
+// bodyErrorCode answers a body that failed to arrive: too large (413) or
+// too slow (408).
+func bodyErrorCode(err error) int {
+	var tooLarge *http.MaxBytesError
+	if errors.As(err, &tooLarge) {
+		return http.StatusRequestEntityTooLarge
+	}
+	return http.StatusRequestTimeout
 }
 
 // reply writes an answer and counts it.
@@ -268,12 +321,49 @@ func (d *Daemon) NewHTTPServer(addr string) *http.Server {
 		Addr:    addr,
 		Handler: d.Handler(),
 		// No ReadTimeout: it would also cancel the context of a long
-		// ?wait= call. Bodies are tiny and capped by MaxBytesHandler.
+		// ?wait= call. The body has its own deadline (readBody), and
+		// bodies are capped by MaxBytesHandler.
 		ReadHeaderTimeout: d.cfg.HeaderTimeout,
 		WriteTimeout:      d.cfg.MaxWait + 30*time.Second,
 		IdleTimeout:       60 * time.Second,
 		MaxHeaderBytes:    8 << 10,
+		ConnState:         d.countConn,
 	}
+}
+
+// ServeOffline serves the offline API on l until ctx ends, with at most
+// MaxConnections open at once (more wait in the kernel's accept queue).
+func (d *Daemon) ServeOffline(ctx context.Context, l net.Listener) error {
+	return Serve(ctx, d.NewHTTPServer(l.Addr().String()), netutil.LimitListener(l, d.cfg.MaxConnections))
+}
+
+// countConn tracks the offline API's open connections (status, tests).
+func (d *Daemon) countConn(_ net.Conn, st http.ConnState) {
+	switch st {
+	case http.StateNew:
+		d.conns.Add(1)
+	case http.StateClosed, http.StateHijacked:
+		d.conns.Add(-1)
+	}
+}
+
+func (d *Daemon) openConnections() int { return int(d.conns.Load()) }
+
+// readBody reads (and drops) the request body within BodyTimeout, then lifts
+// the deadline. Until the body is read the server does not watch the
+// connection, so a caller that went away would hold its wait slot until
+// the wait ended; a body that never comes would hold the connection.
+func (d *Daemon) readBody(w http.ResponseWriter, r *http.Request) error {
+	rc := http.NewResponseController(w)
+	if err := rc.SetReadDeadline(d.clock.Now().Add(d.cfg.BodyTimeout)); err != nil {
+		return nil // not a connection that supports deadlines (tests)
+	}
+	if _, err := io.Copy(io.Discard, r.Body); err != nil {
+		w.Header().Set("Connection", "close") // what is left of the body is never read
+		return err
+	}
+	rc.SetReadDeadline(time.Time{})
+	return nil
 }
 
 // ErrServerClosed is returned by Serve after Shutdown.

@@ -35,11 +35,14 @@ func newHTTPFixture(t *testing.T, mod ...func(*Config)) *httpFixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := h.d.NewHTTPServer(l.Addr().String())
 	ctx, cancel := context.WithCancel(h.ctx)
 	done := make(chan struct{})
-	go func() { Serve(ctx, srv, l); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	go func() { h.d.ServeOffline(ctx, l); close(done) }()
+	t.Cleanup(func() {
+		h.d.hosted.cancelAll("the test is over") // pending waits answer, as at a stop
+		cancel()
+		<-done
+	})
 	return &httpFixture{harness: h, addr: l.Addr().String()}
 }
 
@@ -131,7 +134,7 @@ func TestOfflineAPISlowClient(t *testing.T) {
 
 func TestOfflineAPIManyWaitsBounded(t *testing.T) {
 	const limit, callers = 100, 1000
-	f := newHTTPFixture(t, func(c *Config) { c.MaxWaiters = limit })
+	f := newHTTPFixture(t, func(c *Config) { c.MaxWaiters, c.MaxWaitersPerPod = limit, limit })
 	f.openConn2("127.0.0.1:8080") // keeps the pod from draining meanwhile
 	runtime.GC()
 	var before runtime.MemStats

@@ -1,10 +1,13 @@
 package daemon
 
 import (
+	"net/netip"
 	"runtime/debug"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/draind/draind/k8s"
 )
 
 // One reconciler pass, run by the runner: take what changed, update the
@@ -101,13 +104,26 @@ func (d *Daemon) apply(now time.Time, changedAt []time.Time) {
 // be reached to renew the Lease).
 func (d *Daemon) podDrains(now time.Time) map[types.UID]*podDrain {
 	out := map[types.UID]*podDrain{}
+	local := map[netip.Addr]*k8s.Pod{}
+	for _, p := range d.state.LocalPods() {
+		for _, ip := range p.IPs {
+			local[ip] = p
+		}
+	}
+	names := map[string]bool{}
 	for _, l := range d.state.DrainLeases() {
+		names[l.Name] = true
 		if !l.Expires().After(now) {
 			continue
 		}
-		out[l.PodUID] = &podDrain{UID: l.PodUID, Namespace: l.PodNamespace, Name: l.PodName, IPs: l.IPs,
+		ips, ok := d.honouredIPs(l, local)
+		if !ok {
+			continue
+		}
+		out[l.PodUID] = &podDrain{UID: l.PodUID, Namespace: l.PodNamespace, Name: l.PodName, IPs: ips,
 			Reason: l.Reason, Since: l.Acquired, Expires: l.Expires(), Holder: l.Holder, Lease: true, State: l.State}
 	}
+	d.leaseTrust.forgetExcept(names)
 	for _, pd := range d.hosted.podDrains() {
 		out[pd.UID] = pd
 	}

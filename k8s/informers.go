@@ -37,6 +37,8 @@ type Informers struct {
 
 	// Malformed counts objects that could not be (fully) converted.
 	Malformed atomic.Uint64
+
+	node string
 }
 
 // IndexByService indexes slices by "namespace/service".
@@ -44,7 +46,7 @@ const IndexByService = "service"
 
 // NewInformers builds the informers; Start runs them.
 func NewInformers(client kubernetes.Interface, cfg Config) *Informers {
-	inf := &Informers{}
+	inf := &Informers{node: cfg.NodeName}
 	// Streaming lists (WatchList) only where the client supports them: the
 	// fake clientset of the tests does not.
 	lw := func(l *cache.ListWatch) cache.ListerWatcher {
@@ -231,11 +233,13 @@ func (inf *Informers) SlicesInNamespace(ns string) []*Slice {
 	return out
 }
 
-// LocalPods returns this node's cached pods.
+// LocalPods returns this node's cached pods. The watch selects them by
+// spec.nodeName already; the check here keeps a pod of another node out
+// whatever the API (or a test's fake) sends.
 func (inf *Informers) LocalPods() []*Pod {
 	var out []*Pod
 	for _, o := range inf.Pods.GetStore().List() {
-		if p, ok := o.(*Pod); ok {
+		if p, ok := o.(*Pod); ok && (inf.node == "" || p.Node == inf.node) {
 			out = append(out, p)
 		}
 	}

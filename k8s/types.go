@@ -17,6 +17,10 @@ import (
 	"github.com/draind/draind/bpf"
 )
 
+// ManagedByController is the managed-by label value of the slices the
+// EndpointSlice controller writes for Services with a selector.
+const ManagedByController = "endpointslice-controller.k8s.io"
+
 // AnnotationPodIPSteering selects a Service's pod-IP policy.
 const AnnotationPodIPSteering = "draind.io/pod-ip-steering"
 
@@ -55,6 +59,8 @@ type Service struct {
 	InternalLocal bool
 	// PodIPSteering is the raw annotation value ("" if absent).
 	PodIPSteering string
+	// HasSelector: the EndpointSlice controller lists its pods.
+	HasSelector bool
 }
 
 // ServicePort is one port of a Service.
@@ -74,10 +80,23 @@ const (
 // Slice is the slim form of a discovery/v1 EndpointSlice.
 type Slice struct {
 	metav1.ObjectMeta
-	Service   string // the kubernetes.io/service-name label
-	Family    Family
+	Service string // the kubernetes.io/service-name label
+	// Controller: the EndpointSlice controller manages it (its managed-by
+	// label). Together with a selector on the Service this is the
+	// cluster's own record that the endpoints are the Service's pods; the
+	// label alone can be forged (see the README's trust model).
+	Controller bool
+	Family     Family
 	Ports     []SlicePort
 	Endpoints []Endpoint
+}
+
+// Trusted reports whether the slice is the cluster's own record of svc's
+// pods: the EndpointSlice controller's, for a Service with a selector (the
+// controller lists only pods the selector picks, in the Service's
+// namespace, with their real addresses and nodes).
+func (s *Slice) Trusted(svc *Service) bool {
+	return s.Controller && svc != nil && svc.HasSelector
 }
 
 // SlicePort is one port of a slice (the resolved target port).
@@ -116,6 +135,12 @@ type Pod struct {
 	HostNetwork bool
 	Ready       bool
 	Phase       corev1.PodPhase
+}
+
+// Finished reports whether all its containers ended for good: its IP may
+// already be another pod's.
+func (p *Pod) Finished() bool {
+	return p.Phase == corev1.PodSucceeded || p.Phase == corev1.PodFailed
 }
 
 // Deleting reports whether the pod has been asked to stop.
@@ -160,7 +185,8 @@ var nodeNames interner
 // SliceFrom converts an EndpointSlice. ok is false for slices draind ignores
 // (FQDN, no service label). Malformed addresses are skipped, never fatal.
 func SliceFrom(s *discoveryv1.EndpointSlice) (sl *Slice, skipped int) {
-	out := &Slice{ObjectMeta: slimMeta(&s.ObjectMeta), Service: s.Labels[discoveryv1.LabelServiceName]}
+	out := &Slice{ObjectMeta: slimMeta(&s.ObjectMeta), Service: s.Labels[discoveryv1.LabelServiceName],
+		Controller: s.Labels[discoveryv1.LabelManagedBy] == ManagedByController}
 	switch s.AddressType {
 	case discoveryv1.AddressTypeIPv4:
 		out.Family = IPv4
@@ -220,7 +246,10 @@ func SliceFrom(s *discoveryv1.EndpointSlice) (sl *Slice, skipped int) {
 		if e.NodeName != nil {
 			ep.Node = nodeNames.get(*e.NodeName)
 		}
-		if r := e.TargetRef; r != nil && (r.Kind == "Pod" || r.Kind == "") {
+		// A Pod of another namespace is no pod of this slice's Service:
+		// the endpoint is kept (kube-proxy routes to it), its identity
+		// is not.
+		if r := e.TargetRef; r != nil && (r.Kind == "Pod" || r.Kind == "") && (r.Namespace == "" || r.Namespace == s.Namespace) {
 			ep.PodUID = r.UID
 			ep.PodName = r.Name
 		}
@@ -236,6 +265,7 @@ func ServiceFrom(s *corev1.Service) (*Service, int) {
 		AffinityClientIP: s.Spec.SessionAffinity == corev1.ServiceAffinityClientIP,
 		InternalLocal:    s.Spec.InternalTrafficPolicy != nil && *s.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal,
 		PodIPSteering:    s.Annotations[AnnotationPodIPSteering],
+		HasSelector:      len(s.Spec.Selector) > 0,
 	}
 	skipped := 0
 	if s.Spec.Type != corev1.ServiceTypeExternalName {

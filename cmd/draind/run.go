@@ -275,7 +275,7 @@ func serve(ctx context.Context, o *runOptions, d *daemon.Daemon, ls *listeners, 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return d.Run(gctx) })
 	if ls.offline != nil {
-		g.Go(func() error { return daemon.Serve(gctx, d.NewHTTPServer(o.offlineAddr), ls.offline) })
+		g.Go(func() error { return d.ServeOffline(gctx, ls.offline) })
 	}
 	if ls.metrics != nil {
 		mux := http.NewServeMux()

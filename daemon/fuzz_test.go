@@ -1,0 +1,141 @@
+package daemon
+
+import (
+	"encoding/json"
+	"net/url"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/draind/draind/bpf"
+	"github.com/draind/draind/k8s"
+)
+
+// FuzzParseOfflineQuery: any query either fails or yields durations within
+// their bounds (never NaN, negative or beyond the caps).
+func FuzzParseOfflineQuery(f *testing.F) {
+	for _, seed := range []string{"", "wait=60s", "wait=30&quiet=1.5", "wait=NaN", "quiet=Inf", "wait=-1s",
+		"wait=1e300", "wait=9999999999h", "wait=1s&wait=2s", "wiat=1", "quiet=6m", "wait=%zz", "quiet=0x10", "wait=1_0"} {
+		f.Add(seed)
+	}
+	const maxWait = 10 * time.Minute
+	f.Fuzz(func(t *testing.T, raw string) {
+		q, err := url.ParseQuery(raw)
+		if err != nil {
+			return
+		}
+		req, err := parseOfflineQuery(q, 2*time.Second, maxWait)
+		if err != nil {
+			return
+		}
+		if req.wait < 0 || req.wait > maxWait || req.quiet < 0 || req.quiet > maxQuiet {
+			t.Fatalf("%q gave wait %v quiet %v", raw, req.wait, req.quiet)
+		}
+	})
+}
+
+// fuzzState is an in-memory State for the model fuzzer.
+type fuzzState struct {
+	svc    *k8s.Service
+	slices []*k8s.Slice
+	leases []*k8s.DrainLease
+	pods   []*k8s.Pod
+}
+
+func (s *fuzzState) Service(key string) *k8s.Service {
+	if s.svc != nil && s.svc.Namespace+"/"+s.svc.Name == key {
+		return s.svc
+	}
+	return nil
+}
+func (s *fuzzState) SlicesOf(key string) []*k8s.Slice {
+	var out []*k8s.Slice
+	for _, sl := range s.slices {
+		if sl.Namespace+"/"+sl.Service == key {
+			out = append(out, sl)
+		}
+	}
+	return out
+}
+func (s *fuzzState) SlicesInNamespace(ns string) []*k8s.Slice { return s.slices }
+func (s *fuzzState) DrainLeases() []*k8s.DrainLease            { return s.leases }
+func (s *fuzzState) LocalPods() []*k8s.Pod                      { return s.pods }
+
+// FuzzModel feeds API objects as an attacker (or a buggy controller) could
+// write them, annotations included, through the slim transforms, the
+// categorisation, the model and the merge into entries: nothing panics,
+// and every entry that rewrites names a backend set that exists.
+func FuzzModel(f *testing.F) {
+	svc, _ := json.Marshal(corev1.Service{Spec: corev1.ServiceSpec{ClusterIPs: []string{"10.96.0.10", "fd00:96::10"},
+		Selector: map[string]string{"app": "web"}, Ports: []corev1.ServicePort{{Name: "http", Port: 80}, {Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP}}}})
+	sl, _ := json.Marshal(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b"), notReady("10.0.0.3", "c")))
+	pod, _ := json.Marshal(pod("pod-a", "a", "10.0.0.1"))
+	lease, _ := json.Marshal(coordinationv1.Lease{})
+	f.Add(svc, sl, pod, lease, "rewrite")
+	f.Add(svc, sl, pod, lease, "refuse")
+	f.Add(svc, sl, pod, lease, "bogus\x00value")
+	f.Add([]byte(`{"metadata":{"name":"web","namespace":"default"},"spec":{"clusterIP":"None","ports":[{"port":70000}]}}`),
+		[]byte(`{"metadata":{"name":"x","namespace":"default","labels":{"kubernetes.io/service-name":"web","endpointslice.kubernetes.io/managed-by":"endpointslice-controller.k8s.io"}},"addressType":"IPv4","ports":[{"port":-1}],"endpoints":[{"addresses":["::1"]},{"addresses":[]},{"addresses":["10.0.0.1"],"targetRef":{"kind":"Pod","namespace":"other","uid":"z"}}]}`),
+		[]byte(`{"status":{"podIPs":[{"ip":"junk"}]}}`),
+		[]byte(`{"metadata":{"name":"drain-z","annotations":{"draind.io/pod-uid":"z","draind.io/pod-name":"p","draind.io/pod-namespace":"default","draind.io/pod-ips":"10.0.0.1,::ffff:10.0.0.1,zz"}},"spec":{"leaseDurationSeconds":-5}}`),
+		"off")
+	f.Fuzz(func(t *testing.T, svcJSON, sliceJSON, podJSON, leaseJSON []byte, policy string) {
+		var (
+			s  corev1.Service
+			es discoveryv1.EndpointSlice
+			p  corev1.Pod
+			l  coordinationv1.Lease
+		)
+		st := &fuzzState{}
+		if json.Unmarshal(svcJSON, &s) == nil {
+			s.Name, s.Namespace = "web", "default"
+			if s.Annotations == nil {
+				s.Annotations = map[string]string{}
+			}
+			s.Annotations[k8s.AnnotationPodIPSteering] = policy
+			st.svc, _ = k8s.ServiceFrom(&s)
+		}
+		if json.Unmarshal(sliceJSON, &es) == nil {
+			es.Namespace = "default"
+			sl, _ := k8s.SliceFrom(&es)
+			st.slices = append(st.slices, sl)
+		}
+		if json.Unmarshal(podJSON, &p) == nil {
+			st.pods = append(st.pods, k8s.PodFrom(&p))
+		}
+		if json.Unmarshal(leaseJSON, &l) == nil {
+			if dl, err := k8s.ParseLease(&l); err == nil {
+				st.leases = append(st.leases, dl)
+			}
+		}
+		cl := newClaims()
+		for _, sl := range st.slices {
+			cl.setSlice(sl.Namespace+"/"+sl.Name, sl)
+		}
+		cl.setLocalPods(st.pods)
+		m := newModel(ModelConfig{Node: testNode, EntryTTL: time.Minute, Linger: time.Minute, RegistryOnlyPolicy: bpf.PolicyRefuse}, st, cl)
+		now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+		drains := map[types.UID]*podDrain{}
+		for _, dl := range st.leases {
+			drains[dl.PodUID] = &podDrain{UID: dl.PodUID, Namespace: dl.PodNamespace, Name: dl.PodName, IPs: dl.IPs, Reason: dl.Reason, Expires: dl.Expires()}
+		}
+		m.setPodDrains(drains)
+		m.recomputeService("default/web", now)
+		st.slices = nil // every endpoint departs
+		m.recomputeService("default/web", now.Add(time.Second))
+		for k := range m.contributions {
+			dr, ok := m.desiredDrain(k, now)
+			if !ok || dr.Policy != bpf.PolicyRewrite {
+				continue
+			}
+			if _, be := m.desiredServicePort(dr.Service, now); be == nil || len(be.Backends) == 0 {
+				t.Fatalf("%v rewrites to service-port %d, which has no backends", k, dr.Service)
+			}
+		}
+		m.podStatuses()
+	})
+}

@@ -1,0 +1,365 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/draind/draind/bpf"
+	"github.com/draind/draind/conntrack"
+	"github.com/draind/draind/k8s"
+)
+
+// Issue 12: nothing a tenant or a stranger writes moves or cuts other
+// people's traffic, or exhausts the node agent.
+
+// handWritten makes a slice look written by a tenant: no controller label.
+func handWritten(s *discoveryv1.EndpointSlice) *discoveryv1.EndpointSlice {
+	delete(s.Labels, discoveryv1.LabelManagedBy)
+	return s
+}
+
+func inNamespace(ns string, s *discoveryv1.EndpointSlice) *discoveryv1.EndpointSlice {
+	s.Namespace = ns
+	for i := range s.Endpoints {
+		if r := s.Endpoints[i].TargetRef; r != nil {
+			r.Namespace = ns
+		}
+	}
+	return s
+}
+
+func noSelector(s *corev1.Service) { s.Spec.Selector = nil }
+
+func inNS(ns string) svcOpt { return func(s *corev1.Service) { s.Namespace = ns } }
+
+func ipSteered(h *harness, ip string) []string {
+	var out []string
+	for _, dr := range mustDump(h.t, h.dp).Drains {
+		if dr.Key.Addr == netip.MustParseAddr(ip) {
+			out = append(out, fmt.Sprintf("%v %v", dr.Key, dr.Policy))
+		}
+	}
+	return out
+}
+
+// victimFixture: tenant B's pod 10.0.5.1 is a ready endpoint of B's own
+// Service; tenant A has a Service with its own ready pod 10.0.6.1.
+func victimFixture(t *testing.T) *harness {
+	h := newHarness(t, func(c *Config) { c.GoneGrace = time.Second })
+	h.addService(svc("web-b", []string{"10.96.0.50"}, []corev1.ServicePort{port("http", 80, corev1.ProtocolTCP)}, inNS("b")))
+	h.putSlice(inNamespace("b", slice("web-b-1", "web-b", v4, httpPorts(8080), ready("10.0.5.1", "pod-b"))))
+	h.addService(svc("web-a", []string{"10.96.0.60"}, []corev1.ServicePort{port("http", 80, corev1.ProtocolTCP)}, inNS("a")))
+	h.putSlice(inNamespace("a", slice("web-a-1", "web-a", v4, httpPorts(8080), ready("10.0.6.1", "pod-a"))))
+	h.pass()
+	return h
+}
+
+// TestHostileCrossNamespaceSlice: a slice tenant A writes by hand, listing
+// B's pod IP as not ready next to A's own ready pod, never changes where
+// connections to B's IP go, and deleting it never expires B's flows.
+func TestHostileCrossNamespaceSlice(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		slice func() *discoveryv1.EndpointSlice
+		svc   []svcOpt
+	}{
+		{"hand-written slice", func() *discoveryv1.EndpointSlice {
+			return handWritten(inNamespace("a", slice("evil", "web-a", v4, httpPorts(8080), notReady("10.0.5.1", "pod-b"), ready("10.0.6.1", "pod-a"))))
+		}, nil},
+		{"a forged controller label on a Service without a selector", func() *discoveryv1.EndpointSlice {
+			return inNamespace("a", slice("evil", "web-x", v4, httpPorts(8080), notReady("10.0.5.1", "pod-b"), ready("10.0.6.1", "pod-a")))
+		}, []svcOpt{inNS("a"), noSelector}},
+		{"a targetRef into another namespace", func() *discoveryv1.EndpointSlice {
+			s := inNamespace("a", slice("evil", "web-a", v4, httpPorts(8080), notReady("10.0.5.1", "pod-b"), ready("10.0.6.1", "pod-a")))
+			s.Endpoints[0].TargetRef.Namespace = "b"
+			return s
+		}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := victimFixture(t)
+			if tc.svc != nil {
+				h.addService(svc("web-x", []string{"10.96.0.70"}, []corev1.ServicePort{port("http", 80, corev1.ProtocolTCP)}, tc.svc...))
+			}
+			evil := tc.slice()
+			h.putSlice(evil)
+			h.pass()
+			if got := ipSteered(h, "10.0.5.1"); len(got) != 0 {
+				t.Fatalf("tenant A's slice steers B's pod IP: %v\n%s", got, h.describe())
+			}
+			// B's established flow survives the slice's deletion.
+			h.ct.AddFlow(flowTo("10.0.5.1:8080"))
+			h.deleteSlice("a", evil.Name)
+			h.pass()
+			h.clock.Step(2 * time.Second)
+			h.pass()
+			h.d.conntrackPolicy.pass(h.ctx)
+			for _, call := range h.ct.ExpireCalls() {
+				for _, f := range call {
+					if f.ReplySrc.Addr() == netip.MustParseAddr("10.0.5.1") {
+						t.Fatalf("B's flows expired by A's slice: %+v", f)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestHostileForgedReadyClaim: a hand-written slice listing B's drained pod
+// IP as ready (under another pod) does not void B's drain.
+func TestHostileForgedReadyClaim(t *testing.T) {
+	h := victimFixture(t)
+	h.putSlice(inNamespace("b", slice("web-b-1", "web-b", v4, httpPorts(8080), terminating("10.0.5.1", "pod-b"), ready("10.0.5.2", "pod-b2"))))
+	h.pass()
+	if len(ipSteered(h, "10.0.5.1")) == 0 {
+		t.Fatalf("B's terminating pod is not steered:\n%s", h.describe())
+	}
+	h.putSlice(handWritten(inNamespace("a", slice("evil", "web-a", v4, httpPorts(8080), ready("10.0.5.1", "pod-a")))))
+	h.pass()
+	if len(ipSteered(h, "10.0.5.1")) == 0 {
+		t.Fatalf("a tenant's ready listing voided B's drain:\n%s", h.describe())
+	}
+}
+
+// TestHostileLeaseHolder: a drain Lease is honoured only when its holder is
+// the node hosting the pod, and only for the pod's own IPs.
+func TestHostileLeaseHolder(t *testing.T) {
+	h := newHarness(t)
+	h.addService(webService())
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(ready("10.0.0.1", "a"), "node-b"), onNode(ready("10.0.0.2", "b"), "node-b")))
+	// node-c claims node-b's pod.
+	h.lease("a", "default", "pod-a", "node-c", k8s.ReasonOffline, time.Minute, "10.0.0.1")
+	h.pass()
+	if got := ipSteered(h, "10.0.0.1"); len(got) != 0 {
+		t.Fatalf("a Lease held by a node that does not host the pod drains it: %v", got)
+	}
+	h.deleteLease("a")
+	// node-b names the pod, plus an IP that is not the pod's.
+	h.lease("a", "default", "pod-a", "node-b", k8s.ReasonOffline, time.Minute, "10.0.0.1", "10.0.9.9")
+	h.pass()
+	if got := ipSteered(h, "10.0.0.1"); len(got) == 0 {
+		t.Fatalf("the hosting node's Lease is not honoured:\n%s", h.describe())
+	}
+	if got := ipSteered(h, "10.0.9.9"); len(got) != 0 {
+		t.Fatalf("a Lease drains an IP that is not its pod's: %v", got)
+	}
+}
+
+// TestHostileRegistryOnlyLease: a Lease for a pod no slice lists is honoured
+// once the pod's own object confirms the holder and IPs.
+func TestHostileRegistryOnlyLease(t *testing.T) {
+	h := newHarness(t)
+	p := pod("nacos-client", "reg", "10.0.0.5")
+	p.Spec.NodeName = "node-b"
+	if _, err := h.client.CoreV1().Pods("default").Create(h.ctx, p, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.lease("reg", "default", "nacos-client", "node-c", k8s.ReasonOffline, time.Minute, "10.0.0.5")
+	h.tick(0)
+	h.pass()
+	if got := ipSteered(h, "10.0.0.5"); len(got) != 0 {
+		t.Fatalf("a registry-only Lease from a node that does not host the pod drains it: %v", got)
+	}
+	h.deleteLease("reg")
+	h.lease("reg", "default", "nacos-client", "node-b", k8s.ReasonOffline, time.Minute, "10.0.0.5")
+	eventually(t, 5*time.Second, "the Lease to be verified", func() bool {
+		h.tick(0)
+		return len(ipSteered(h, "10.0.0.5")) == 2
+	})
+}
+
+// TestHostileAnnotationChurnMemory: a churn of large invalid annotation
+// values and of whole objects leaves the heap where it started.
+func TestHostileAnnotationChurnMemory(t *testing.T) {
+	h := newHarness(t)
+	h.addService(webService())
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+	h.pass()
+	heap := func() uint64 {
+		h.client.ClearActions() // the fake API records every call: not draind's memory
+		runtime.GC()
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	base := heap()
+	big := strings.Repeat("x", 32<<10)
+	for round := 0; round < 8; round++ {
+		for i := 0; i < 40; i++ {
+			name := fmt.Sprintf("churn-%d", i)
+			s := svc(name, []string{fmt.Sprintf("10.96.1.%d", i)}, []corev1.ServicePort{port("http", 80, corev1.ProtocolTCP)},
+				withAnnotation(fmt.Sprintf("%s-%d-%d", big, round, i)))
+			if round == 0 {
+				h.addService(s)
+				h.putSlice(slice(name+"-1", name, v4, httpPorts(8080), terminating(fmt.Sprintf("10.1.%d.1", i), name+"a"), ready(fmt.Sprintf("10.1.%d.2", i), name+"b")))
+			} else {
+				h.do(&h.d.events.services, 1, func(ctx context.Context) error {
+					_, err := h.client.CoreV1().Services("default").Update(ctx, s, metav1.UpdateOptions{})
+					return err
+				})
+			}
+		}
+		h.pass()
+	}
+	if got := testutilValue(t, h.d.Metrics.PolicyInvalid); got < 8*40 {
+		t.Errorf("%v invalid values counted, want every new one", got)
+	}
+	for i := 0; i < 40; i++ {
+		name := fmt.Sprintf("churn-%d", i)
+		h.deleteSlice("default", name+"-1")
+		h.deleteService("default", name)
+	}
+	h.pass()
+	h.clock.Step(3 * time.Minute) // lingers end
+	h.pass()
+	after := heap()
+	t.Logf("heap: %d KiB at start, %d KiB after the churn", base>>10, after>>10)
+	if after > base+2<<20 {
+		t.Errorf("the heap grew by %d KiB and stayed", (after-base)>>10)
+	}
+	if n := len(h.d.model.warned); n != 0 {
+		t.Errorf("%d warnings remembered for deleted Services", n)
+	}
+}
+
+// TestHostileOfflineSlowBody: a request body that never arrives is cut at
+// the body deadline, not held for the whole wait.
+func TestHostileOfflineSlowBody(t *testing.T) {
+	f := newHTTPFixture(t, func(c *Config) { c.BodyTimeout = 300 * time.Millisecond })
+	c, err := net.Dial("tcp", f.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	io.WriteString(c, "POST /v1/offline?wait=30s HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nab")
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	b, err := io.ReadAll(c)
+	if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Fatal("a slow body held the connection")
+	}
+	if !strings.Contains(string(b), "408") {
+		t.Errorf("answer to a slow body: %q", b)
+	}
+	if n := f.waits(); n != 0 {
+		t.Errorf("%d waits left by a slow body", n)
+	}
+}
+
+func (f *httpFixture) waits() int {
+	f.d.hosted.mu.Lock()
+	defer f.d.hosted.mu.Unlock()
+	return f.d.hosted.nwait
+}
+
+// TestHostileOfflineDisconnect: a caller that goes away while waiting is
+// noticed, with or without a request body, and gives its slot back.
+func TestHostileOfflineDisconnect(t *testing.T) {
+	for _, withBody := range []bool{false, true} {
+		t.Run(fmt.Sprintf("body=%v", withBody), func(t *testing.T) {
+			f := newHTTPFixture(t)
+			f.openConn2("127.0.0.1:8080")
+			c, err := net.Dial("tcp", f.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			req := "POST /v1/offline?wait=60s HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+			if withBody {
+				req = "POST /v1/offline?wait=60s HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nwait"
+			}
+			io.WriteString(c, req)
+			eventually(t, 10*time.Second, "the wait to start", func() bool { return f.waits() == 1 })
+			c.Close()
+			eventually(t, 10*time.Second, "the disconnect to be noticed", func() bool { return f.waits() == 0 })
+		})
+	}
+}
+
+// TestHostileOfflineConnectionCap: idle connections beyond the cap wait in
+// the kernel's queue; the process holds at most the cap.
+func TestHostileOfflineConnectionCap(t *testing.T) {
+	f := newHTTPFixture(t, func(c *Config) { c.MaxConnections = 8; c.HeaderTimeout = 30 * time.Second })
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for i := 0; i < 40; i++ {
+		c, err := net.Dial("tcp", f.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	eventually(t, 5*time.Second, "the cap to fill", func() bool { return f.d.openConnections() == 8 })
+	poll(200*time.Millisecond, func() bool { return f.d.openConnections() > 8 })
+	if n := f.d.openConnections(); n != 8 {
+		t.Fatalf("%d connections open, cap 8", n)
+	}
+}
+
+// TestHostileOfflineWaitsPerPod: one pod cannot take every wait slot: a
+// second pod's preStop still gets its drain and its wait.
+func TestHostileOfflineWaitsPerPod(t *testing.T) {
+	f := newHTTPFixture(t, func(c *Config) { c.MaxWaiters = 32; c.MaxWaitersPerPod = 4 })
+	f.putPod(pod("pod-p9", "p9", "127.0.0.9"))
+	f.openConn2("127.0.0.1:8080")
+	codes := make(chan int, 64)
+	for i := 0; i < 40; i++ {
+		go func() {
+			code, _ := f.get(t, "POST", "/v1/offline?wait=30s", "")
+			codes <- code
+		}()
+	}
+	n429 := 0
+	for n429 < 36 {
+		select {
+		case c := <-codes:
+			if c != 429 {
+				t.Fatalf("a call beyond the pod's 4 waits got %d", c)
+			}
+			n429++
+		case <-time.After(20 * time.Second):
+			t.Fatalf("only %d calls refused", n429)
+		}
+	}
+	call := f.offline(netip.MustParseAddr("127.0.0.9"), 30*time.Second, time.Second)
+	if r, answered := call.result(t); answered {
+		t.Fatalf("the other pod's wait was refused: %+v", r)
+	}
+	if n := len(f.d.state.DrainLeases()); n != 2 {
+		t.Errorf("%d drains, want both pods'", n)
+	}
+}
+
+// TestHostileOfflineCallerIdentity: when a finished pod and a running pod
+// share an IP, the running one is the caller; a finished pod never is.
+func TestHostileOfflineCallerIdentity(t *testing.T) {
+	h := localFixture(t)
+	done := pod("job-done", "j0", "10.0.0.1")
+	done.Status.Phase = corev1.PodSucceeded
+	h.putPod(done)
+	for i := 0; i < 20; i++ {
+		if p := h.d.hosted.podByIP(podIP); p == nil || p.UID != "p0" {
+			t.Fatalf("caller resolved to %+v, want the running pod p0", p)
+		}
+	}
+	h.deletePod("default", "pod-p0")
+	if p := h.d.hosted.podByIP(podIP); p != nil {
+		t.Fatalf("a finished pod was taken as the caller: %s", p.Name)
+	}
+}
+
+var _ = bpf.TCP
+var _ = conntrack.TCP
