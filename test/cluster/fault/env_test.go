@@ -278,6 +278,15 @@ func newFixture(t *testing.T, prefix string, names ...string) *fixture {
 		for _, path := range f.logs {
 			t.Logf("--- last lines of %s:\n%s", path, tail(path, 40))
 		}
+		tails := env.kc.LogTails(20)
+		names := make([]string, 0, len(tails))
+		for n := range tails {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		for _, n := range names {
+			t.Logf("--- last lines of %s:\n%s", n, tails[n])
+		}
 	})
 
 	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: f.ns}}, metav1.CreateOptions{}); err != nil {

@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/draind/draind/bpf"
+	"github.com/draind/draind/test/bed"
 	"github.com/draind/draind/test/cluster/kube"
 )
 
@@ -23,6 +24,7 @@ import (
 // items: "after a headless Service's pod is gone, its IP is refused for the
 // linger although the Service's policy is off").
 func TestFaultHeadlessGonePodNotRefused(t *testing.T) {
+	bed.RequirePrivileged(t)
 	// How long after hl-0 left its slice the test watches: draind reacts to
 	// a slice or pod change in milliseconds, so 3 s of linger is ample.
 	const observe = 3 * time.Second

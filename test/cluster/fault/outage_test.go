@@ -15,6 +15,7 @@ import (
 
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/k8s"
+	"github.com/draind/draind/test/bed"
 	"github.com/draind/draind/test/cluster/headline"
 )
 
@@ -167,6 +168,7 @@ func firstSteer(ss []mapSample, from time.Time) time.Duration {
 // Node b may fail open while the Lease has expired and it cannot hear from
 // the API server; the test prints when it did.
 func TestFaultAPIOutage(t *testing.T) {
+	bed.RequirePrivileged(t)
 	const leaseDuration = 10 * time.Second
 	const linger = 10 * time.Second
 	outage := envDuration(t, EnvOutage, 25*time.Second)

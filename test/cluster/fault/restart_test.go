@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/draind/draind/test/bed"
 	"github.com/draind/draind/test/cluster/e2e"
 	"github.com/draind/draind/test/cluster/headline"
 	"github.com/draind/draind/test/cluster/kube"
@@ -58,6 +59,7 @@ type restartRound struct {
 // connections: only draind's steering keeps them away. No new connection may
 // reach it across all restarts (issue 11, point 1).
 func TestFaultRestartLoop(t *testing.T) {
+	bed.RequirePrivileged(t)
 	rounds := envInt(t, EnvRestarts, 10)
 	seed := uint64(time.Now().UnixNano())
 	if s := envInt(t, EnvSeed, -1); s >= 0 {

@@ -9,6 +9,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/draind/draind/test/bed"
 	"github.com/draind/draind/test/cluster/kube"
 )
 
@@ -21,6 +22,7 @@ import (
 // rewritten to web-1, not refused), and no node's pinned maps hold a drain
 // entry for the IP any more (issue 11, point 3).
 func TestFaultIPReuse(t *testing.T) {
+	bed.RequirePrivileged(t)
 	tol := tolerance(t)
 	bound := time.Second + tol
 	const observe = 5 * time.Second
