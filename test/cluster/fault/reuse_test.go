@@ -143,7 +143,7 @@ func TestFaultIPReuse(t *testing.T) {
 				gone[name] = 0
 			}
 		}
-		t.Logf("  node %s: no drain entry for %s from %s after the Pod was created", name, ip4, fmtDur(gone[name]))
+		t.Logf("  node %s: drain entries for %s gone %s after the Pod was created", name, ip4, fmtDur(gone[name]))
 	}
 
 	if first.IsZero() || first.Sub(created) > bound {
@@ -154,7 +154,7 @@ func TestFaultIPReuse(t *testing.T) {
 	}
 	for name, g := range gone {
 		if g < 0 || g > bound {
-			t.Errorf("node %s's pinned maps hold a drain entry for %s %s after reuse-0 was created: want none within %v", name, ip4, fmtDur(g), bound)
+			t.Errorf("node %s's drain entries for %s gone %s after reuse-0 was created: want within %v", name, ip4, fmtDur(g), bound)
 		}
 	}
 }
