@@ -1,30 +1,48 @@
 package bpf_test
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/test/bed"
 )
 
-// benchBed: one pod network namespace holding the server and two clients
-// (loopback-equivalent: the handshake never leaves the namespace), one
-// client in the hooked pods cgroup and one in a sibling cgroup without
-// hooks; a steered VIP, and a second VIP behind 5,000 kube-proxy-style
-// service rules in the namespace's nat OUTPUT chain.
+// benchBed: one pod network namespace holding the servers and one client
+// process (loopback-equivalent: nothing leaves the namespace). The client
+// moves between three cgroups from round to round, so that every path is
+// timed from the same process (the same scheduler placement): the hooked
+// pods cgroup, a sibling cgroup without hooks, and one with empty programs
+// (the floor of the kernel's measurement);
+// a steered VIP, a draining pod IP rewritten to the server, a second VIP
+// behind 5,000 kube-proxy-style service rules in the namespace's nat OUTPUT
+// chain, and a second server inside the pods cgroup (what the SYN observer
+// sees). The kernel's BPF run-time statistics are on for the whole run.
 type benchBed struct {
-	node          *bed.Node
-	hooked, plain *bed.Proc
-	srv           netip.AddrPort
-	vipSteer      netip.AddrPort
-	vipIPT        netip.AddrPort
+	node        *bed.Node
+	pod         *bed.Pod
+	plainCg     *bed.Cgroup
+	emptyCg     *bed.Cgroup // empty programs attached: the measurement's floor
+	dp          *bpf.Datapath
+	emptyProgs  map[string]*ebpf.Program
+	client      *bed.Proc
+	srv         netip.AddrPort // TCP and UDP, outside the hooks
+	srvObserved netip.AddrPort // TCP, inside the pods cgroup, draining
+	vipSteer    netip.AddrPort
+	vipIPT      netip.AddrPort
+	podSteer    netip.AddrPort // a draining pod IP, rewritten to srv
+	draining    bool
 }
 
 func newBenchBed(b *testing.B) *benchBed {
@@ -34,6 +52,11 @@ func newBenchBed(b *testing.B) *benchBed {
 	if _, err := bpf.Probe(); err != nil {
 		b.Skipf("SKIP: kernel cannot run the datapath: %v", err)
 	}
+	stats, err := bpf.EnableRunTimeStats()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { stats.Close() })
 	tb, err := bed.New()
 	if err != nil {
 		b.Fatal(err)
@@ -51,29 +74,42 @@ func newBenchBed(b *testing.B) *benchBed {
 	if err != nil {
 		b.Fatal(err)
 	}
+	emptyCg, err := tb.Cgroup.Child("emptyhooks")
+	if err != nil {
+		b.Fatal(err)
+	}
 	srvCg, err := tb.Cgroup.Child("server")
 	if err != nil {
 		b.Fatal(err)
 	}
-	srv, err := bed.StartProc(pod.NS, srvCg, "serve", "srv", fmt.Sprintf("tcp:[::]:%d", podPort))
+	srv, err := bed.StartProc(pod.NS, srvCg, "serve", "srv", fmt.Sprintf("tcp:[::]:%d", podPort), fmt.Sprintf("udp:[::]:%d", podPort))
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { srv.Kill() })
+	observed, err := pod.Start("serve", "observed", fmt.Sprintf("tcp:[::]:%d", podPort+1))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { observed.Kill() })
 	bb := &benchBed{
-		node:     node,
-		srv:      netip.AddrPortFrom(pod.IP4, podPort),
-		vipSteer: netip.MustParseAddrPort("10.96.0.10:80"),
-		vipIPT:   netip.MustParseAddrPort("10.96.200.200:80"),
+		node:        node,
+		pod:         pod,
+		plainCg:     plainCg,
+		emptyCg:     emptyCg,
+		srv:         netip.AddrPortFrom(pod.IP4, podPort),
+		srvObserved: netip.AddrPortFrom(pod.IP4, podPort+1),
+		vipSteer:    netip.MustParseAddrPort("10.96.0.10:80"),
+		vipIPT:      netip.MustParseAddrPort("10.96.200.200:80"),
+		// On the node's pod network but no pod's: unroutable if the hook
+		// ever failed to rewrite it.
+		podSteer: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, 0, 250}), podPort),
 	}
-	if bb.hooked, err = pod.Start("client"); err != nil {
+	if bb.client, err = bed.StartProc(pod.NS, plainCg, "client"); err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() { bb.hooked.Kill() })
-	if bb.plain, err = bed.StartProc(pod.NS, plainCg, "client"); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { bb.plain.Kill() })
+	b.Cleanup(func() { bb.client.Kill() })
+	bb.emptyProgs = attachEmpty(b, emptyCg)
 
 	// 5,000 services ahead of the target in one KUBE-SERVICES-like chain,
 	// as kube-proxy's iptables mode lays them out; loaded in one restore.
@@ -111,35 +147,167 @@ func newBenchBed(b *testing.B) *benchBed {
 	if err := dp.Attach(node.Pods.Path); err != nil {
 		b.Fatal(err)
 	}
-	exp := time.Now().Add(time.Hour)
-	// Some unrelated draining state, so lookups run against non-empty maps.
-	for i := 0; i < 1000; i++ {
-		a := netip.AddrFrom4([4]byte{10, 244, 100 + byte(i/250), byte(i%250 + 1)})
-		if err := dp.UpsertDrain(bpf.Drain{Key: bpf.EndpointKey{Addr: a, Port: podPort, Proto: bpf.TCP}, Service: 1, Expires: exp}); err != nil {
-			b.Fatal(err)
-		}
-	}
-	if err := dp.SetBackends(bpf.Backends{Service: 1, Backends: []netip.AddrPort{bb.srv}, Expires: exp}); err != nil {
-		b.Fatal(err)
-	}
-	if err := dp.UpsertFrontend(bpf.Frontend{Key: bpf.EndpointKey{Addr: bb.vipSteer.Addr(), Port: 80, Proto: bpf.TCP}, Service: 1, Expires: exp}); err != nil {
-		b.Fatal(err)
-	}
+	bb.dp = dp
+	bb.setDraining(b, true)
 	// Warm up every path once (neighbour entries, conntrack, caches).
 	for _, c := range []struct {
-		p *bed.Proc
-		a netip.AddrPort
-	}{{bb.plain, bb.srv}, {bb.hooked, bb.srv}, {bb.hooked, bb.vipSteer}, {bb.plain, bb.vipIPT}} {
-		if _, err := bb.connect(c.p, c.a, 500); err != nil {
+		cg *bed.Cgroup
+		a  netip.AddrPort
+	}{{plainCg, bb.srv}, {emptyCg, bb.srv}, {pod.Cgroup, bb.srv}, {pod.Cgroup, bb.vipSteer}, {pod.Cgroup, bb.podSteer}, {plainCg, bb.vipIPT}, {plainCg, bb.srvObserved}} {
+		if _, err := bb.connect(c.cg, c.a, 500); err != nil {
 			b.Fatal(err)
 		}
 	}
 	return bb
 }
 
-// connect runs n connect+close from p to a and returns the time per connect.
-func (bb *benchBed) connect(p *bed.Proc, a netip.AddrPort, n int) (time.Duration, error) {
-	r, err := p.Call(bed.Request{Op: "bench", Addr: a.String(), N: n})
+// moveTo puts process pid into cgroup cg; the sockets it creates from then
+// on belong to cg (a socket keeps the cgroup it was created in).
+func moveTo(pid int, cg *bed.Cgroup) error {
+	if err := os.WriteFile(filepath.Join(cg.Path, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
+		return fmt.Errorf("moving %d to %s: %w", pid, cg.Path, err)
+	}
+	return nil
+}
+
+// attachEmpty attaches programs that only return 1 at connect4, sendmsg4
+// and recvmsg4 of cg. Their run time per invocation is the floor of the
+// kernel's measurement (the statistics' own clock reads and the hook's
+// dispatch): the hooks' figures are read against it.
+func attachEmpty(b *testing.B, cg *bed.Cgroup) map[string]*ebpf.Program {
+	out := map[string]*ebpf.Program{}
+	for name, at := range map[string]ebpf.AttachType{
+		"connect4": ebpf.AttachCGroupInet4Connect,
+		"sendmsg4": ebpf.AttachCGroupUDP4Sendmsg,
+		"recvmsg4": ebpf.AttachCGroupUDP4Recvmsg,
+	} {
+		p, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+			Type: ebpf.CGroupSockAddr, AttachType: at, License: "Dual BSD/GPL",
+			Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 1), asm.Return()},
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { p.Close() })
+		l, err := link.AttachCgroup(link.CgroupOptions{Path: cg.Path, Attach: at, Program: p})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { l.Close() })
+		out["empty_"+name] = p
+	}
+	return out
+}
+
+// drainState is what the maps hold while "something drains on the node":
+// 1,000 unrelated draining endpoints (so lookups run against non-empty
+// maps), the steered VIP (TCP and UDP), the draining pod IP, and the
+// observed server.
+func (bb *benchBed) drainState() ([]bpf.Backends, []bpf.Frontend, []bpf.Drain) {
+	exp := time.Now().Add(time.Hour)
+	var drains []bpf.Drain
+	for i := 0; i < 1000; i++ {
+		a := netip.AddrFrom4([4]byte{10, 244, 100 + byte(i/250), byte(i%250 + 1)})
+		drains = append(drains, bpf.Drain{Key: bpf.EndpointKey{Addr: a, Port: podPort, Proto: bpf.TCP}, Service: 1, Expires: exp})
+	}
+	drains = append(drains,
+		bpf.Drain{Key: bpf.EndpointKey{Addr: bb.podSteer.Addr(), Port: bb.podSteer.Port(), Proto: bpf.TCP}, Service: 1, Policy: bpf.PolicyRewrite, Expires: exp},
+		bpf.Drain{Key: bpf.EndpointKey{Addr: bb.srvObserved.Addr(), Port: bb.srvObserved.Port(), Proto: bpf.TCP}, Policy: bpf.PolicyOff, Expires: exp},
+	)
+	backends := []bpf.Backends{
+		{Service: 1, Backends: []netip.AddrPort{bb.srv}, Expires: exp},
+		{Service: 2, Backends: []netip.AddrPort{bb.srv}, Expires: exp},
+	}
+	frontends := []bpf.Frontend{
+		{Key: bpf.EndpointKey{Addr: bb.vipSteer.Addr(), Port: bb.vipSteer.Port(), Proto: bpf.TCP}, Service: 1, Expires: exp},
+		{Key: bpf.EndpointKey{Addr: bb.vipSteer.Addr(), Port: bb.vipSteer.Port(), Proto: bpf.UDP}, Service: 2, Expires: exp},
+	}
+	return backends, frontends, drains
+}
+
+// setDraining writes the drain state, or deletes every entry so that the
+// node is idle (the hooks' fast path).
+func (bb *benchBed) setDraining(b *testing.B, on bool) {
+	b.Helper()
+	backends, frontends, drains := bb.drainState()
+	var err error
+	for _, x := range backends {
+		if on {
+			err = errors.Join(err, bb.dp.SetBackends(x))
+		} else {
+			err = errors.Join(err, bb.dp.DeleteBackends(x.Service))
+		}
+	}
+	for _, x := range frontends {
+		if on {
+			err = errors.Join(err, bb.dp.UpsertFrontend(x))
+		} else {
+			err = errors.Join(err, bb.dp.DeleteFrontend(x.Key))
+		}
+	}
+	for _, x := range drains {
+		if on {
+			err = errors.Join(err, bb.dp.UpsertDrain(x))
+		} else {
+			err = errors.Join(err, bb.dp.DeleteDrain(x.Key))
+		}
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	if got, err := bb.dp.Draining(); err != nil || got != on {
+		b.Fatalf("draining flag %v (%v), want %v", got, err, on)
+	}
+	bb.draining = on
+}
+
+// programStats snapshots the kernel's run-time statistics by program.
+func (bb *benchBed) programStats(b *testing.B) map[string]bpf.ProgramStat {
+	b.Helper()
+	st, err := bb.dp.ProgramStats()
+	if err != nil {
+		b.Fatal(err)
+	}
+	out := map[string]bpf.ProgramStat{}
+	for _, s := range st {
+		out[s.Name] = s
+	}
+	for name, p := range bb.emptyProgs {
+		ps, err := p.Stats()
+		if err != nil {
+			b.Fatal(err)
+		}
+		out[name] = bpf.ProgramStat{Name: name, RunCount: ps.RunCount, RunTime: ps.Runtime}
+	}
+	return out
+}
+
+// kernelMetric is one program's ns per invocation over a sub-benchmark,
+// reported under unit.
+type kernelMetric struct {
+	prog string
+	unit string
+}
+
+func reportKernel(b *testing.B, before, after map[string]bpf.ProgramStat, ms []kernelMetric) {
+	b.Helper()
+	for _, m := range ms {
+		n := after[m.prog].RunCount - before[m.prog].RunCount
+		if n == 0 {
+			b.Fatalf("%s: the kernel counted no invocation (run-time statistics off?)", m.prog)
+		}
+		d := after[m.prog].RunTime - before[m.prog].RunTime
+		b.ReportMetric(float64(d)/float64(n), m.unit)
+	}
+}
+
+// connect runs n connect+close from the client, in cgroup cg, to a and
+// returns the time per connect.
+func (bb *benchBed) connect(cg *bed.Cgroup, a netip.AddrPort, n int) (time.Duration, error) {
+	if err := moveTo(bb.client.Pid(), cg); err != nil {
+		return 0, err
+	}
+	r, err := bb.client.Call(bed.Request{Op: "bench", Addr: a.String(), N: n})
 	if err != nil {
 		return 0, err
 	}
@@ -151,43 +319,68 @@ func (bb *benchBed) connect(p *bed.Proc, a netip.AddrPort, n int) (time.Duration
 
 type connectPath struct {
 	name string
-	p    *bed.Proc
+	cg   *bed.Cgroup
 	a    netip.AddrPort
 }
 
 // BenchmarkConnect measures TCP connect+close through each path, each one
 // interleaved in short rounds with the no-hook baseline (and hook_steer with
 // iptables_5000) so that machine noise hits both sides alike; it reports the
-// median per-connect time and the median of the per-round ratios.
+// median per-connect time and the median of the per-round ratios. The
+// hooks' own cost, far below that noise, comes from the kernel's run-time
+// statistics of the programs: ns per invocation of connect4 when nothing
+// drains (idle), when something else drains (miss), on a ClusterIP steer
+// and on a pod-IP rewrite, and of the SYN observer on the idle node and on
+// the packets of a draining endpoint.
 func BenchmarkConnect(b *testing.B) {
 	bb := newBenchBed(b)
-	baseline := connectPath{"baseline", bb.plain, bb.srv}
-	ipt := connectPath{"iptables_5000", bb.plain, bb.vipIPT}
+	hooked := bb.pod.Cgroup
+	baseline := connectPath{"baseline", bb.plainCg, bb.srv}
+	ipt := connectPath{"iptables_5000", bb.plainCg, bb.vipIPT}
 	cases := []struct {
-		path    connectPath
-		compare []connectPath
+		path     connectPath
+		compare  []connectPath
+		draining bool
+		kernel   []kernelMetric
 	}{
-		{baseline, nil},
-		{connectPath{"hook_idle", bb.hooked, bb.srv}, []connectPath{baseline}},
-		{connectPath{"hook_steer", bb.hooked, bb.vipSteer}, []connectPath{baseline, ipt}},
-		{ipt, []connectPath{baseline}},
+		{baseline, nil, false, nil},
+		{connectPath{"empty_prog", bb.emptyCg, bb.srv}, []connectPath{baseline}, false,
+			[]kernelMetric{{"empty_connect4", "empty-ns/invocation"}}},
+		{connectPath{"hook_idle", hooked, bb.srv}, []connectPath{baseline}, false,
+			[]kernelMetric{{"connect4", "idle-ns/invocation"}, {"observe_ingress", "observe-idle-ns/invocation"}}},
+		{connectPath{"hook_miss", hooked, bb.srv}, []connectPath{baseline}, true,
+			[]kernelMetric{{"connect4", "miss-ns/invocation"}, {"observe_ingress", "observe-ns/invocation"}}},
+		{connectPath{"hook_steer", hooked, bb.vipSteer}, []connectPath{baseline, ipt}, true,
+			[]kernelMetric{{"connect4", "clusterip-ns/invocation"}}},
+		{connectPath{"hook_podip", hooked, bb.podSteer}, []connectPath{baseline}, true,
+			[]kernelMetric{{"connect4", "podip-ns/invocation"}}},
+		{ipt, []connectPath{baseline}, true, nil},
+		{connectPath{"observe_draining", bb.plainCg, bb.srvObserved}, []connectPath{baseline}, true,
+			[]kernelMetric{{"observe_ingress", "observe-draining-ns/invocation"}}},
 	}
 	for _, c := range cases {
 		b.Run(c.path.name, func(b *testing.B) {
+			if bb.draining != c.draining {
+				bb.setDraining(b, c.draining)
+				if _, err := bb.connect(c.path.cg, c.path.a, 200); err != nil { // warm-up
+					b.Fatal(err)
+				}
+			}
 			const chunk = 1000
 			rounds := max(b.N/chunk, 15)
 			var own []float64
 			ratios := make([][]float64, len(c.compare))
 			others := make([][]float64, len(c.compare))
+			before := bb.programStats(b)
 			b.ResetTimer()
 			for r := 0; r < rounds; r++ {
-				d, err := bb.connect(c.path.p, c.path.a, chunk)
+				d, err := bb.connect(c.path.cg, c.path.a, chunk)
 				if err != nil {
 					b.Fatal(err)
 				}
 				own = append(own, float64(d))
 				for i, o := range c.compare {
-					od, err := bb.connect(o.p, o.a, chunk)
+					od, err := bb.connect(o.cg, o.a, chunk)
 					if err != nil {
 						b.Fatal(err)
 					}
@@ -196,10 +389,85 @@ func BenchmarkConnect(b *testing.B) {
 				}
 			}
 			b.StopTimer()
+			reportKernel(b, before, bb.programStats(b), c.kernel)
 			b.ReportMetric(median(own), "ns/connect")
 			for i, o := range c.compare {
 				b.ReportMetric(median(others[i]), o.name+"-ns/connect")
 				b.ReportMetric(median(ratios[i]), "x-"+o.name)
+			}
+		})
+	}
+}
+
+// sendPath is a UDP request/response path: sendto + recvfrom on an
+// unconnected socket (as musl's resolver does), from a socket created in
+// cgroup cg.
+type sendPath struct {
+	name string
+	cg   *bed.Cgroup
+	a    netip.AddrPort
+}
+
+func roundTrips(b *testing.B, p *sockProc, path sendPath, n int) float64 {
+	if err := moveTo(p.cmd.Process.Pid, path.cg); err != nil {
+		b.Fatal(err)
+	}
+	r := p.call(b, sockReq{Op: "bench", Family: "4", Addr: path.a.String(), N: n})
+	return float64(r.Elapsed) / float64(n)
+}
+
+// BenchmarkSendmsg measures UDP request/response round trips (sendto +
+// recvfrom) with no hook (baseline), through the hooks with nothing draining
+// (hook_idle) and with something else draining (hook_miss), and steered to a
+// backend with the reply's source translated back (hook_steer), interleaved
+// with the baseline like BenchmarkConnect; plus the kernel's ns per
+// invocation of sendmsg4 and recvmsg4.
+func BenchmarkSendmsg(b *testing.B) {
+	bb := newBenchBed(b)
+	client := startSockHelper(b, bb.pod.NS, bb.plainCg)
+	hooked := bb.pod.Cgroup
+	baseline := sendPath{"baseline", bb.plainCg, bb.srv}
+	cases := []struct {
+		path     sendPath
+		compare  *sendPath
+		draining bool
+		kernel   []kernelMetric
+	}{
+		{baseline, nil, false, nil},
+		{sendPath{"empty_prog", bb.emptyCg, bb.srv}, &baseline, false,
+			[]kernelMetric{{"empty_sendmsg4", "sendmsg4-empty-ns/invocation"}, {"empty_recvmsg4", "recvmsg4-empty-ns/invocation"}}},
+		{sendPath{"hook_idle", hooked, bb.srv}, &baseline, false,
+			[]kernelMetric{{"sendmsg4", "sendmsg4-idle-ns/invocation"}, {"recvmsg4", "recvmsg4-idle-ns/invocation"}}},
+		{sendPath{"hook_miss", hooked, bb.srv}, &baseline, true,
+			[]kernelMetric{{"sendmsg4", "sendmsg4-miss-ns/invocation"}, {"recvmsg4", "recvmsg4-miss-ns/invocation"}}},
+		{sendPath{"hook_steer", hooked, bb.vipSteer}, &baseline, true,
+			[]kernelMetric{{"sendmsg4", "sendmsg4-steer-ns/invocation"}, {"recvmsg4", "recvmsg4-steer-ns/invocation"}}},
+	}
+	for _, c := range cases {
+		b.Run(c.path.name, func(b *testing.B) {
+			if bb.draining != c.draining {
+				bb.setDraining(b, c.draining)
+			}
+			const chunk = 1000
+			rounds := max(b.N/chunk, 15)
+			var own, others, ratios []float64
+			before := bb.programStats(b)
+			b.ResetTimer()
+			for r := 0; r < rounds; r++ {
+				d := roundTrips(b, client, c.path, chunk)
+				own = append(own, d)
+				if c.compare != nil {
+					od := roundTrips(b, client, *c.compare, chunk)
+					others = append(others, od)
+					ratios = append(ratios, d/od)
+				}
+			}
+			b.StopTimer()
+			reportKernel(b, before, bb.programStats(b), c.kernel)
+			b.ReportMetric(median(own), "ns/datagram")
+			if c.compare != nil {
+				b.ReportMetric(median(others), "baseline-ns/datagram")
+				b.ReportMetric(median(ratios), "x-baseline")
 			}
 		})
 	}

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -139,5 +140,33 @@ func TestOutcomeNames(t *testing.T) {
 			t.Errorf("outcome %d has an empty or duplicate name %q", o, n)
 		}
 		seen[n] = true
+	}
+}
+
+// TestPrivilegedUDPProbeNamesMissingHook: a hook the kernel does not know
+// reads as a missing feature, named, wrapping ebpf.ErrNotSupported; the
+// datagram hooks this kernel has pass the same probe. (Package-internal:
+// test/bed imports this package, so its privilege helper cannot be used.)
+func TestPrivilegedUDPProbeNamesMissingHook(t *testing.T) {
+	if os.Getenv("PRIVILEGED_TESTS") != "1" || os.Geteuid() != 0 {
+		t.Skip("SKIP: root-only test: set PRIVILEGED_TESTS=1 and run as root to run it")
+	}
+	var f Features
+	missing := runProbes(&f, []probe{
+		{func(f *Features, v bool) { f.CgroupSendmsg = v }, func() error {
+			return errors.Join(haveSockAddrHook(ebpf.AttachCGroupUDP4Sendmsg, true), haveSockAddrHook(ebpf.AttachCGroupUDP6Sendmsg, true))
+		}, "sendmsg hooks"},
+		{func(f *Features, v bool) { f.CgroupRecvmsg = v }, func() error {
+			return haveSockAddrHook(ebpf.AttachType(0x7fff), false)
+		}, "the frobnicate hook"},
+	})
+	if !f.CgroupSendmsg {
+		t.Errorf("sendmsg hooks not found on this kernel: %v", missing)
+	}
+	if f.CgroupRecvmsg || len(missing) != 1 {
+		t.Fatalf("an unknown attach type passed the probe: %v %v", f.CgroupRecvmsg, missing)
+	}
+	if !errors.Is(missing[0], ebpf.ErrNotSupported) || !strings.Contains(missing[0].Error(), "kernel lacks the frobnicate hook") {
+		t.Errorf("missing hook reported as %q (ErrNotSupported: %v)", missing[0], errors.Is(missing[0], ebpf.ErrNotSupported))
 	}
 }

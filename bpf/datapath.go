@@ -1,6 +1,7 @@
-// Package bpf is draind's datapath: the connect4/connect6 steering hooks and
-// the SYN observer (C sources in this directory, compiled by bpf2go), and a
-// small typed API to load them, attach them to the pods' cgroup and fill
+// Package bpf is draind's datapath: the connect4/connect6 steering hooks,
+// the sendmsg/recvmsg hooks that steer unconnected UDP datagram by datagram,
+// and the SYN observer (C sources in this directory, compiled by bpf2go), and
+// a small typed API to load them, attach them to the pods' cgroup and fill
 // their maps.
 //
 // Maps and links are pinned under a bpffs directory, so a restart or an
@@ -8,11 +9,20 @@
 // the programs of pinned links in place. Every steering entry carries an
 // expiry the programs check, so if draind dies for good steering stops by
 // itself at the deadline.
+//
+// Every hook first reads one flag, "something drains on this node"
+// (draind_node): while no frontend or drain entry exists, a connect(), a
+// datagram or a packet costs that one array lookup. The Datapath keeps the
+// flag true from before the first entry is written until after the last one
+// is deleted, and recomputes it from the maps when it adopts them. It assumes
+// it is the only writer of its pin directory (as the backend generations of
+// SetBackends do).
 package bpf
 
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -21,6 +31,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -53,10 +64,23 @@ const (
 	MapDrains     MapName = "draind_drains"
 	MapDrainStats MapName = "draind_drain_stats"
 	MapCounters   MapName = "draind_counters"
+	// MapUDPCounters counts unconnected datagrams by outcome.
+	MapUDPCounters MapName = "draind_udp_counters"
+	// MapUDPReverse holds the reverse translations of steered UDP (LRU).
+	MapUDPReverse MapName = "draind_udp_reverse"
+	// MapNode is the one-entry "something drains on this node" flag.
+	MapNode MapName = "draind_node"
 )
 
-// MapNames lists the maps in a fixed order.
-var MapNames = []MapName{MapFrontends, MapServices, MapBackends, MapDrains, MapDrainStats, MapCounters}
+// MapNames lists the maps in a fixed order. draind_udp_sockets (per-socket
+// storage: it lives and dies with the sockets and cannot be enumerated) is
+// not among them.
+var MapNames = []MapName{MapFrontends, MapServices, MapBackends, MapDrains, MapDrainStats, MapCounters,
+	MapUDPCounters, MapUDPReverse, MapNode}
+
+// laterMaps arrived after the first release: pins left by an older draind
+// may lack them, and the read-only view (OpenPinned) does without.
+var laterMaps = map[MapName]bool{MapUDPCounters: true, MapUDPReverse: true, MapNode: true}
 
 // Options configure Load.
 type Options struct {
@@ -69,10 +93,21 @@ type Options struct {
 type Datapath struct {
 	pinDir string
 	steer  steerObjects
+	udp    udpObjects
 	obs    observeObjects
 
 	mu    sync.Mutex // serialises backend-set swaps and attachment
 	links []namedLink
+
+	// entries serialises every write to draind_frontends and draind_drains
+	// with the flag in draind_node, so that the flag is never "idle" while
+	// an entry exists.
+	entries struct {
+		sync.Mutex
+		frontends map[steerEpKey]struct{}
+		drains    map[steerEpKey]struct{}
+		draining  bool // what draind_node says
+	}
 
 	updateErrors map[MapName]*atomic.Uint64
 }
@@ -114,17 +149,107 @@ func Load(opts Options) (*Datapath, error) {
 	if err := spec.LoadAndAssign(&d.steer, copts); err != nil {
 		return nil, fmt.Errorf("loading connect hooks: %w", explainLoad(err, mapDir))
 	}
+	uspec, err := loadUdp()
+	if err != nil {
+		d.steer.Close()
+		return nil, fmt.Errorf("loading udp spec: %w", err)
+	}
+	// Same pin path: the other objects adopt the maps steer just pinned.
+	if err := uspec.LoadAndAssign(&d.udp, copts); err != nil {
+		d.steer.Close()
+		return nil, fmt.Errorf("loading datagram hooks: %w", explainLoad(err, mapDir))
+	}
 	ospec, err := loadObserve()
 	if err != nil {
 		d.steer.Close()
+		d.udp.Close()
 		return nil, fmt.Errorf("loading observe spec: %w", err)
 	}
-	// Same pin path: the observer adopts the maps steer just pinned.
 	if err := ospec.LoadAndAssign(&d.obs, copts); err != nil {
 		d.steer.Close()
+		d.udp.Close()
 		return nil, fmt.Errorf("loading SYN observer: %w", explainLoad(err, mapDir))
 	}
+	if err := d.adoptEntries(); err != nil {
+		d.steer.Close()
+		d.udp.Close()
+		d.obs.Close()
+		return nil, err
+	}
 	return d, nil
+}
+
+// adoptEntries learns which frontend and drain entries the (possibly
+// adopted) maps hold and writes the flag to match, before Attach puts
+// programs that read it in place: maps pinned by a draind that predates the
+// flag hold entries while the flag map, just created, says idle.
+func (d *Datapath) adoptEntries() error {
+	d.entries.Lock()
+	defer d.entries.Unlock()
+	var err error
+	if d.entries.frontends, err = keysOf(d.steer.DraindFrontends); err != nil {
+		return fmt.Errorf("adopting frontends: %w", err)
+	}
+	if d.entries.drains, err = keysOf(d.steer.DraindDrains); err != nil {
+		return fmt.Errorf("adopting drains: %w", err)
+	}
+	on := len(d.entries.frontends)+len(d.entries.drains) > 0
+	if err := d.writeDraining(on); err != nil {
+		return fmt.Errorf("adopting pinned maps: %w", err)
+	}
+	return nil
+}
+
+func keysOf(m *ebpf.Map) (map[steerEpKey]struct{}, error) {
+	out := map[steerEpKey]struct{}{}
+	var k, next steerEpKey
+	var prev any // nil: the first key
+	for {
+		if err := m.NextKey(prev, &next); err != nil {
+			if errors.Is(err, ebpf.ErrKeyNotExist) {
+				return out, nil
+			}
+			return nil, err
+		}
+		out[next] = struct{}{}
+		k = next
+		prev = &k
+	}
+}
+
+// writeDraining sets draind_node. Callers hold d.entries.
+func (d *Datapath) writeDraining(on bool) error {
+	var v steerNodeState
+	if on {
+		v.Draining = 1
+	}
+	zero := uint32(0)
+	if err := d.put(MapNode, d.steer.DraindNode, &zero, &v); err != nil {
+		return err
+	}
+	d.entries.draining = on
+	return nil
+}
+
+// beforeWrite raises the flag before an entry is written. Callers hold
+// d.entries.
+func (d *Datapath) beforeWrite() error {
+	if d.entries.draining {
+		return nil
+	}
+	return d.writeDraining(true)
+}
+
+// afterChange lowers the flag once neither map holds an entry. Callers hold
+// d.entries. A failure leaves the flag raised: slower, never wrong.
+func (d *Datapath) afterChange() error {
+	if !d.entries.draining || len(d.entries.frontends)+len(d.entries.drains) > 0 {
+		return nil
+	}
+	if err := d.writeDraining(false); err != nil {
+		return fmt.Errorf("clearing the draining flag: %w", err)
+	}
+	return nil
 }
 
 func explainLoad(err error, mapDir string) error {
@@ -156,6 +281,10 @@ func (d *Datapath) attachments() []attachment {
 	return []attachment{
 		{"connect4", d.steer.DraindConnect4, ebpf.AttachCGroupInet4Connect},
 		{"connect6", d.steer.DraindConnect6, ebpf.AttachCGroupInet6Connect},
+		{"sendmsg4", d.udp.DraindSendmsg4, ebpf.AttachCGroupUDP4Sendmsg},
+		{"sendmsg6", d.udp.DraindSendmsg6, ebpf.AttachCGroupUDP6Sendmsg},
+		{"recvmsg4", d.udp.DraindRecvmsg4, ebpf.AttachCGroupUDP4Recvmsg},
+		{"recvmsg6", d.udp.DraindRecvmsg6, ebpf.AttachCGroupUDP6Recvmsg},
 		{"observe_ingress", d.obs.DraindObserve, ebpf.AttachCGroupInetIngress},
 	}
 }
@@ -258,8 +387,42 @@ func (d *Datapath) Close() error {
 		errs = append(errs, l.Close())
 	}
 	d.links = nil
-	errs = append(errs, d.steer.Close(), d.obs.Close())
+	errs = append(errs, d.steer.Close(), d.udp.Close(), d.obs.Close())
 	return errors.Join(errs...)
+}
+
+// ProgramStat is the kernel's run-time statistics of one program: what the
+// hook itself costs, measured where it runs. The kernel only collects them
+// while statistics are enabled (EnableRunTimeStats or the sysctl
+// kernel.bpf_stats_enabled).
+type ProgramStat struct {
+	Name     string // as in Attached
+	RunCount uint64
+	RunTime  time.Duration
+}
+
+// ProgramStats returns the run-time statistics of every program.
+func (d *Datapath) ProgramStats() ([]ProgramStat, error) {
+	var out []ProgramStat
+	for _, a := range d.attachments() {
+		st, err := a.prog.Stats()
+		if err != nil {
+			return nil, fmt.Errorf("reading statistics of %s: %w", a.name, err)
+		}
+		out = append(out, ProgramStat{Name: a.name, RunCount: st.RunCount, RunTime: st.Runtime})
+	}
+	return out, nil
+}
+
+// EnableRunTimeStats makes the kernel collect the programs' run time and run
+// count until the returned Closer is closed (BPF_ENABLE_STATS; needs
+// CAP_SYS_ADMIN, so benchmarks use it, the DaemonSet does not).
+func EnableRunTimeStats() (io.Closer, error) {
+	c, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
+	if err != nil {
+		return nil, fmt.Errorf("enabling BPF run-time statistics: %w", err)
+	}
+	return c, nil
 }
 
 // Remove detaches the programs and deletes every pin under dir (uninstall).
@@ -354,13 +517,35 @@ func (d *Datapath) UpsertFrontend(f Frontend) error {
 		v.Flags |= 1 // FRONTEND_NO_STEER
 	}
 	k := encodeKey(f.Key)
-	return d.put(MapFrontends, d.steer.DraindFrontends, &k, &v)
+	return d.upsertEntry(MapFrontends, d.steer.DraindFrontends, d.entries.frontends, k, &v)
 }
 
 // DeleteFrontend removes a frontend entry (absent is fine).
 func (d *Datapath) DeleteFrontend(k EndpointKey) error {
+	d.entries.Lock()
+	defer d.entries.Unlock()
 	ek := encodeKey(k)
-	return d.del(MapFrontends, d.steer.DraindFrontends, &ek)
+	if err := d.del(MapFrontends, d.steer.DraindFrontends, &ek); err != nil {
+		return err
+	}
+	delete(d.entries.frontends, ek)
+	return d.afterChange()
+}
+
+// upsertEntry writes a frontend or drain entry with the flag raised first.
+// set is d.entries.frontends or d.entries.drains (maps are references).
+func (d *Datapath) upsertEntry(name MapName, m *ebpf.Map, set map[steerEpKey]struct{}, k steerEpKey, v any) error {
+	d.entries.Lock()
+	defer d.entries.Unlock()
+	if err := d.beforeWrite(); err != nil {
+		return fmt.Errorf("raising the draining flag before writing %s: %w", name, err)
+	}
+	if err := d.put(name, m, &k, v); err != nil {
+		// Nothing was written: drop the flag again if nothing else holds it.
+		return errors.Join(err, d.afterChange())
+	}
+	set[k] = struct{}{}
+	return nil
 }
 
 // UpsertDrain creates or replaces a draining endpoint entry.
@@ -373,16 +558,32 @@ func (d *Datapath) UpsertDrain(dr Drain) error {
 	}
 	v := steerDrainVal{SvcId: uint32(dr.Service), Policy: uint8(dr.Policy), ExpiresNs: toBoot(dr.Expires)}
 	k := encodeKey(dr.Key)
-	return d.put(MapDrains, d.steer.DraindDrains, &k, &v)
+	return d.upsertEntry(MapDrains, d.steer.DraindDrains, d.entries.drains, k, &v)
 }
 
 // DeleteDrain removes a draining endpoint entry and its statistics.
 func (d *Datapath) DeleteDrain(k EndpointKey) error {
+	d.entries.Lock()
+	defer d.entries.Unlock()
 	ek := encodeKey(k)
+	if err := d.del(MapDrains, d.steer.DraindDrains, &ek); err != nil {
+		return err
+	}
+	delete(d.entries.drains, ek)
 	return errors.Join(
-		d.del(MapDrains, d.steer.DraindDrains, &ek),
 		d.del(MapDrainStats, d.steer.DraindDrainStats, &ek),
+		d.afterChange(),
 	)
+}
+
+// Draining reads the "something drains on this node" flag the programs see.
+func (d *Datapath) Draining() (bool, error) {
+	var v steerNodeState
+	zero := uint32(0)
+	if err := d.steer.DraindNode.Lookup(&zero, &v); err != nil {
+		return false, fmt.Errorf("reading %s: %w", MapNode, err)
+	}
+	return v.Draining != 0, nil
 }
 
 // SetBackends replaces the selectable set of a service-port atomically: the
@@ -419,25 +620,61 @@ func (d *Datapath) SetBackends(b Backends) error {
 		keys[i] = steerBackendKey{SvcId: id, Slot: uint16(i), Gen: uint8(gen)}
 		vals[i] = steerBackendVal{Addr: addr16(ap.Addr()), Port: ap.Port()}
 	}
-	for i := range keys {
-		if err := d.put(MapBackends, d.steer.DraindBackends, &keys[i], &vals[i]); err != nil {
-			// The inactive generation is garbage; the live set is intact.
-			return fmt.Errorf("setting backends of service-port %d: %w", id, err)
-		}
+	if err := d.putBackends(keys, vals); err != nil {
+		// The live set is intact; nothing of the new one stays behind.
+		d.deleteBackendSlots(keys)
+		return fmt.Errorf("setting backends of service-port %d: %w", id, err)
 	}
 	nv := steerSvcVal{Count: uint32(len(b.Backends)), Gen: gen, ExpiresNs: toBoot(b.Expires)}
 	if err := d.put(MapServices, d.steer.DraindServices, &id, &nv); err != nil {
+		d.deleteBackendSlots(keys)
 		return fmt.Errorf("setting backends of service-port %d: %w", id, err)
 	}
 	if exists {
-		for i := uint32(0); i < cur.Count; i++ {
-			k := steerBackendKey{SvcId: id, Slot: uint16(i), Gen: uint8(cur.Gen & 1)}
-			if err := d.del(MapBackends, d.steer.DraindBackends, &k); err != nil {
-				return err
-			}
+		old := make([]steerBackendKey, cur.Count)
+		for i := range old {
+			old[i] = steerBackendKey{SvcId: id, Slot: uint16(i), Gen: uint8(cur.Gen & 1)}
+		}
+		if err := d.deleteBackendSlots(old); err != nil {
+			return fmt.Errorf("freeing the old backends of service-port %d: %w", id, err)
 		}
 	}
 	return nil
+}
+
+// putBackends writes backend slots with one batch update where the kernel
+// has them (Linux 5.6), else one by one.
+func (d *Datapath) putBackends(keys []steerBackendKey, vals []steerBackendVal) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	_, err := d.steer.DraindBackends.BatchUpdate(keys, vals, nil)
+	if errors.Is(err, ebpf.ErrNotSupported) {
+		for i := range keys {
+			if err := d.put(MapBackends, d.steer.DraindBackends, &keys[i], &vals[i]); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err != nil {
+		d.updateErrors[MapBackends].Add(1)
+		if errors.Is(err, unix.E2BIG) || errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.ENOMEM) {
+			return fmt.Errorf("updating %s: %w: %w", MapBackends, ErrMapFull, err)
+		}
+		return fmt.Errorf("updating %s: %w", MapBackends, err)
+	}
+	return nil
+}
+
+// deleteBackendSlots deletes backend slots, absent ones included (a
+// rollback does not know how far a failed write got).
+func (d *Datapath) deleteBackendSlots(keys []steerBackendKey) error {
+	var errs []error
+	for i := range keys {
+		errs = append(errs, d.del(MapBackends, d.steer.DraindBackends, &keys[i]))
+	}
+	return errors.Join(errs...)
 }
 
 // DeleteBackends removes a service-port and its backends.
@@ -521,9 +758,16 @@ func (d *Datapath) Prune() (int, error) {
 
 // --- reading ------------------------------------------------------------------
 
-// Counters returns the outcome counters summed over CPUs.
+// Counters returns the outcome counters of connect()s (and SYNs), summed
+// over CPUs.
 func (d *Datapath) Counters() (Counters, error) {
 	return readCounters(d.steer.DraindCounters)
+}
+
+// DatagramCounters returns the outcome counters of unconnected UDP
+// datagrams, summed over CPUs.
+func (d *Datapath) DatagramCounters() (Counters, error) {
+	return readCounters(d.steer.DraindUdpCounters)
 }
 
 func readCounters(m *ebpf.Map) (Counters, error) {
@@ -570,6 +814,9 @@ type MapStat struct {
 	Entries      int
 	Capacity     int
 	UpdateErrors uint64
+	// FullIsNormal marks maps for which being at capacity is no problem:
+	// arrays always are, LRU maps make room by dropping their oldest entry.
+	FullIsNormal bool `json:",omitempty"`
 }
 
 // MapStats counts the entries of every map. It walks the keys, which is
@@ -583,6 +830,8 @@ func (d *Datapath) maps() map[MapName]*ebpf.Map {
 		MapFrontends: d.steer.DraindFrontends, MapServices: d.steer.DraindServices,
 		MapBackends: d.steer.DraindBackends, MapDrains: d.steer.DraindDrains,
 		MapDrainStats: d.steer.DraindDrainStats, MapCounters: d.steer.DraindCounters,
+		MapUDPCounters: d.steer.DraindUdpCounters, MapUDPReverse: d.steer.DraindUdpReverse,
+		MapNode: d.steer.DraindNode,
 	}
 }
 
@@ -590,13 +839,25 @@ func mapStats(maps map[MapName]*ebpf.Map, errs map[MapName]*atomic.Uint64) ([]Ma
 	out := make([]MapStat, 0, len(MapNames))
 	for _, n := range MapNames {
 		m := maps[n]
+		if m == nil { // a later map an older draind did not pin
+			continue
+		}
 		st := MapStat{Name: n, Capacity: int(m.MaxEntries())}
 		if errs != nil {
 			st.UpdateErrors = errs[n].Load()
 		}
-		if m.Type() == ebpf.PerCPUArray || m.Type() == ebpf.Array {
+		switch m.Type() {
+		case ebpf.PerCPUArray, ebpf.Array:
 			st.Entries = st.Capacity
-		} else {
+			st.FullIsNormal = true
+		case ebpf.LRUHash:
+			st.FullIsNormal = true
+			cnt, err := countReverse(m)
+			if err != nil {
+				return nil, fmt.Errorf("counting %s: %w", n, err)
+			}
+			st.Entries = cnt
+		default:
 			k := make([]byte, m.KeySize())
 			it := m.Iterate()
 			v := make([]byte, m.ValueSize())
@@ -610,6 +871,40 @@ func mapStats(maps map[MapName]*ebpf.Map, errs map[MapName]*atomic.Uint64) ([]Ma
 		out = append(out, st)
 	}
 	return out, nil
+}
+
+// countReverse counts the reverse translations in batches: the map is large
+// and full most of the time, and metrics read it on every scrape.
+func countReverse(m *ebpf.Map) (int, error) {
+	const batch = 4096
+	keys := make([]steerUdpRevKey, batch)
+	vals := make([]steerBackendVal, batch)
+	var cursor ebpf.MapBatchCursor
+	total := 0
+	for {
+		n, err := m.BatchLookup(&cursor, keys, vals, nil)
+		total += n
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return total, nil
+		}
+		if errors.Is(err, ebpf.ErrNotSupported) {
+			return iterateCount(m)
+		}
+		if err != nil {
+			return 0, err
+		}
+	}
+}
+
+func iterateCount(m *ebpf.Map) (int, error) {
+	var k steerUdpRevKey
+	var v steerBackendVal
+	n := 0
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		n++
+	}
+	return n, it.Err()
 }
 
 // Dump reads every map, sorted.
@@ -673,6 +968,11 @@ func dumpMaps(m map[MapName]*ebpf.Map) (*Dump, error) {
 		return nil, err
 	}
 	out.Counters = c
+	if m[MapUDPCounters] != nil {
+		if out.DatagramCounters, err = readCounters(m[MapUDPCounters]); err != nil {
+			return nil, err
+		}
+	}
 	slices.SortFunc(out.Frontends, func(a, b Frontend) int { return a.Key.Compare(b.Key) })
 	slices.SortFunc(out.Drains, func(a, b Drain) int { return a.Key.Compare(b.Key) })
 	sort.Slice(out.Backends, func(i, j int) bool { return out.Backends[i].Service < out.Backends[j].Service })
@@ -693,6 +993,9 @@ func OpenPinned(dir string) (*Pinned, error) {
 	p := &Pinned{maps: map[MapName]*ebpf.Map{}}
 	for _, n := range MapNames {
 		m, err := ebpf.LoadPinnedMap(filepath.Join(dir, abiVersion, string(n)), &ebpf.LoadPinOptions{ReadOnly: true})
+		if laterMaps[n] && errors.Is(err, os.ErrNotExist) {
+			continue
+		}
 		if err != nil {
 			p.Close()
 			return nil, fmt.Errorf("opening pinned map %s under %s: %w", n, dir, err)

@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
  * Shared definitions of draind's BPF programs: map keys and values (exported
- * to Go through bpf2go -type, never hand-copied) and the maps both programs
- * read. Addresses are 16 bytes; IPv4 is stored IPv4-mapped (::ffff:a.b.c.d) so
- * that one key shape serves connect4, connect6 on dual-stack sockets and the
- * skb observer alike. Ports are in host byte order.
+ * to Go through bpf2go -type, never hand-copied) and the maps the programs
+ * share. Addresses are 16 bytes; IPv4 is stored IPv4-mapped (::ffff:a.b.c.d) so
+ * that one key shape serves connect4, connect6 on dual-stack sockets, the
+ * datagram hooks and the skb observer alike. Ports are in host byte order.
  */
 #ifndef DRAIND_H
 #define DRAIND_H
@@ -18,6 +18,7 @@
 #define DRAIND_MAX_SERVICES 16384
 #define DRAIND_MAX_BACKENDS 131072
 #define DRAIND_MAX_DRAINS 65536
+#define DRAIND_MAX_UDP_REVERSE 65536
 
 /* An (address, port, protocol) triple: a Service frontend or a draining pod
  * endpoint. port == 0 in a drain key means "every port of this pod IP" (a
@@ -79,13 +80,37 @@ struct drain_val {
 };
 
 /* Per draining endpoint activity, written by the programs only. Go reads it
- * and deletes it when the drain is forgotten. */
+ * and deletes it when the drain is forgotten. steered, refused and passed
+ * count connect()s and unconnected UDP datagrams alike. */
 struct drain_stats {
 	__u64 syns;        /* SYNs that reached the pod (observe.c) */
 	__u64 last_syn_ns; /* CLOCK_BOOTTIME of the last one */
-	__u64 steered;     /* connect()s to the pod IP rewritten elsewhere */
-	__u64 refused;     /* connect()s to the pod IP refused */
-	__u64 passed;      /* connect()s to the pod IP let through (off, no backend) */
+	__u64 steered;     /* connect()s/datagrams to the pod IP rewritten elsewhere */
+	__u64 refused;     /* connect()s/datagrams to the pod IP refused */
+	__u64 passed;      /* connect()s/datagrams to the pod IP let through (off, no backend) */
+};
+
+/* Whether anything drains on this node's maps. Every hook reads it first, so
+ * that when nothing drains a connect(), a datagram or a packet costs one
+ * (inlined) array lookup instead of the frontend and drain lookups. */
+struct node_state {
+	__u32 draining; /* nonzero: draind_frontends or draind_drains may hold entries */
+	__u32 pad;
+};
+
+/* A reverse translation: the socket (its cookie) received a datagram rewritten
+ * to this backend, so datagrams from the backend must look as if they came
+ * from the address the application sent to. */
+struct udp_rev_key {
+	__u64 cookie;
+	__u8 addr[16];
+	__u16 port;
+	__u8 pad[6];
+};
+
+/* Per-socket mark: this socket has reverse translations. */
+struct udp_sock_state {
+	__u32 flags; /* none yet: presence is the mark */
 };
 
 enum outcome {
@@ -166,8 +191,8 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } draind_drain_stats SEC(".maps");
 
-/* Outcome counters, index outcome * FAMILY_MAX + family. Per CPU so the
- * connect() path never contends on a cache line. */
+/* Outcome counters of connect()s (and SYNs), index outcome * FAMILY_MAX +
+ * family. Per CPU so the connect() path never contends on a cache line. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, OUT_MAX * FAMILY_MAX);
@@ -176,13 +201,80 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } draind_counters SEC(".maps");
 
-static __always_inline void count(enum outcome o, enum family_idx f)
+/* The same outcomes for unconnected UDP datagrams (udp.c), kept apart so that
+ * a resolver's query rate does not read as connections. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, OUT_MAX * FAMILY_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} draind_udp_counters SEC(".maps");
+
+/* The "nothing drains" flag (struct node_state), one entry. Written by Go
+ * only: set before the first frontend or drain entry is written, cleared only
+ * after the last one is deleted, recomputed from the maps when draind adopts
+ * them. A stale "draining" costs lookups; a stale "idle" would hide entries,
+ * which is why the order matters. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct node_state);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} draind_node SEC(".maps");
+
+/* Reverse translations of steered UDP: (socket cookie, backend) -> the address
+ * the application sent to. Written by the programs only, when they rewrite a
+ * UDP destination (sendmsg, and connect of a UDP socket); read by recvmsg to
+ * give the reply the source the application expects. LRU, so it never fills:
+ * the oldest translations go first, long after their replies came. Cookies
+ * are never reused, so a stale entry cannot match another socket. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, DRAIND_MAX_UDP_REVERSE);
+	__type(key, struct udp_rev_key);
+	__type(value, struct backend_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} draind_udp_reverse SEC(".maps");
+
+/* Sockets that have reverse translations (struct udp_sock_state), written by
+ * the programs next to draind_udp_reverse. recvmsg looks here first: a socket
+ * without the mark (every socket, unless it sent through steering) costs one
+ * per-socket lookup and no cookie or hash. The storage lives and dies with its
+ * socket, so a connected UDP socket steered during a drain keeps its
+ * translation for as long as it lives. */
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct udp_sock_state);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} draind_udp_sockets SEC(".maps");
+
+/* node_draining is the fast path of every hook: false when nothing drains on
+ * this node. Fails towards "draining" (full lookups), never towards hiding an
+ * entry. */
+static __always_inline int node_draining(void)
+{
+	__u32 zero = 0;
+	struct node_state *st = bpf_map_lookup_elem(&draind_node, &zero);
+
+	return !st || st->draining;
+}
+
+static __always_inline void count_in(void *counters, enum outcome o, enum family_idx f)
 {
 	__u32 idx = (__u32)o * FAMILY_MAX + (__u32)f;
-	__u64 *v = bpf_map_lookup_elem(&draind_counters, &idx);
+	__u64 *v = bpf_map_lookup_elem(counters, &idx);
 
 	if (v)
 		*v += 1;
+}
+
+static __always_inline void count(enum outcome o, enum family_idx f)
+{
+	count_in(&draind_counters, o, f);
 }
 
 /* stats_of returns the activity record of a draining endpoint, creating it. */

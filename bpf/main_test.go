@@ -9,5 +9,7 @@ import (
 
 func TestMain(m *testing.M) {
 	bed.HelperMain() // servers and clients of the privileged tests
+	sockHelperMain() // raw-syscall sockets (UDP sendto/recvfrom, TCP Fast Open)
+	capCheckMain()   // loading with the DaemonSet's capabilities only
 	os.Exit(m.Run())
 }

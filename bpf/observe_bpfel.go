@@ -21,7 +21,11 @@ const (
 	observeMapDraindDrainStats  = "draind_drain_stats"
 	observeMapDraindDrains      = "draind_drains"
 	observeMapDraindFrontends   = "draind_frontends"
+	observeMapDraindNode        = "draind_node"
 	observeMapDraindServices    = "draind_services"
+	observeMapDraindUdpCounters = "draind_udp_counters"
+	observeMapDraindUdpReverse  = "draind_udp_reverse"
+	observeMapDraindUdpSockets  = "draind_udp_sockets"
 	observeProgDraindObserve    = "draind_observe"
 	observeVarDraindMaxPolicy   = "draind_max_policy"
 	observeVarDraindNumOutcomes = "draind_num_outcomes"
@@ -76,12 +80,16 @@ type observeProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type observeMapSpecs struct {
-	DraindBackends   *ebpf.MapSpec `ebpf:"draind_backends"`
-	DraindCounters   *ebpf.MapSpec `ebpf:"draind_counters"`
-	DraindDrainStats *ebpf.MapSpec `ebpf:"draind_drain_stats"`
-	DraindDrains     *ebpf.MapSpec `ebpf:"draind_drains"`
-	DraindFrontends  *ebpf.MapSpec `ebpf:"draind_frontends"`
-	DraindServices   *ebpf.MapSpec `ebpf:"draind_services"`
+	DraindBackends    *ebpf.MapSpec `ebpf:"draind_backends"`
+	DraindCounters    *ebpf.MapSpec `ebpf:"draind_counters"`
+	DraindDrainStats  *ebpf.MapSpec `ebpf:"draind_drain_stats"`
+	DraindDrains      *ebpf.MapSpec `ebpf:"draind_drains"`
+	DraindFrontends   *ebpf.MapSpec `ebpf:"draind_frontends"`
+	DraindNode        *ebpf.MapSpec `ebpf:"draind_node"`
+	DraindServices    *ebpf.MapSpec `ebpf:"draind_services"`
+	DraindUdpCounters *ebpf.MapSpec `ebpf:"draind_udp_counters"`
+	DraindUdpReverse  *ebpf.MapSpec `ebpf:"draind_udp_reverse"`
+	DraindUdpSockets  *ebpf.MapSpec `ebpf:"draind_udp_sockets"`
 }
 
 // observeVariableSpecs contains global variables before they are loaded into the kernel.
@@ -112,12 +120,16 @@ func (o *observeObjects) Close() error {
 //
 // It can be passed to loadObserveObjects or ebpf.CollectionSpec.LoadAndAssign.
 type observeMaps struct {
-	DraindBackends   *ebpf.Map `ebpf:"draind_backends"`
-	DraindCounters   *ebpf.Map `ebpf:"draind_counters"`
-	DraindDrainStats *ebpf.Map `ebpf:"draind_drain_stats"`
-	DraindDrains     *ebpf.Map `ebpf:"draind_drains"`
-	DraindFrontends  *ebpf.Map `ebpf:"draind_frontends"`
-	DraindServices   *ebpf.Map `ebpf:"draind_services"`
+	DraindBackends    *ebpf.Map `ebpf:"draind_backends"`
+	DraindCounters    *ebpf.Map `ebpf:"draind_counters"`
+	DraindDrainStats  *ebpf.Map `ebpf:"draind_drain_stats"`
+	DraindDrains      *ebpf.Map `ebpf:"draind_drains"`
+	DraindFrontends   *ebpf.Map `ebpf:"draind_frontends"`
+	DraindNode        *ebpf.Map `ebpf:"draind_node"`
+	DraindServices    *ebpf.Map `ebpf:"draind_services"`
+	DraindUdpCounters *ebpf.Map `ebpf:"draind_udp_counters"`
+	DraindUdpReverse  *ebpf.Map `ebpf:"draind_udp_reverse"`
+	DraindUdpSockets  *ebpf.Map `ebpf:"draind_udp_sockets"`
 }
 
 func (m *observeMaps) Close() error {
@@ -127,7 +139,11 @@ func (m *observeMaps) Close() error {
 		m.DraindDrainStats,
 		m.DraindDrains,
 		m.DraindFrontends,
+		m.DraindNode,
 		m.DraindServices,
+		m.DraindUdpCounters,
+		m.DraindUdpReverse,
+		m.DraindUdpSockets,
 	)
 }
 

@@ -22,6 +22,7 @@ type fixture struct {
 	node   *bed.Node
 	pods   []*bed.Pod
 	srv    []*bed.Proc
+	cli    *bed.Pod
 	client *bed.Proc
 	dp     *bpf.Datapath
 	pinDir string
@@ -68,6 +69,7 @@ func newFixture(t *testing.T) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
+	f.cli = cli
 	if f.client, err = cli.Start("client"); err != nil {
 		t.Fatal(err)
 	}
@@ -493,5 +495,8 @@ func TestPrivilegedProbe(t *testing.T) {
 	}
 	if !f.CgroupSockAddr || !f.CgroupSKB || !f.HelperSetRetval || !f.HelperBootTime || !f.HelperPrandom || !f.BPFLink || f.Cgroup2 == "" || f.Kernel == "" {
 		t.Errorf("features %+v", f)
+	}
+	if !f.CgroupSendmsg || !f.CgroupRecvmsg || !f.SocketStorage {
+		t.Errorf("datagram hooks missing from features %+v", f)
 	}
 }

@@ -26,6 +26,14 @@ type Features struct {
 	HelperPrandom   bool `json:"helper_get_prandom_u32"`
 	// BPFLink is needed to pin attachments so steering survives a restart.
 	BPFLink bool `json:"bpf_link"`
+	// CgroupSendmsg: the sendmsg4/sendmsg6 hooks, able to refuse a
+	// datagram with ECONNREFUSED (bpf_set_retval there).
+	CgroupSendmsg bool `json:"cgroup_sendmsg"`
+	// CgroupRecvmsg: the recvmsg4/recvmsg6 hooks.
+	CgroupRecvmsg bool `json:"cgroup_recvmsg"`
+	// SocketStorage: per-socket storage and socket cookies in sock_addr
+	// programs (the reverse translation of steered UDP).
+	SocketStorage bool `json:"socket_storage"`
 }
 
 // probe is one required feature: how to test it and how to name its absence.
@@ -63,10 +71,35 @@ func Probe() (Features, error) {
 			"bpf_ktime_get_boot_ns (entry expiry, Linux 5.8+)"},
 		{func(f *Features, v bool) { f.HelperPrandom = v }, func() error { return features.HaveProgramHelper(ebpf.CGroupSockAddr, asm.FnGetPrandomU32) },
 			"bpf_get_prandom_u32 (backend choice)"},
+		{func(f *Features, v bool) { f.CgroupSendmsg = v }, func() error {
+			return errors.Join(haveSockAddrHook(ebpf.AttachCGroupUDP4Sendmsg, true), haveSockAddrHook(ebpf.AttachCGroupUDP6Sendmsg, true))
+		}, "cgroup sendmsg4/sendmsg6 hooks with bpf_set_retval (per-datagram UDP steering, Linux 5.18+)"},
+		{func(f *Features, v bool) { f.CgroupRecvmsg = v }, func() error {
+			return errors.Join(haveSockAddrHook(ebpf.AttachCGroupUDP4Recvmsg, false), haveSockAddrHook(ebpf.AttachCGroupUDP6Recvmsg, false))
+		}, "cgroup recvmsg4/recvmsg6 hooks (reply source translation of steered UDP, Linux 5.2+)"},
+		{func(f *Features, v bool) { f.SocketStorage = v }, func() error {
+			return errors.Join(features.HaveMapType(ebpf.SkStorage), features.HaveMapType(ebpf.LRUHash),
+				features.HaveProgramHelper(ebpf.CGroupSockAddr, asm.FnSkStorageGet),
+				features.HaveProgramHelper(ebpf.CGroupSockAddr, asm.FnGetSocketCookie))
+		}, "socket storage, LRU maps and socket cookies in sock_addr programs (reverse translation of steered UDP)"},
 	}
+	missing = append(missing, runProbes(&f, probes)...)
+	// bpf_link for cgroups arrived in 5.7, before bpf_ktime_get_boot_ns
+	// (5.8): a kernel that passed the helper probe has it.
+	f.BPFLink = f.HelperBootTime
+	if len(missing) > 0 {
+		return f, fmt.Errorf("probing kernel %s: %w", f.Kernel, errors.Join(missing...))
+	}
+	return f, nil
+}
+
+// runProbes runs each probe, records what the kernel has in f and returns
+// one error per missing (or unprobeable) feature, naming it.
+func runProbes(f *Features, probes []probe) []error {
+	var missing []error
 	for _, p := range probes {
 		err := p.test()
-		p.set(&f, err == nil)
+		p.set(f, err == nil)
 		switch {
 		case err == nil:
 		case errors.Is(err, ebpf.ErrNotSupported):
@@ -75,11 +108,31 @@ func Probe() (Features, error) {
 			missing = append(missing, fmt.Errorf("probing %s: %w", p.what, err))
 		}
 	}
-	// bpf_link for cgroups arrived in 5.7, before bpf_ktime_get_boot_ns
-	// (5.8): a kernel that passed the helper probe has it.
-	f.BPFLink = f.HelperBootTime
-	if len(missing) > 0 {
-		return f, fmt.Errorf("probing kernel %s: %w", f.Kernel, errors.Join(missing...))
+	return missing
+}
+
+// haveSockAddrHook loads a minimal sock_addr program for one attach point
+// (calling bpf_set_retval if withRetval): the kernel refuses an attach type
+// it does not know with EINVAL, and a helper the attach type may not call
+// with a verifier error.
+func haveSockAddrHook(at ebpf.AttachType, withRetval bool) error {
+	var insns asm.Instructions
+	if withRetval {
+		insns = append(insns,
+			asm.Mov.Imm(asm.R1, -int32(unix.ECONNREFUSED)),
+			asm.FnSetRetval.Call(),
+		)
 	}
-	return f, nil
+	insns = append(insns, asm.Mov.Imm(asm.R0, 1), asm.Return())
+	p, err := ebpf.NewProgramWithOptions(&ebpf.ProgramSpec{
+		Type: ebpf.CGroupSockAddr, AttachType: at, Instructions: insns, License: "Dual BSD/GPL",
+	}, ebpf.ProgramOptions{LogDisabled: true})
+	if err == nil {
+		return p.Close()
+	}
+	var ve *ebpf.VerifierError
+	if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.E2BIG) || errors.As(err, &ve) {
+		return fmt.Errorf("loading a %s program: %w: %w", at, ebpf.ErrNotSupported, err)
+	}
+	return err
 }

@@ -68,6 +68,12 @@ type steerFrontendVal struct {
 	ExpiresNs uint64
 }
 
+type steerNodeState struct {
+	_        structs.HostLayout
+	Draining uint32
+	Pad      uint32
+}
+
 type steerOutcome uint32
 
 const (
@@ -90,6 +96,14 @@ type steerSvcVal struct {
 	ExpiresNs uint64
 }
 
+type steerUdpRevKey struct {
+	_      structs.HostLayout
+	Cookie uint64
+	Addr   [16]uint8
+	Port   uint16
+	Pad    [6]uint8
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -99,7 +113,11 @@ const (
 	steerMapDraindDrainStats  = "draind_drain_stats"
 	steerMapDraindDrains      = "draind_drains"
 	steerMapDraindFrontends   = "draind_frontends"
+	steerMapDraindNode        = "draind_node"
 	steerMapDraindServices    = "draind_services"
+	steerMapDraindUdpCounters = "draind_udp_counters"
+	steerMapDraindUdpReverse  = "draind_udp_reverse"
+	steerMapDraindUdpSockets  = "draind_udp_sockets"
 	steerProgDraindConnect4   = "draind_connect4"
 	steerProgDraindConnect6   = "draind_connect6"
 	steerVarDraindMaxPolicy   = "draind_max_policy"
@@ -156,12 +174,16 @@ type steerProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type steerMapSpecs struct {
-	DraindBackends   *ebpf.MapSpec `ebpf:"draind_backends"`
-	DraindCounters   *ebpf.MapSpec `ebpf:"draind_counters"`
-	DraindDrainStats *ebpf.MapSpec `ebpf:"draind_drain_stats"`
-	DraindDrains     *ebpf.MapSpec `ebpf:"draind_drains"`
-	DraindFrontends  *ebpf.MapSpec `ebpf:"draind_frontends"`
-	DraindServices   *ebpf.MapSpec `ebpf:"draind_services"`
+	DraindBackends    *ebpf.MapSpec `ebpf:"draind_backends"`
+	DraindCounters    *ebpf.MapSpec `ebpf:"draind_counters"`
+	DraindDrainStats  *ebpf.MapSpec `ebpf:"draind_drain_stats"`
+	DraindDrains      *ebpf.MapSpec `ebpf:"draind_drains"`
+	DraindFrontends   *ebpf.MapSpec `ebpf:"draind_frontends"`
+	DraindNode        *ebpf.MapSpec `ebpf:"draind_node"`
+	DraindServices    *ebpf.MapSpec `ebpf:"draind_services"`
+	DraindUdpCounters *ebpf.MapSpec `ebpf:"draind_udp_counters"`
+	DraindUdpReverse  *ebpf.MapSpec `ebpf:"draind_udp_reverse"`
+	DraindUdpSockets  *ebpf.MapSpec `ebpf:"draind_udp_sockets"`
 }
 
 // steerVariableSpecs contains global variables before they are loaded into the kernel.
@@ -192,12 +214,16 @@ func (o *steerObjects) Close() error {
 //
 // It can be passed to loadSteerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type steerMaps struct {
-	DraindBackends   *ebpf.Map `ebpf:"draind_backends"`
-	DraindCounters   *ebpf.Map `ebpf:"draind_counters"`
-	DraindDrainStats *ebpf.Map `ebpf:"draind_drain_stats"`
-	DraindDrains     *ebpf.Map `ebpf:"draind_drains"`
-	DraindFrontends  *ebpf.Map `ebpf:"draind_frontends"`
-	DraindServices   *ebpf.Map `ebpf:"draind_services"`
+	DraindBackends    *ebpf.Map `ebpf:"draind_backends"`
+	DraindCounters    *ebpf.Map `ebpf:"draind_counters"`
+	DraindDrainStats  *ebpf.Map `ebpf:"draind_drain_stats"`
+	DraindDrains      *ebpf.Map `ebpf:"draind_drains"`
+	DraindFrontends   *ebpf.Map `ebpf:"draind_frontends"`
+	DraindNode        *ebpf.Map `ebpf:"draind_node"`
+	DraindServices    *ebpf.Map `ebpf:"draind_services"`
+	DraindUdpCounters *ebpf.Map `ebpf:"draind_udp_counters"`
+	DraindUdpReverse  *ebpf.Map `ebpf:"draind_udp_reverse"`
+	DraindUdpSockets  *ebpf.Map `ebpf:"draind_udp_sockets"`
 }
 
 func (m *steerMaps) Close() error {
@@ -207,7 +233,11 @@ func (m *steerMaps) Close() error {
 		m.DraindDrainStats,
 		m.DraindDrains,
 		m.DraindFrontends,
+		m.DraindNode,
 		m.DraindServices,
+		m.DraindUdpCounters,
+		m.DraindUdpReverse,
+		m.DraindUdpSockets,
 	)
 }
 

@@ -190,6 +190,8 @@ type Dump struct {
 	Drains    []Drain
 	Stats     map[EndpointKey]DrainStats
 	Counters  Counters
+	// DatagramCounters count unconnected UDP datagrams by outcome.
+	DatagramCounters Counters
 }
 
 // MarshalText renders the policy by name (JSON dumps).

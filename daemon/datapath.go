@@ -41,6 +41,75 @@ type FakeDatapath struct {
 	FailNext int
 	// Capacity limits the drains map (0: unlimited), as a full BPF map would.
 	Capacity int
+
+	crashIn int // > 0: operations left before a simulated crash
+	crashed bool
+	logging bool
+	log     []FakeOp
+}
+
+// The kinds of FakeOp.
+const (
+	OpUpsertFrontend = "upsert-frontend"
+	OpDeleteFrontend = "delete-frontend"
+	OpSetBackends    = "set-backends"
+	OpDeleteBackends = "delete-backends"
+	OpUpsertDrain    = "upsert-drain"
+	OpDeleteDrain    = "delete-drain"
+)
+
+// FakeOp is one mutating call the fake applied, with its argument.
+type FakeOp struct {
+	Kind     string
+	Key      bpf.EndpointKey // deletes of frontends and drains
+	Service  bpf.ServicePortID
+	Frontend bpf.Frontend
+	Backends bpf.Backends
+	Drain    bpf.Drain
+}
+
+func (o FakeOp) String() string {
+	switch o.Kind {
+	case OpUpsertFrontend:
+		return fmt.Sprintf("%s %v -> %d", o.Kind, o.Frontend.Key, o.Frontend.Service)
+	case OpSetBackends:
+		return fmt.Sprintf("%s %d %v", o.Kind, o.Backends.Service, o.Backends.Backends)
+	case OpDeleteBackends:
+		return fmt.Sprintf("%s %d", o.Kind, o.Service)
+	case OpUpsertDrain:
+		return fmt.Sprintf("%s %v %v svc %d", o.Kind, o.Drain.Key, o.Drain.Policy, o.Drain.Service)
+	}
+	return fmt.Sprintf("%s %v", o.Kind, o.Key)
+}
+
+// CrashAfter makes the fake stop applying anything after n more
+// operations, as if draind died there: later calls fail and change nothing.
+func (f *FakeDatapath) CrashAfter(n int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.crashIn, f.crashed = n, n == 0
+}
+
+// Recover ends a simulated crash (the next daemon starts).
+func (f *FakeDatapath) Recover() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.crashIn, f.crashed = 0, false
+}
+
+// StartLog starts recording applied operations.
+func (f *FakeDatapath) StartLog() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.logging, f.log = true, nil
+}
+
+// StopLog returns the operations applied since StartLog.
+func (f *FakeDatapath) StopLog() []FakeOp {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.logging = false
+	return f.log
 }
 
 // NewFakeDatapath returns an empty fake.
@@ -53,11 +122,23 @@ func NewFakeDatapath() *FakeDatapath {
 	}
 }
 
-func (f *FakeDatapath) op() error {
+// op accounts for one mutating call; a nil error means apply it and
+// record op.
+func (f *FakeDatapath) op(op FakeOp) error {
 	f.Ops++
+	if f.crashed {
+		return fmt.Errorf("fake datapath: crashed")
+	}
 	if f.FailNext > 0 {
 		f.FailNext--
 		return fmt.Errorf("fake datapath: injected failure")
+	}
+	if f.crashIn > 0 {
+		f.crashIn--
+		f.crashed = f.crashIn == 0
+	}
+	if f.logging {
+		f.log = append(f.log, op)
 	}
 	return nil
 }
@@ -66,7 +147,7 @@ func (f *FakeDatapath) op() error {
 func (f *FakeDatapath) UpsertFrontend(fe bpf.Frontend) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := f.op(); err != nil {
+	if err := f.op(FakeOp{Kind: OpUpsertFrontend, Frontend: fe}); err != nil {
 		return err
 	}
 	f.Frontends[fe.Key] = fe
@@ -77,7 +158,7 @@ func (f *FakeDatapath) UpsertFrontend(fe bpf.Frontend) error {
 func (f *FakeDatapath) DeleteFrontend(k bpf.EndpointKey) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := f.op(); err != nil {
+	if err := f.op(FakeOp{Kind: OpDeleteFrontend, Key: k}); err != nil {
 		return err
 	}
 	delete(f.Frontends, k)
@@ -88,10 +169,10 @@ func (f *FakeDatapath) DeleteFrontend(k bpf.EndpointKey) error {
 func (f *FakeDatapath) SetBackends(b bpf.Backends) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := f.op(); err != nil {
+	b.Backends = slices.Clone(b.Backends)
+	if err := f.op(FakeOp{Kind: OpSetBackends, Backends: b}); err != nil {
 		return err
 	}
-	b.Backends = slices.Clone(b.Backends)
 	f.Backends[b.Service] = b
 	return nil
 }
@@ -100,7 +181,7 @@ func (f *FakeDatapath) SetBackends(b bpf.Backends) error {
 func (f *FakeDatapath) DeleteBackends(id bpf.ServicePortID) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := f.op(); err != nil {
+	if err := f.op(FakeOp{Kind: OpDeleteBackends, Service: id}); err != nil {
 		return err
 	}
 	delete(f.Backends, id)
@@ -111,11 +192,12 @@ func (f *FakeDatapath) DeleteBackends(id bpf.ServicePortID) error {
 func (f *FakeDatapath) UpsertDrain(d bpf.Drain) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := f.op(); err != nil {
-		return err
-	}
 	if _, ok := f.Drains[d.Key]; !ok && f.Capacity > 0 && len(f.Drains) >= f.Capacity {
+		f.Ops++
 		return fmt.Errorf("updating draind_drains: %w", bpf.ErrMapFull)
+	}
+	if err := f.op(FakeOp{Kind: OpUpsertDrain, Drain: d}); err != nil {
+		return err
 	}
 	f.Drains[d.Key] = d
 	return nil
@@ -125,7 +207,7 @@ func (f *FakeDatapath) UpsertDrain(d bpf.Drain) error {
 func (f *FakeDatapath) DeleteDrain(k bpf.EndpointKey) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := f.op(); err != nil {
+	if err := f.op(FakeOp{Kind: OpDeleteDrain, Key: k}); err != nil {
 		return err
 	}
 	delete(f.Drains, k)

@@ -1,0 +1,385 @@
+package bpf_test
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/draind/draind/test/bed"
+	"golang.org/x/sys/unix"
+)
+
+// The socket helper: a process in a pod's network namespace and a cgroup
+// that drives sockets with raw syscalls (sendto/recvfrom on unconnected UDP,
+// connected UDP with recvfrom, TCP Fast Open), which the bed's client, built
+// on package net, does not expose. It answers one JSON request per line.
+
+const envSockHelper = "DRAIND_BPF_SOCKHELPER"
+
+type sockReq struct {
+	Op string `json:"op"`
+	// Family of the socket: "4", "6" or "dual" (IPv6, v4-mapped allowed).
+	Family string `json:"family,omitempty"`
+	Addr   string `json:"addr,omitempty"`
+	N      int    `json:"n,omitempty"`
+	// Fresh: a new socket for every datagram (a new flow each time).
+	Fresh bool `json:"fresh,omitempty"`
+}
+
+type sockResp struct {
+	Err     string         `json:"err,omitempty"`
+	OK      int            `json:"ok,omitempty"`
+	By      map[string]int `json:"by,omitempty"`      // answers by server name
+	Sources map[string]int `json:"sources,omitempty"` // answers by the source recvfrom reported
+	Fails   map[string]int `json:"fails,omitempty"`
+	Elapsed time.Duration  `json:"elapsed,omitempty"`
+}
+
+// sockHelperMain runs the helper if this process is one, and exits.
+func sockHelperMain() {
+	if os.Getenv(envSockHelper) != "1" {
+		return
+	}
+	runtime.LockOSThread() // raw syscalls on one thread: nothing but the kernel path is timed
+	h := &sockHelper{fd: -1}
+	out := bufio.NewWriter(os.Stdout)
+	send := func(r sockResp) {
+		b, _ := json.Marshal(r)
+		out.Write(append(b, '\n'))
+		out.Flush()
+	}
+	send(sockResp{}) // ready
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		var req sockReq
+		if err := json.Unmarshal(in.Bytes(), &req); err != nil {
+			send(sockResp{Err: "bad request: " + err.Error()})
+			continue
+		}
+		send(h.handle(req))
+	}
+	os.Exit(0)
+}
+
+type sockHelper struct {
+	fd     int // the persistent UDP socket
+	family string
+}
+
+func sockaddrOf(family string, ap netip.AddrPort) (unix.Sockaddr, error) {
+	switch family {
+	case "4":
+		if !ap.Addr().Is4() {
+			return nil, fmt.Errorf("%s is no IPv4 address", ap)
+		}
+		return &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}, nil
+	case "6", "dual":
+		return &unix.SockaddrInet6{Port: int(ap.Port()), Addr: ap.Addr().As16()}, nil
+	}
+	return nil, fmt.Errorf("unknown family %q", family)
+}
+
+func addrOfSockaddr(sa unix.Sockaddr) string {
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		return netip.AddrPortFrom(netip.AddrFrom4(a.Addr), uint16(a.Port)).String()
+	case *unix.SockaddrInet6:
+		return netip.AddrPortFrom(netip.AddrFrom16(a.Addr), uint16(a.Port)).String()
+	}
+	return fmt.Sprintf("%v", sa)
+}
+
+func newSocket(family string, typ int) (int, error) {
+	dom := unix.AF_INET
+	if family != "4" {
+		dom = unix.AF_INET6
+	}
+	fd, err := unix.Socket(dom, typ|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	if family == "6" {
+		err = unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 1)
+	} else if family == "dual" {
+		err = unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 0)
+	}
+	if err == nil {
+		err = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 2})
+	}
+	if err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	return fd, nil
+}
+
+// retry repeats a system call the Go runtime's signals interrupted.
+func retry(fn func() error) error {
+	for {
+		if err := fn(); !errors.Is(err, unix.EINTR) {
+			return err
+		}
+	}
+}
+
+func failClass(err error) string {
+	if errors.Is(err, unix.EAGAIN) {
+		return "timeout"
+	}
+	return bed.ErrClass(err)
+}
+
+func tallySock(r *sockResp, name, src string, err error) {
+	if err != nil {
+		if r.Fails == nil {
+			r.Fails = map[string]int{}
+		}
+		r.Fails[failClass(err)]++
+		return
+	}
+	r.OK++
+	if r.By == nil {
+		r.By, r.Sources = map[string]int{}, map[string]int{}
+	}
+	r.By[name]++
+	r.Sources[src]++
+}
+
+// exchange sends one datagram (to sa, or on the connected socket if sa is
+// nil) and reads the answer with recvfrom.
+func exchange(fd int, sa unix.Sockaddr) (name, src string, err error) {
+	msg := []byte("hi\n")
+	err = retry(func() error {
+		if sa != nil {
+			return unix.Sendto(fd, msg, 0, sa)
+		}
+		_, err := unix.Write(fd, msg)
+		return err
+	})
+	if err != nil {
+		return "", "", err
+	}
+	buf := make([]byte, 256)
+	var n int
+	var from unix.Sockaddr
+	err = retry(func() (err error) {
+		n, from, err = unix.Recvfrom(fd, buf, 0)
+		return err
+	})
+	if err != nil {
+		return "", "", err
+	}
+	return strings.TrimSpace(string(buf[:n])), addrOfSockaddr(from), nil
+}
+
+func (h *sockHelper) socket(family string) error {
+	if h.fd >= 0 && h.family == family {
+		return nil
+	}
+	if h.fd >= 0 {
+		unix.Close(h.fd)
+	}
+	fd, err := newSocket(family, unix.SOCK_DGRAM)
+	if err != nil {
+		return err
+	}
+	h.fd, h.family = fd, family
+	return nil
+}
+
+func (h *sockHelper) handle(req sockReq) sockResp {
+	var r sockResp
+	var sa unix.Sockaddr
+	if req.Addr != "" {
+		ap, err := netip.ParseAddrPort(req.Addr)
+		if err != nil {
+			return sockResp{Err: err.Error()}
+		}
+		if sa, err = sockaddrOf(req.Family, ap); err != nil {
+			return sockResp{Err: err.Error()}
+		}
+	}
+	n := max(req.N, 1)
+	start := time.Now()
+	switch req.Op {
+	case "sendto": // unconnected UDP: sendto + recvfrom, n times
+		for i := 0; i < n; i++ {
+			if req.Fresh || h.fd < 0 || h.family != req.Family {
+				if h.fd >= 0 {
+					unix.Close(h.fd)
+					h.fd = -1
+				}
+				if err := h.socket(req.Family); err != nil {
+					return sockResp{Err: err.Error()}
+				}
+			}
+			name, src, err := exchange(h.fd, sa)
+			tallySock(&r, name, src, err)
+		}
+	case "connect": // connect the persistent UDP socket (a new one)
+		if h.fd >= 0 {
+			unix.Close(h.fd)
+			h.fd = -1
+		}
+		if err := h.socket(req.Family); err != nil {
+			return sockResp{Err: err.Error()}
+		}
+		if err := unix.Connect(h.fd, sa); err != nil {
+			tallySock(&r, "", "", err)
+		} else {
+			r.OK = 1
+		}
+	case "exchange": // send on the connected socket, recvfrom the answer
+		for i := 0; i < n; i++ {
+			name, src, err := exchange(h.fd, nil)
+			tallySock(&r, name, src, err)
+		}
+	case "tfo": // TCP: sendto(MSG_FASTOPEN) on a fresh socket, read the greeting
+		for i := 0; i < n; i++ {
+			name, err := fastOpen(req.Family, sa)
+			tallySock(&r, name, "", err)
+		}
+	case "bench": // sendto + recvfrom round trips on a new socket, timed here
+		if h.fd >= 0 {
+			unix.Close(h.fd)
+			h.fd = -1
+		}
+		if err := h.socket(req.Family); err != nil {
+			return sockResp{Err: err.Error()}
+		}
+		buf := make([]byte, 256)
+		msg := []byte("hi\n")
+		for i := -20; i < n; i++ { // 20 untimed: caches, neighbour entries
+			if i == 0 {
+				start = time.Now()
+			}
+			if err := retry(func() error { return unix.Sendto(h.fd, msg, 0, sa) }); err != nil {
+				return sockResp{Err: err.Error()}
+			}
+			if err := retry(func() error { _, _, err := unix.Recvfrom(h.fd, buf, 0); return err }); err != nil {
+				return sockResp{Err: "recvfrom: " + err.Error()}
+			}
+		}
+		r.OK = n
+	default:
+		return sockResp{Err: "unknown op " + req.Op}
+	}
+	r.Elapsed = time.Since(start)
+	return r
+}
+
+func fastOpen(family string, sa unix.Sockaddr) (string, error) {
+	fd, err := newSocket(family, unix.SOCK_STREAM)
+	if err != nil {
+		return "", err
+	}
+	defer unix.Close(fd)
+	// No connect(): the SYN leaves from sendto.
+	if err := unix.Sendto(fd, []byte("hi\n"), unix.MSG_FASTOPEN, sa); err != nil {
+		return "", err
+	}
+	buf := make([]byte, 256)
+	var n int
+	err = retry(func() (err error) {
+		n, err = unix.Read(fd, buf)
+		return err
+	})
+	if err != nil {
+		return "", err
+	}
+	if n == 0 {
+		return "", errors.New("eof")
+	}
+	line, _, _ := strings.Cut(string(buf[:n]), "\n")
+	return line, nil
+}
+
+// sockProc is a running socket helper.
+type sockProc struct {
+	cmd  *exec.Cmd
+	in   *bufio.Writer
+	out  *bufio.Scanner
+	mu   sync.Mutex
+	done chan struct{}
+}
+
+// startSockHelper starts the helper inside ns and cgroup cg.
+func startSockHelper(tb testing.TB, ns *bed.NetNS, cg *bed.Cgroup) *sockProc {
+	tb.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cmd := ns.Command(self)
+	cmd.Env = append(os.Environ(), envSockHelper+"=1")
+	cmd.Stderr = os.Stderr
+	f, err := cg.Open()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer f.Close()
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, UseCgroupFD: true, CgroupFD: int(f.Fd())}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	p := &sockProc{cmd: cmd, in: bufio.NewWriter(stdin), out: bufio.NewScanner(stdout), done: make(chan struct{})}
+	p.out.Buffer(make([]byte, 1<<16), 1<<20)
+	go func() { cmd.Wait(); close(p.done) }()
+	tb.Cleanup(func() {
+		cmd.Process.Kill()
+		<-p.done
+	})
+	if !p.out.Scan() {
+		tb.Fatalf("socket helper did not start: %v", p.out.Err())
+	}
+	return p
+}
+
+// call sends one request and returns the answer; a helper error fails tb.
+func (p *sockProc) call(tb testing.TB, req sockReq) sockResp {
+	tb.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	b, _ := json.Marshal(req)
+	p.in.Write(append(b, '\n'))
+	if err := p.in.Flush(); err != nil {
+		tb.Fatalf("%s: writing to the socket helper: %v", req.Op, err)
+	}
+	ch := make(chan bool, 1)
+	go func() { ch <- p.out.Scan() }()
+	select {
+	case ok := <-ch:
+		if !ok {
+			tb.Fatalf("%s: socket helper exited: %v", req.Op, p.out.Err())
+		}
+	case <-time.After(2*time.Minute + time.Duration(req.N)*2*time.Second):
+		p.cmd.Process.Kill()
+		tb.Fatalf("%s: socket helper did not answer (stopped it)", req.Op)
+	}
+	var r sockResp
+	if err := json.Unmarshal(p.out.Bytes(), &r); err != nil {
+		tb.Fatalf("%s: bad answer %q: %v", req.Op, p.out.Bytes(), err)
+	}
+	if r.Err != "" {
+		tb.Fatalf("%s %s: %s", req.Op, req.Addr, r.Err)
+	}
+	return r
+}

@@ -1,0 +1,215 @@
+package daemon
+
+import (
+	"context"
+	"log/slog"
+	"net/netip"
+	"sync"
+	"time"
+
+	"k8s.io/utils/clock"
+
+	"github.com/draind/draind/bpf"
+	"github.com/draind/draind/conntrack"
+)
+
+// conntrackPolicy owns draind's conntrack policy, off the reconciler's goroutine
+// (a full or busy table must never stall steering):
+//
+//   - UDP flows of a draining endpoint are expired when its drain starts and
+//     again every UDPReexpire while it drains: the next datagram is balanced
+//     afresh, and stale rules elsewhere cannot pin it back for long;
+//   - TCP flows of an endpoint are expired only once it is gone (it left
+//     every slice) and GoneGrace has passed, never while it drains; only
+//     flows older than its departure, so a new pod that reused the IP keeps
+//     its own (conntrack timestamps; without them, a reused IP is skipped).
+//
+// Failed passes are retried with backoff, logged and counted.
+// udpFollowUp is when a draining endpoint's UDP flows are expired a second
+// time after its drain started. kube-proxy drops the endpoint from its
+// rules a moment after the slice says so (its sync takes up to about a
+// second); a datagram in between gets a fresh conntrack entry to the
+// draining pod, which this second pass removes instead of the periodic one.
+const udpFollowUp = 2 * time.Second
+
+// expiryBackoff is the wait after the nth failed expiry in a row: 200 ms
+// doubling up to 30 s.
+func expiryBackoff(n int) time.Duration {
+	return min(100*time.Millisecond<<min(n, 9), 30*time.Second)
+}
+
+// udpDue is when a draining UDP endpoint's flows are expired next.
+type udpDue struct {
+	at     time.Time
+	passes int // expiries done
+}
+
+// conntrackPolicyConfig is what the conntrack policy depends on.
+type conntrackPolicyConfig struct {
+	Conntrack   conntrack.Interface // nil: no expiry at all
+	Claims      *claims
+	Clock       clock.WithTicker
+	Metrics     *Metrics
+	Log         *slog.Logger
+	GoneGrace   time.Duration
+	UDPReexpire time.Duration
+}
+
+type conntrackPolicy struct {
+	cfg  conntrackPolicyConfig
+	wake chan struct{}
+	loop loopRunner
+
+	mu        sync.Mutex
+	udp       map[bpf.EndpointKey]udpDue // draining UDP keys -> next expiry
+	gone      []departure
+	failures  int
+	nextRetry time.Time
+}
+
+func newConntrackPolicy(cfg conntrackPolicyConfig) *conntrackPolicy {
+	return &conntrackPolicy{cfg: cfg, wake: make(chan struct{}, 1), udp: map[bpf.EndpointKey]udpDue{}}
+}
+
+// Start runs the expiry loop (nothing without conntrack); Stop ends it.
+func (w *conntrackPolicy) Start(ctx context.Context) {
+	if w.cfg.Conntrack != nil {
+		w.loop.start(ctx, w.run)
+	}
+}
+
+// Stop stops what Start began.
+func (w *conntrackPolicy) Stop() { w.loop.stop() }
+
+func (w *conntrackPolicy) kick() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// udpDrain is told when a drain entry appears or goes: UDP ones are
+// expired at once, then periodically while they stay.
+func (w *conntrackPolicy) udpDrain(k bpf.EndpointKey, present bool, now time.Time) {
+	if w.cfg.Conntrack == nil || k.Proto != bpf.UDP {
+		return
+	}
+	w.mu.Lock()
+	if present {
+		if _, ok := w.udp[k]; !ok {
+			w.udp[k] = udpDue{at: now} // due at once: the drain just started
+		}
+	} else {
+		delete(w.udp, k)
+	}
+	w.mu.Unlock()
+	if present {
+		w.kick()
+	}
+}
+
+// departed queues the TCP expiry of an endpoint that left every slice.
+func (w *conntrackPolicy) departed(dep departure) {
+	if w.cfg.Conntrack == nil || dep.Key.Proto != bpf.TCP {
+		return
+	}
+	w.mu.Lock()
+	w.gone = append(w.gone, dep)
+	w.mu.Unlock()
+	w.kick()
+}
+
+func (w *conntrackPolicy) run(ctx context.Context) {
+	t := w.cfg.Clock.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-w.wake:
+		case <-t.C():
+		}
+		w.pass(ctx)
+	}
+}
+
+// pass runs every expiry that is due, as one batched call.
+func (w *conntrackPolicy) pass(ctx context.Context) {
+	now := w.cfg.Clock.Now()
+	w.mu.Lock()
+	if now.Before(w.nextRetry) {
+		w.mu.Unlock()
+		return
+	}
+	var filters []conntrack.Filter
+	var udpKeys []bpf.EndpointKey
+	for k, due := range w.udp {
+		if !now.Before(due.at) {
+			udpKeys = append(udpKeys, k)
+			filters = append(filters, conntrack.Filter{Proto: conntrack.UDP, ReplySrc: netip.AddrPortFrom(k.Addr, k.Port)})
+		}
+	}
+	var goneDue, goneLater []departure
+	nGone := len(w.gone)
+	for _, g := range w.gone {
+		if now.Sub(g.GoneAt) >= w.cfg.GoneGrace {
+			goneDue = append(goneDue, g)
+		} else {
+			goneLater = append(goneLater, g)
+		}
+	}
+	w.mu.Unlock()
+	ts := w.cfg.Conntrack.Timestamps()
+	for _, g := range goneDue {
+		// Without timestamps the age of a flow is unknown: if the IP
+		// already belongs to a new pod, leave its flows alone.
+		if !ts && w.cfg.Claims.claimedByOther(g.Key.Addr, g.UID) {
+			continue
+		}
+		filters = append(filters, conntrack.Filter{Proto: conntrack.TCP, ReplySrc: netip.AddrPortFrom(g.Key.Addr, g.Key.Port), CreatedBefore: g.GoneAt})
+	}
+	if len(filters) == 0 {
+		w.mu.Lock()
+		w.gone = append(goneLater, w.gone[nGone:]...)
+		w.mu.Unlock()
+		return
+	}
+	start := time.Now()
+	res, err := w.cfg.Conntrack.Expire(ctx, filters)
+	w.cfg.Metrics.CTExpiryDuration.Observe(time.Since(start).Seconds())
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err != nil && ctx.Err() != nil {
+		return // stopping: not a failure
+	}
+	if err != nil {
+		w.failures++
+		backoff := expiryBackoff(w.failures)
+		w.nextRetry = now.Add(backoff)
+		w.cfg.Metrics.CTErrors.Inc()
+		w.cfg.Log.Error("conntrack expiry failed, will retry", logKeyErr, err, "filters", len(filters), "retry_in", backoff)
+		// Keep everything queued; due UDP keys stay due.
+		return
+	}
+	w.failures = 0
+	for i, n := range res.PerFilter {
+		if i < len(udpKeys) {
+			w.cfg.Metrics.CTExpired.WithLabelValues("udp").Add(float64(n))
+		} else {
+			w.cfg.Metrics.CTExpired.WithLabelValues("tcp").Add(float64(n))
+		}
+	}
+	for _, k := range udpKeys {
+		if due, ok := w.udp[k]; ok {
+			due.passes++
+			due.at = now.Add(w.cfg.UDPReexpire)
+			if due.passes == 1 {
+				due.at = now.Add(min(udpFollowUp, w.cfg.UDPReexpire))
+			}
+			w.udp[k] = due
+		}
+	}
+	// Departures not yet due stay queued; those skipped for a reused IP
+	// are dropped (their flows belong to the new pod now).
+	w.gone = append(goneLater, w.gone[nGone:]...)
+}

@@ -1,0 +1,671 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/clock"
+
+	"github.com/draind/draind/bpf"
+	"github.com/draind/draind/conntrack"
+	"github.com/draind/draind/k8s"
+)
+
+// Kubernetes Event reasons on the Pod.
+const (
+	EventDrainStarted  = "DrainStarted"
+	EventDrained       = "Drained"
+	EventDrainTimedOut = "DrainTimedOut"
+)
+
+// hostedDrain is the drain of a pod hosted on this node: the node that can
+// see whether anything still reaches it, owns its drain Lease, and answers
+// its offline call.
+//
+//	draining -> drained | timed-out -> gone -> forgotten (after Linger)
+//	any state before gone -> cancelled (/v1/online, undrain, Lease expiry)
+type hostedDrain struct {
+	uid             types.UID
+	namespace, name string
+	ips             []netip.Addr
+	reason          string
+	started         time.Time
+	state           string
+	goneAt          time.Time
+	leaseSeen       bool      // the informer has shown this drain's Lease
+	published       bool      // a write of the Lease landed
+	lastRenew       time.Time // when the last renewal landed
+
+	syns        uint64
+	lastSYN     time.Time
+	live        int
+	steered     uint64
+	synSamples  []synSample
+	liveChecked bool
+
+	waiters  []*waiter
+	told     map[string]bool // events sent
+	timedOut bool
+}
+
+type synSample struct {
+	at   time.Time
+	syns uint64
+}
+
+// synsSince returns the SYNs counted in the last d. The counters start with
+// the drain, so with no sample older than d every SYN is recent.
+func (ld *hostedDrain) synsSince(now time.Time, d time.Duration) uint64 {
+	cutoff := now.Add(-d)
+	var base uint64
+	for _, s := range ld.synSamples {
+		if s.at.After(cutoff) {
+			break
+		}
+		base = s.syns
+	}
+	return ld.syns - base
+}
+
+// waiter is one blocked /v1/offline?wait= call.
+type waiter struct {
+	quiet    time.Duration
+	deadline time.Time
+	started  time.Time
+	done     chan OfflineResult
+}
+
+// OfflineResult answers /v1/offline.
+type OfflineResult struct {
+	Pod             string  `json:"pod"`
+	State           string  `json:"state"`
+	Drained         bool    `json:"drained"`
+	WaitedSeconds   float64 `json:"waited_seconds"`
+	SYNs            uint64  `json:"syns"`
+	LiveConnections int     `json:"live_connections"`
+	Steered         uint64  `json:"steered"`
+	Error           string  `json:"error,omitempty"`
+	code            int
+}
+
+// hostedDrainsConfig is what the hosted drains depend on.
+type hostedDrainsConfig struct {
+	Node          string
+	Linger        time.Duration // a gone pod's drain (and Lease) stays this long
+	LeaseDuration time.Duration
+	Quiet         time.Duration // drained = no SYN for this long and no live connection
+	PollEvery     time.Duration // measure and settle this often
+	MaxWaiters    int
+
+	State       State
+	Claims      *claims
+	Datapath    Datapath            // SYN and steering counters
+	Conntrack   conntrack.Interface // live connections; nil: not counted
+	Leases      *k8s.Leases
+	Events      typedcorev1.EventInterface
+	Metrics     *Metrics
+	Log         *slog.Logger
+	Clock       clock.WithTicker
+	RequestPass func() // asks the runner for a pass (new keys to learn)
+}
+
+// hostedDrains are the drains of the pods this node hosts.
+type hostedDrains struct {
+	cfg    hostedDrainsConfig
+	writer *leaseWriter
+	wakeCh chan struct{}
+
+	broadcaster   record.EventBroadcaster // between startEvents and stopEvents
+	recorder      record.EventRecorder
+	loop, writing loopRunner
+
+	mu      sync.Mutex
+	pods    map[types.UID]*hostedDrain
+	nwait   int
+	keysFor map[types.UID][]bpf.EndpointKey // from the last pass
+}
+
+func newHostedDrains(cfg hostedDrainsConfig) *hostedDrains {
+	l := &hostedDrains{cfg: cfg, wakeCh: make(chan struct{}, 1),
+		pods: map[types.UID]*hostedDrain{}, keysFor: map[types.UID][]bpf.EndpointKey{}}
+	l.writer = newLeaseWriter(cfg.Leases, cfg.LeaseDuration, cfg.Clock, cfg.Log, l.leaseWritten)
+	return l
+}
+
+// Start starts sending Events, the Lease writer and the loop that measures
+// and settles drains.
+func (l *hostedDrains) Start(ctx context.Context) {
+	l.startEvents()
+	l.writing.start(ctx, l.writer.run)
+	l.loop.start(ctx, l.run)
+}
+
+// Stop stops what Start began: waiters are answered with why (503), and
+// queued Events are flushed.
+func (l *hostedDrains) Stop(why string) {
+	l.loop.stop()
+	l.cancelAll(why)
+	l.writing.stop()
+	l.stopEvents()
+}
+
+func (l *hostedDrains) startEvents() {
+	l.broadcaster = record.NewBroadcaster()
+	l.broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: l.cfg.Events})
+	l.recorder = l.broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "draind", Host: l.cfg.Node})
+}
+
+func (l *hostedDrains) stopEvents() {
+	if l.broadcaster != nil {
+		l.broadcaster.Shutdown() // flushes queued Events, ends its goroutines
+	}
+}
+
+func (l *hostedDrains) wake() {
+	select {
+	case l.wakeCh <- struct{}{}:
+	default:
+	}
+}
+
+func (l *hostedDrains) run(ctx context.Context) {
+	t := l.cfg.Clock.NewTicker(l.cfg.PollEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-l.wakeCh:
+		case <-t.C():
+		}
+		l.reconcile(ctx)
+	}
+}
+
+func (l *hostedDrains) event(ld *hostedDrain, typ, reason, msg string) {
+	if ld.told[reason] {
+		return
+	}
+	if ld.told == nil {
+		ld.told = map[string]bool{}
+	}
+	ld.told[reason] = true
+	ref := &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: ld.namespace, Name: ld.name, UID: ld.uid}
+	if l.recorder != nil {
+		l.recorder.Event(ref, typ, reason, msg)
+	}
+}
+
+// podDrains returns this node's drains as the model takes them: no
+// deadline (this node renews nothing to itself), and a gone pod's drain
+// lasts its linger.
+func (l *hostedDrains) podDrains() []*podDrain {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]*podDrain, 0, len(l.pods))
+	for _, ld := range l.pods {
+		if ld.state == StateCancelled {
+			continue
+		}
+		pd := &podDrain{UID: ld.uid, Namespace: ld.namespace, Name: ld.name, IPs: ld.ips, Reason: ld.reason,
+			Since: ld.started, Holder: l.cfg.Node, Lease: ld.published}
+		if ld.state == StateGone {
+			pd.Expires = ld.goneAt.Add(l.cfg.Linger)
+		}
+		out = append(out, pd)
+	}
+	return out
+}
+
+// uids returns the pods drained on this node.
+func (l *hostedDrains) uids() []types.UID {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]types.UID, 0, len(l.pods))
+	for uid := range l.pods {
+		out = append(out, uid)
+	}
+	return out
+}
+
+// setKeys records the entry keys of this node's drained pods (runner
+// goroutine): their SYN counters are read under them.
+func (l *hostedDrains) setKeys(keys map[types.UID][]bpf.EndpointKey) {
+	l.mu.Lock()
+	changed := len(keys) != len(l.keysFor)
+	for uid, k := range keys {
+		if !slices.Equal(k, l.keysFor[uid]) {
+			changed = true
+		}
+	}
+	l.keysFor = keys
+	l.mu.Unlock()
+	if changed {
+		l.wake() // measure under the new keys now
+	}
+}
+
+// annotate fills a status row with what this node measured.
+func (l *hostedDrains) annotate(ps *PodStatus) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ld := l.pods[types.UID(ps.UID)]
+	if ld == nil {
+		return
+	}
+	ps.Local = true
+	ps.State = ld.state
+	ps.SYNs, ps.LiveConnections, ps.Steered = ld.syns, ld.live, ld.steered
+	ps.SYNsLast10s = ld.synsSince(l.cfg.Clock.Now(), 10*time.Second)
+}
+
+// podByIP finds the local pod (not host-network) owning ip.
+func (l *hostedDrains) podByIP(ip netip.Addr) *k8s.Pod {
+	ip = ip.Unmap()
+	for _, p := range l.cfg.State.LocalPods() {
+		if p.HostNetwork {
+			continue
+		}
+		if slices.Contains(p.IPs, ip) {
+			return p
+		}
+	}
+	return nil
+}
+
+// reconcile is one pass over this node's drains.
+func (l *hostedDrains) reconcile(ctx context.Context) {
+	now := l.cfg.Clock.Now()
+	pods := map[types.UID]*k8s.Pod{}
+	for _, p := range l.cfg.State.LocalPods() {
+		pods[p.UID] = p
+	}
+	leases := map[types.UID]*k8s.DrainLease{}
+	for _, dl := range l.cfg.State.DrainLeases() {
+		leases[dl.PodUID] = dl
+	}
+
+	l.mu.Lock()
+	known := len(l.pods)
+	l.drainDeleting(pods, now)
+	// Drain Leases of local pods (an operator drain, or ours before a
+	// restart): this node holds them now. An expired one is adopted too:
+	// the pod asked to go offline and nobody undid it; only the renewals
+	// stopped (this node was down, or the API server was).
+	for uid, dl := range leases {
+		p := pods[uid]
+		if p == nil {
+			continue
+		}
+		ld := l.pods[uid]
+		if ld == nil || ld.state == StateCancelled {
+			// Adopted, not started: no second DrainStarted event.
+			ld = l.start(p, dl.Reason, dl.Acquired, false)
+			ld.published = true
+			ld.lastRenew = dl.Renewed
+		}
+		ld.leaseSeen = true
+	}
+	l.cleanStaleLeases(leases, pods, now)
+	if len(l.pods) > known {
+		// New drains here: the next pass tells us their entry keys.
+		defer l.cfg.RequestPass()
+	}
+	for uid, ld := range l.pods {
+		name := k8s.LeaseName(uid)
+		dl := leases[uid]
+		p := pods[uid]
+		switch {
+		case ld.state == StateCancelled:
+			l.forget(uid, false)
+			continue
+		case p == nil && ld.state != StateGone:
+			ld.state = StateGone
+			ld.goneAt = now
+			l.finishWaiters(ld, now, StateGone, 200)
+			l.cfg.Metrics.DrainOutcomes.WithLabelValues("gone").Inc()
+		case p != nil && ld.leaseSeen && dl == nil:
+			// The Lease was deleted: /v1/online or draind undrain. A
+			// pod being deleted drains all the same: publish it again.
+			if p.Deleting() {
+				ld.leaseSeen, ld.published = false, false
+				break
+			}
+			ld.state = StateCancelled
+			l.finishWaiters(ld, now, StateCancelled, 409)
+			l.cfg.Metrics.DrainOutcomes.WithLabelValues("cancelled").Inc()
+			l.forget(uid, false)
+			continue
+		}
+		if ld.state == StateGone && now.Sub(ld.goneAt) >= l.cfg.Linger {
+			l.forget(uid, ld.published || ld.leaseSeen)
+			continue
+		}
+		switch {
+		case !ld.published:
+			l.writer.want(name, leaseWrite{kind: leasePublish, req: l.request(ld)})
+		case now.Sub(ld.lastRenew) >= l.cfg.LeaseDuration/3:
+			progress := k8s.Progress{SYNs: ld.syns, SYNsLast10s: ld.synsSince(now, 10*time.Second), HasLast10s: true,
+				Live: ld.live, Steered: ld.steered}.String()
+			ann := map[string]string{k8s.AnnState: ld.state, k8s.AnnProgress: progress}
+			l.writer.want(name, leaseWrite{kind: leaseRenew, req: l.request(ld), ann: ann})
+		}
+	}
+	l.mu.Unlock()
+	l.measure(ctx, now)
+}
+
+// observeLocalPods starts the drains of local pods being deleted: they
+// drain even without an offline call. The runner calls it at the start of
+// every pass, so a deletion reaches the datapath in that same pass.
+func (l *hostedDrains) observeLocalPods(now time.Time) {
+	pods := map[types.UID]*k8s.Pod{}
+	for _, p := range l.cfg.State.LocalPods() {
+		pods[p.UID] = p
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.drainDeleting(pods, now)
+}
+
+// drainDeleting is the one place that decides that a deleting local pod
+// drains (l.mu held).
+func (l *hostedDrains) drainDeleting(pods map[types.UID]*k8s.Pod, now time.Time) {
+	for _, p := range pods {
+		if p.Deleting() && !p.HostNetwork && len(p.IPs) > 0 {
+			if ld := l.pods[p.UID]; ld == nil || ld.state == StateCancelled {
+				l.start(p, k8s.ReasonPodDeleting, now, true)
+			}
+		}
+	}
+}
+
+// cleanStaleLeases deletes the drain Leases that are over (l.mu held):
+//   - a Lease naming an IP that a different local pod now holds: pod IPs
+//     are reused, and this node knows first: deleting the Lease tells every
+//     node to stop steering the old pod's IP at once;
+//   - a Lease this node holds whose pod is gone and that expired (left by
+//     a draind that stopped before its cleanup).
+func (l *hostedDrains) cleanStaleLeases(leases map[types.UID]*k8s.DrainLease, pods map[types.UID]*k8s.Pod, now time.Time) {
+	for uid, dl := range leases {
+		if pods[uid] != nil {
+			continue
+		}
+		stale := dl.Holder == l.cfg.Node && l.pods[uid] == nil && !dl.Expires().After(now)
+		for _, ip := range dl.IPs {
+			if owner, ok := l.cfg.Claims.localOwner(ip); ok && owner != uid {
+				stale = true
+				if ld := l.pods[uid]; ld != nil {
+					ld.goneAt = now.Add(-l.cfg.Linger) // forget at once
+				}
+				break
+			}
+		}
+		if stale {
+			l.writer.want(dl.Name, leaseWrite{kind: leaseDelete})
+		}
+	}
+}
+
+// forget drops a drain (l.mu held); deleteLease also deletes its Lease.
+func (l *hostedDrains) forget(uid types.UID, deleteLease bool) {
+	delete(l.pods, uid)
+	if deleteLease {
+		l.writer.want(k8s.LeaseName(uid), leaseWrite{kind: leaseDelete})
+	} else {
+		l.writer.drop(k8s.LeaseName(uid))
+	}
+}
+
+// request is the Lease a drain publishes (l.mu held).
+func (l *hostedDrains) request(ld *hostedDrain) k8s.DrainRequest {
+	return k8s.DrainRequest{PodNamespace: ld.namespace, PodName: ld.name, PodUID: ld.uid, IPs: ld.ips,
+		Node: l.cfg.Node, Reason: ld.reason, Duration: l.cfg.LeaseDuration}
+}
+
+// leaseWritten records a Lease write that landed or failed (the writer's
+// goroutine).
+func (l *hostedDrains) leaseWritten(r leaseResult) {
+	op := r.kind.String()
+	l.cfg.Metrics.LeaseOps.WithLabelValues(op, result(r.err)).Inc()
+	if r.err != nil {
+		l.cfg.Log.Error("writing drain lease, will retry", "lease", r.name, "op", op, logKeyErr, r.err)
+	}
+	if r.kind == leaseDelete {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, ld := range l.pods {
+		if k8s.LeaseName(ld.uid) != r.name {
+			continue
+		}
+		switch {
+		case r.err == nil:
+			ld.published, ld.lastRenew = true, r.at
+		case apierrors.IsNotFound(r.err) && !ld.leaseSeen:
+			ld.published = false // never landed: create it
+		}
+	}
+}
+
+func result(err error) string {
+	if err != nil {
+		return "error"
+	}
+	return "ok"
+}
+
+// start records a drain of a local pod (l.mu held); announce is false
+// when adopting a drain already in progress (a Lease found at start-up).
+func (l *hostedDrains) start(p *k8s.Pod, reason string, since time.Time, announce bool) *hostedDrain {
+	ld := &hostedDrain{uid: p.UID, namespace: p.Namespace, name: p.Name, ips: slices.Clone(p.IPs),
+		reason: reason, started: since, state: StateDraining}
+	l.pods[p.UID] = ld
+	if !announce {
+		l.cfg.Log.Info("drain adopted", logKeyPod, p.Namespace+"/"+p.Name, logKeyReason, reason)
+		return ld
+	}
+	l.cfg.Metrics.DrainStarts.WithLabelValues(reason).Inc()
+	l.cfg.Log.Info("drain started", logKeyPod, p.Namespace+"/"+p.Name, logKeyReason, reason)
+	l.event(ld, corev1.EventTypeNormal, EventDrainStarted, fmt.Sprintf("draind started draining the pod (reason %s, node %s)", reason, l.cfg.Node))
+	return ld
+}
+
+// publish creates (or joins) the pod's drain Lease now, for an offline
+// call that answers only once the drain is announced cluster-wide.
+func (l *hostedDrains) publish(ctx context.Context, ld *hostedDrain, now time.Time) error {
+	l.mu.Lock()
+	req := l.request(ld)
+	l.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, leaseCallTimeout)
+	defer cancel()
+	_, created, err := l.cfg.Leases.Publish(ctx, req, now)
+	op := "renew"
+	if created {
+		op = "create"
+	}
+	l.cfg.Metrics.LeaseOps.WithLabelValues(op, result(err)).Inc()
+	if err != nil {
+		l.cfg.Log.Error("publishing drain lease", logKeyPod, ld.namespace+"/"+ld.name, logKeyErr, err)
+		return err
+	}
+	l.mu.Lock()
+	ld.published = true
+	ld.lastRenew = now
+	l.mu.Unlock()
+	return nil
+}
+
+// measure reads SYNs and live connections of draining pods and settles
+// waiters.
+func (l *hostedDrains) measure(ctx context.Context, now time.Time) {
+	type job struct {
+		ld   *hostedDrain
+		keys []bpf.EndpointKey
+		ips  []netip.Addr
+	}
+	var jobs []job
+	l.mu.Lock()
+	for uid, ld := range l.pods {
+		if ld.state == StateGone || ld.state == StateCancelled {
+			continue
+		}
+		keys := slices.Clone(l.keysFor[uid])
+		for _, ip := range ld.ips {
+			for _, proto := range []bpf.Protocol{bpf.TCP, bpf.UDP} {
+				k := bpf.EndpointKey{Addr: ip, Proto: proto}
+				if !slices.Contains(keys, k) {
+					keys = append(keys, k)
+				}
+			}
+		}
+		jobs = append(jobs, job{ld, keys, slices.Clone(ld.ips)})
+	}
+	l.mu.Unlock()
+	for _, j := range jobs {
+		var syns, steered uint64
+		var last time.Time
+		for _, k := range j.keys {
+			st, err := l.cfg.Datapath.DrainStats(k)
+			if err != nil {
+				continue
+			}
+			syns += st.SYNs
+			steered += st.Steered + st.Refused
+			if st.LastSYN.After(last) {
+				last = st.LastSYN
+			}
+		}
+		live, checked := 0, true
+		if l.cfg.Conntrack != nil {
+			for _, ip := range j.ips {
+				c, err := l.cfg.Conntrack.Count(ctx, ip)
+				if err != nil {
+					checked = false
+					l.cfg.Metrics.CTErrors.Inc()
+					continue
+				}
+				live += c.LiveTCP()
+			}
+		}
+		l.mu.Lock()
+		ld := j.ld
+		if syns < ld.syns {
+			syns = ld.syns // the stats entry was recreated: counts only grow
+		}
+		switch {
+		case last.After(ld.lastSYN):
+			// The observer's own timestamp of the last SYN: right even
+			// for SYNs counted before this draind started.
+			ld.lastSYN = last
+		case syns > ld.syns && last.IsZero():
+			ld.lastSYN = now // no timestamp: the growth is all we know
+		}
+		ld.syns, ld.steered, ld.live, ld.liveChecked = syns, steered, live, checked
+		ld.synSamples = append(ld.synSamples, synSample{now, syns})
+		for len(ld.synSamples) > 0 && now.Sub(ld.synSamples[0].at) > 11*time.Second {
+			ld.synSamples = ld.synSamples[1:]
+		}
+		l.settle(ld, now)
+		l.mu.Unlock()
+	}
+}
+
+// isDrained applies the definition: no new SYN for quiet and no live
+// connection left (l.mu held).
+func (l *hostedDrains) isDrained(ld *hostedDrain, now time.Time, quiet time.Duration) bool {
+	from := ld.started
+	if ld.lastSYN.After(from) {
+		from = ld.lastSYN
+	}
+	return ld.liveChecked && ld.live == 0 && now.Sub(from) >= quiet
+}
+
+// settle updates the drain's state and answers waiters (l.mu held).
+func (l *hostedDrains) settle(ld *hostedDrain, now time.Time) {
+	if ld.state == StateDraining || ld.state == StateTimedOut {
+		if l.isDrained(ld, now, l.cfg.Quiet) {
+			ld.state = StateDrained
+			dur := now.Sub(ld.started)
+			l.cfg.Metrics.DrainOutcomes.WithLabelValues("drained").Inc()
+			l.cfg.Metrics.DrainDuration.Observe(dur.Seconds())
+			l.event(ld, corev1.EventTypeNormal, EventDrained, fmt.Sprintf("drained after %.1fs: %d SYNs seen, %d connections left, %d steered away on this node",
+				dur.Seconds(), ld.syns, ld.live, ld.steered))
+			l.cfg.Log.Info("pod drained", logKeyPod, ld.namespace+"/"+ld.name, "seconds", dur.Seconds(), "syns", ld.syns)
+		}
+	}
+	kept := ld.waiters[:0]
+	for _, w := range ld.waiters {
+		switch {
+		case l.isDrained(ld, now, w.quiet):
+			w.done <- l.resultOf(ld, now, w, StateDrained, 200)
+			l.nwait--
+		case !now.Before(w.deadline):
+			if !ld.timedOut {
+				ld.timedOut = true
+				if ld.state != StateDrained {
+					ld.state = StateTimedOut
+				}
+				l.cfg.Metrics.DrainOutcomes.WithLabelValues("timed_out").Inc()
+				l.cfg.Metrics.DrainDuration.Observe(now.Sub(ld.started).Seconds())
+				l.event(ld, corev1.EventTypeWarning, EventDrainTimedOut, fmt.Sprintf("not drained after %.1fs: %d live connections, last SYN %s ago",
+					now.Sub(ld.started).Seconds(), ld.live, ago(now, ld.lastSYN)))
+			}
+			w.done <- l.resultOf(ld, now, w, StateTimedOut, 504)
+			l.nwait--
+		default:
+			kept = append(kept, w)
+		}
+	}
+	ld.waiters = kept
+}
+
+func ago(now, t time.Time) string {
+	if t.IsZero() {
+		return "never"
+	}
+	return now.Sub(t).Round(100 * time.Millisecond).String()
+}
+
+func (l *hostedDrains) resultOf(ld *hostedDrain, now time.Time, w *waiter, state string, code int) OfflineResult {
+	r := OfflineResult{Pod: ld.namespace + "/" + ld.name, State: state, Drained: state == StateDrained,
+		SYNs: ld.syns, LiveConnections: ld.live, Steered: ld.steered, code: code}
+	if w != nil {
+		r.WaitedSeconds = now.Sub(w.started).Seconds()
+	}
+	return r
+}
+
+func (l *hostedDrains) finishWaiters(ld *hostedDrain, now time.Time, state string, code int) {
+	for _, w := range ld.waiters {
+		w.done <- l.resultOf(ld, now, w, state, code)
+		l.nwait--
+	}
+	ld.waiters = nil
+}
+
+func (l *hostedDrains) cancelAll(why string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, ld := range l.pods {
+		for _, w := range ld.waiters {
+			r := l.resultOf(ld, l.cfg.Clock.Now(), w, ld.state, 503)
+			r.Error = why
+			w.done <- r
+			l.nwait--
+		}
+		ld.waiters = nil
+	}
+}
