@@ -21,9 +21,13 @@ type StagedPod struct {
 // StagePodIPs creates a bed pod on n with the addresses the caller chooses
 // (either may be invalid for a single-stack pod) — a new pod that reuses a
 // departed pod's IP, as a CNI's IPAM hands a freed address out again — and
-// starts its server. The departed pod's bed namespace must be gone (its
-// routes hold the address). Register creates the Pod object.
-func (n *Node) StagePodIPs(name string, port uint16, ip4, ip6 netip.Addr) (*StagedPod, error) {
+// starts its server. The departed pod's bed pod must have been deleted; the
+// addresses are released from it first (bed.Node.ReleaseAddrs). Register
+// creates the Pod object.
+func (n *Node) StagePodIPs(ctx context.Context, name string, port uint16, ip4, ip6 netip.Addr) (*StagedPod, error) {
+	if err := n.Bed.ReleaseAddrs(ctx, ip4, ip6); err != nil {
+		return nil, err
+	}
 	bp, err := n.Bed.AddPodIPs(name, ip4, ip6)
 	if err != nil {
 		return nil, fmt.Errorf("creating bed pod %s with %s %s: %w", name, ip4, ip6, err)
@@ -44,7 +48,7 @@ func (s *StagedPod) Register(ctx context.Context, namespace string, labels map[s
 // StartPodIPs is StartPod with the addresses chosen by the caller (see
 // StagePodIPs).
 func (n *Node) StartPodIPs(ctx context.Context, namespace, name string, labels map[string]string, port uint16, ip4, ip6 netip.Addr) (*Pod, error) {
-	s, err := n.StagePodIPs(name, port, ip4, ip6)
+	s, err := n.StagePodIPs(ctx, name, port, ip4, ip6)
 	if err != nil {
 		return nil, err
 	}

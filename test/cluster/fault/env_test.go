@@ -292,6 +292,24 @@ func newFixture(t *testing.T, prefix string, names ...string) *fixture {
 		}
 	})
 
+	// Every bed hands out the same pod addresses: an earlier test's slice
+	// or Lease still naming one would be a claim on (or a drain of) it.
+	if sl, err := admin.DiscoveryV1().EndpointSlices("").List(ctx, metav1.ListOptions{}); err != nil {
+		t.Fatalf("listing endpointslices: %v", err)
+	} else {
+		for _, s := range sl.Items {
+			for _, e := range s.Endpoints {
+				if len(e.Addresses) > 0 {
+					t.Fatalf("endpointslice %s/%s of an earlier test still lists %v: its cleanup failed", s.Namespace, s.Name, e.Addresses)
+				}
+			}
+		}
+	}
+	if ls, err := admin.CoordinationV1().Leases(headline.DraindNamespace).List(ctx, metav1.ListOptions{}); err != nil {
+		t.Fatalf("listing leases: %v", err)
+	} else if len(ls.Items) > 0 {
+		t.Fatalf("lease %s of an earlier test is still there: its cleanup failed", ls.Items[0].Name)
+	}
 	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: f.ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("creating namespace %s: %v", f.ns, err)
 	}
@@ -312,16 +330,16 @@ func newFixture(t *testing.T, prefix string, names ...string) *fixture {
 	return f
 }
 
-// clearAPI deletes the test's pods (grace 0: no kubelet hook), Services and
-// every drain Lease.
+// clearAPI deletes the test's Services, their EndpointSlices, its pods
+// (grace 0: no kubelet hook) and every drain Lease. The bed runs no garbage
+// collector: a deleted Service's slices stay unless deleted here, and a
+// stale slice listing an address as a ready endpoint of some pod is, to
+// every draind of a later test (whose bed hands out the same addresses),
+// that pod's claim on the IP.
 func (f *fixture) clearAPI() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	admin := f.env.kc.Admin
-	zero := int64(0)
-	if err := admin.CoreV1().Pods(f.ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{}); err != nil {
-		f.t.Errorf("deleting the pods of %s: %v", f.ns, err)
-	}
 	if svcs, err := admin.CoreV1().Services(f.ns).List(ctx, metav1.ListOptions{}); err != nil {
 		f.t.Errorf("listing the services of %s: %v", f.ns, err)
 	} else {
@@ -329,6 +347,28 @@ func (f *fixture) clearAPI() {
 			if err := admin.CoreV1().Services(f.ns).Delete(ctx, s.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 				f.t.Errorf("deleting service %s/%s: %v", f.ns, s.Name, err)
 			}
+		}
+	}
+	zero := int64(0)
+	if err := admin.CoreV1().Pods(f.ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{}); err != nil {
+		f.t.Errorf("deleting the pods of %s: %v", f.ns, err)
+	}
+	// The EndpointSlice controller may still be writing a slice of a
+	// Service it has not yet seen deleted: delete until none is left.
+	slices := admin.DiscoveryV1().EndpointSlices(f.ns)
+	for {
+		if err := slices.DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+			f.t.Errorf("deleting the endpointslices of %s: %v", f.ns, err)
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+		l, err := slices.List(ctx, metav1.ListOptions{})
+		if err != nil {
+			f.t.Errorf("listing the endpointslices of %s: %v", f.ns, err)
+			break
+		}
+		if len(l.Items) == 0 {
+			break
 		}
 	}
 	if err := admin.CoordinationV1().Leases(headline.DraindNamespace).DeleteCollection(ctx, metav1.DeleteOptions{},

@@ -78,7 +78,9 @@ func TestFaultIPReuse(t *testing.T) {
 
 	// reuse-0: the bed pod with web-0's addresses and its server first,
 	// then the Pod object — the instant it exists is the reference.
-	staged, err := f.nodes["b"].StagePodIPs("reuse-0", serverPort, ip4, ip6)
+	rctx, rcancel := context.WithTimeout(f.ctx, 30*time.Second)
+	defer rcancel()
+	staged, err := f.nodes["b"].StagePodIPs(rctx, "reuse-0", serverPort, ip4, ip6)
 	if err != nil {
 		t.Fatal(err)
 	}
