@@ -65,10 +65,30 @@ func (n *Node) StartPod(ctx context.Context, namespace, name string, labels map[
 	if err != nil {
 		return nil, fmt.Errorf("creating bed pod %s: %w", name, err)
 	}
+	return n.runPod(ctx, bp, namespace, name, labels, port)
+}
+
+// runPod starts the server in bed pod bp and creates its Pod object.
+func (n *Node) runPod(ctx context.Context, bp *bed.Pod, namespace, name string, labels map[string]string, port uint16) (*Pod, error) {
+	srv, err := startServer(bp, name, port)
+	if err != nil {
+		return nil, err
+	}
+	return n.registerPod(ctx, bp, srv, namespace, name, labels, port)
+}
+
+// startServer starts the pod's server, greeting with the pod's name.
+func startServer(bp *bed.Pod, name string, port uint16) (*bed.Proc, error) {
 	srv, err := bp.Start("serve", name, "tcp:[::]:"+strconv.Itoa(int(port)))
 	if err != nil {
 		return nil, fmt.Errorf("starting server in pod %s: %w", name, err)
 	}
+	return srv, nil
+}
+
+// registerPod creates the Pod object of a bed pod whose server runs, running
+// and ready with the pod's addresses.
+func (n *Node) registerPod(ctx context.Context, bp *bed.Pod, srv *bed.Proc, namespace, name string, labels map[string]string, port uint16) (*Pod, error) {
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name, Labels: labels},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{
