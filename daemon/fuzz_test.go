@@ -62,8 +62,8 @@ func (s *fuzzState) SlicesOf(key string) []*k8s.Slice {
 	return out
 }
 func (s *fuzzState) SlicesInNamespace(ns string) []*k8s.Slice { return s.slices }
-func (s *fuzzState) DrainLeases() []*k8s.DrainLease            { return s.leases }
-func (s *fuzzState) LocalPods() []*k8s.Pod                      { return s.pods }
+func (s *fuzzState) DrainLeases() []*k8s.DrainLease           { return s.leases }
+func (s *fuzzState) LocalPods() []*k8s.Pod                    { return s.pods }
 
 // FuzzModel feeds API objects as an attacker (or a buggy controller) could
 // write them, annotations included, through the slim transforms, the

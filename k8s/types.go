@@ -87,8 +87,8 @@ type Slice struct {
 	// label alone can be forged (see the README's trust model).
 	Controller bool
 	Family     Family
-	Ports     []SlicePort
-	Endpoints []Endpoint
+	Ports      []SlicePort
+	Endpoints  []Endpoint
 }
 
 // Trusted reports whether the slice is the cluster's own record of svc's
