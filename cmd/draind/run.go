@@ -36,6 +36,8 @@ type runOptions struct {
 	goneGrace, udpReexpire      time.Duration
 	quiet, maxWait, minSync     time.Duration
 	maxWaiters                  int
+	maxWaitersPerPod            int
+	maxConnections              int
 	registryOnlyPolicy          string
 	conntrack                   bool
 	conntrackZone               uint16
@@ -92,7 +94,9 @@ their /v1/offline calls; expire stale conntrack flows; serve metrics and status.
 	f.DurationVar(&o.udpReexpire, "udp-reexpire", 10*time.Second, "re-expire UDP flows of draining endpoints this often")
 	f.DurationVar(&o.quiet, "quiet", 2*time.Second, "default quiet period of /v1/offline: drained = no new SYN for this long and no live connection")
 	f.DurationVar(&o.maxWait, "max-wait", 10*time.Minute, "cap of /v1/offline?wait=")
-	f.IntVar(&o.maxWaiters, "max-waiters", 256, "concurrent /v1/offline waits before answering 429")
+	f.IntVar(&o.maxWaiters, "max-waiters", 256, "concurrent /v1/offline waits on the node before answering 429 (a pod's first wait is always accepted)")
+	f.IntVar(&o.maxWaitersPerPod, "max-waiters-per-pod", 8, "concurrent /v1/offline waits of one pod before answering 429")
+	f.IntVar(&o.maxConnections, "max-connections", 1024, "open connections of the offline API (more wait in the kernel's queue)")
 	f.DurationVar(&o.minSync, "min-sync-interval", 0, "bounded frequency: at most one datapath pass per interval (0: as events arrive)")
 	f.StringVar(&o.registryOnlyPolicy, "registry-only-policy", "refuse", "pod-IP policy for drained pods no EndpointSlice lists: refuse or off")
 	f.BoolVar(&o.conntrack, "conntrack", true, "expire stale conntrack flows and count live connections")
@@ -188,7 +192,8 @@ func runDaemon(ctx context.Context, o *runOptions) error {
 		Node: o.node, Namespace: o.namespace, Version: version,
 		EntryTTL: o.entryTTL, Linger: o.linger, LeaseDuration: o.leaseDur, GoneGrace: o.goneGrace,
 		UDPReexpire: o.udpReexpire, MinSyncInterval: o.minSync, RegistryOnlyPolicy: regPolicy,
-		Quiet: o.quiet, MaxWait: o.maxWait, MaxWaiters: o.maxWaiters, Logger: log,
+		Quiet: o.quiet, MaxWait: o.maxWait, MaxWaiters: o.maxWaiters, MaxWaitersPerPod: o.maxWaitersPerPod,
+		MaxConnections: o.maxConnections, Logger: log,
 	}, client, dp, ct)
 	if err := dp.Attach(cgroup); err != nil {
 		return err

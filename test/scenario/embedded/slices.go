@@ -16,10 +16,14 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
+
+	"github.com/draind/draind/k8s"
 )
 
-// sliceManagedBy marks the slices the stand-in writes.
-const sliceManagedBy = "endpointslice-standin.draind.io"
+// sliceManagedBy marks the slices the stand-in writes: the controller's own
+// label, as the stand-in plays the EndpointSlice controller (draind trusts
+// only the controller's slices of Services with a selector).
+const sliceManagedBy = k8s.ManagedByController
 
 // sliceController stands in for kube-controller-manager's EndpointSlice
 // controller: one IPv4 slice per selector Service, its endpoints the
