@@ -338,9 +338,7 @@ func TestHostileOfflineWaitsPerPod(t *testing.T) {
 	if r, answered := call.result(t); answered {
 		t.Fatalf("the other pod's wait was refused: %+v", r)
 	}
-	if n := len(f.d.state.DrainLeases()); n != 2 {
-		t.Errorf("%d drains, want both pods'", n)
-	}
+	eventually(t, 10*time.Second, "both pods' drain Leases", func() bool { return len(f.d.state.DrainLeases()) == 2 })
 }
 
 // TestHostileOfflineCallerIdentity: when a finished pod and a running pod
