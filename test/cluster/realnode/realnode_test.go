@@ -138,10 +138,10 @@ func TestRealNode(t *testing.T) {
 		}
 		obs.check(ctx, t, res)
 	})
+	must("Upgrade", func(t *testing.T) { results = append(results, upgrade(ctx, t, n, offlineSpec)) })
 	printTable(t, results)
-	must("Upgrade", func(t *testing.T) { upgrade(ctx, t, n, offlineSpec) })
 	must("Uninstall", func(t *testing.T) { uninstall(ctx, t, n, overlay, img.Binary) })
-	t.Logf("TestRealNode wall time (node start, images, every scenario): %v", time.Since(start).Round(time.Second))
+	t.Logf("real-node figures: TestRealNode wall time (node start, images, every scenario; Stop follows): %v", time.Since(start).Round(time.Second))
 }
 
 // writeOverlay writes the overlay an operator would: the shipped base with

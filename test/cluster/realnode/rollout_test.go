@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -30,8 +31,11 @@ type rolloutResult struct {
 	namespace string
 	clients   map[string]realnode.ClientStats // during the rollout and its tail
 	took      time.Duration                   // restart → last old pod gone
-	oldPods   []corev1.Pod
-	newPods   []string
+	// terminations: each old pod's deletion → removal, as the kubelet
+	// logged them (SyncLoop DELETE → SyncLoop REMOVE).
+	terminations []time.Duration
+	oldPods      []corev1.Pod
+	newPods      []string
 }
 
 // runRollout deploys the application (3 replicas of spec behind a
@@ -147,6 +151,27 @@ func runRollout(ctx context.Context, t *testing.T, n *realnode.Node, namespace s
 	}
 	res.took = time.Since(start)
 	time.Sleep(5 * time.Second)
+	for _, p := range res.oldPods {
+		var del, rem time.Time
+		kl, err := n.KubeletLog(namespace + "/" + p.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range kl {
+			switch {
+			case e.Msg == "SyncLoop DELETE" && del.IsZero():
+				del = e.Time
+			case e.Msg == "SyncLoop REMOVE" && rem.IsZero():
+				rem = e.Time
+			}
+		}
+		if del.IsZero() || rem.IsZero() {
+			t.Errorf("the kubelet's log lacks the deletion or removal of %s", p.Name)
+			continue
+		}
+		res.terminations = append(res.terminations, rem.Sub(del))
+	}
+	slices.Sort(res.terminations)
 	stopDuring()
 	wg.Wait()
 	after := readAll()
@@ -191,8 +216,8 @@ func appPods(ctx context.Context, t *testing.T, n *realnode.Node, namespace stri
 
 func printTable(t *testing.T, results []*rolloutResult) {
 	var b strings.Builder
-	fmt.Fprintf(&b, "\n| variant | rollout | %s failed | %s failed | %s failed | requests ok |\n", clientKinds[0], clientKinds[1], clientKinds[2])
-	b.WriteString("|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "\n| variant | rollout | pod delete→removed (min–max) | %s failed | %s failed | %s failed | requests ok |\n", clientKinds[0], clientKinds[1], clientKinds[2])
+	b.WriteString("|---|---|---|---|---|---|---|\n")
 	for _, r := range results {
 		ok := 0
 		var cells []string
@@ -201,7 +226,11 @@ func printTable(t *testing.T, results []*rolloutResult) {
 			ok += st.OK
 			cells = append(cells, fmt.Sprintf("%d (%s)", st.Failed(), st.FailKinds()))
 		}
-		fmt.Fprintf(&b, "| %s | %v | %s | %d |\n", r.namespace, r.took.Round(100*time.Millisecond), strings.Join(cells, " | "), ok)
+		term := "-"
+		if k := len(r.terminations); k > 0 {
+			term = fmt.Sprintf("%v–%v", r.terminations[0].Round(100*time.Millisecond), r.terminations[k-1].Round(100*time.Millisecond))
+		}
+		fmt.Fprintf(&b, "| %s | %v | %s | %s | %d |\n", r.namespace, r.took.Round(100*time.Millisecond), term, strings.Join(cells, " | "), ok)
 	}
 	t.Logf("real-node rollout figures (3 replicas, kubectl rollout restart, clients every 20 ms):%s", b.String())
 }
@@ -449,7 +478,7 @@ func timeline(ctx context.Context, t *testing.T, n *realnode.Node, pod corev1.Po
 
 // upgrade restarts the DaemonSet in the middle of an application rollout:
 // no client may see a failure.
-func upgrade(ctx context.Context, t *testing.T, n *realnode.Node, spec corev1.PodSpec) {
+func upgrade(ctx context.Context, t *testing.T, n *realnode.Node, spec corev1.PodSpec) *rolloutResult {
 	before := draindPod(ctx, t, n)
 	restarted := make(chan error, 1)
 	res := runRollout(ctx, t, n, "upgrade", spec, func(ctx context.Context, t *testing.T, res *rolloutResult) {
@@ -500,6 +529,7 @@ func upgrade(ctx context.Context, t *testing.T, n *realnode.Node, spec corev1.Po
 			t.Logf("the new draind's log:\n%s", logs)
 		}
 	}
+	return res
 }
 
 // uninstall deletes the overlay, then runs the documented `draind bpf
