@@ -100,6 +100,11 @@ func takeLock(wait time.Duration) (net.Listener, error) {
 // pods' cgroups, sysctls, bpffs mount and created paths. Called with the
 // lock held, so no live run owns any of it.
 func cleanLeftovers(log *slog.Logger) error {
+	// The kubepods cgroups below are removed as leftovers: make sure no
+	// other kubelet (a real node's own) owns them.
+	if pid, cmdline := foreignKubelet(); pid > 0 {
+		return fmt.Errorf("a kubelet that is not the bed's runs on this host (pid %d: %s): a real node here would share its kubepods cgroups", pid, cmdline)
+	}
 	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), dirPrefix+"*"))
 	var errs []error
 	for _, d := range dirs {
@@ -119,6 +124,27 @@ func cleanLeftovers(log *slog.Logger) error {
 	// Pods' cgroups can only be the kubelet's of some run of this bed.
 	errs = append(errs, removeKubepods(log))
 	return errors.Join(errs...)
+}
+
+// foreignKubelet finds a running kubelet whose command line does not name
+// a directory of this bed.
+func foreignKubelet() (int, string) {
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err != nil || len(b) == 0 {
+			continue
+		}
+		argv := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+		if filepath.Base(argv[0]) == "kubelet" && !strings.Contains(string(b), dirPrefix) {
+			return pid, strings.Join(argv, " ")
+		}
+	}
+	return 0, ""
 }
 
 func processAlive(pid int) bool {
