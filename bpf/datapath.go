@@ -287,6 +287,17 @@ func AttachmentNames() []string {
 	return out
 }
 
+// AttachTypes are the cgroup attach points Attach uses, in order (tests
+// that ask the kernel what is attached).
+func AttachTypes() []ebpf.AttachType {
+	var d Datapath
+	var out []ebpf.AttachType
+	for _, a := range d.attachments() {
+		out = append(out, a.typ)
+	}
+	return out
+}
+
 func (d *Datapath) attachments() []attachment {
 	return []attachment{
 		{"connect4", d.steer.DraindConnect4, ebpf.AttachCGroupInet4Connect},

@@ -339,7 +339,7 @@ func attachedPrograms(t *testing.T, cgroup string) map[string]ebpf.ProgramID {
 	}
 	defer f.Close()
 	out := map[string]ebpf.ProgramID{}
-	for _, at := range []ebpf.AttachType{ebpf.AttachCGroupInet4Connect, ebpf.AttachCGroupInet6Connect, ebpf.AttachCGroupInetIngress} {
+	for _, at := range bpf.AttachTypes() {
 		res, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: at})
 		if err != nil {
 			t.Fatalf("querying %s programs on %s: %v", at, cgroup, err)
