@@ -197,13 +197,13 @@ func TestMutate(t *testing.T) {
 		},
 		{
 			name: "a bad draind.io/wait warns and uses the default", nsOptedIn: true,
-			pod:   pod(annotate(KeyWait, "soon")),
-			want:  map[string][]string{"app": offline60}, grace: 110, warning: "is not a duration",
+			pod:  pod(annotate(KeyWait, "soon")),
+			want: map[string][]string{"app": offline60}, grace: 110, warning: "is not a duration",
 		},
 		{
 			name: "the grace period the user set is extended", nsOptedIn: true,
-			pod:   pod(func(p *corev1.Pod) { g := int64(5); p.Spec.TerminationGracePeriodSeconds = &g }),
-			want:  map[string][]string{"app": offline60}, grace: 85,
+			pod:  pod(func(p *corev1.Pod) { g := int64(5); p.Spec.TerminationGracePeriodSeconds = &g }),
+			want: map[string][]string{"app": offline60}, grace: 85,
 		},
 		{
 			name: "draind.io/inject-containers selects", nsOptedIn: true,
@@ -319,7 +319,9 @@ func TestMutate(t *testing.T) {
 				}
 				return
 			}
-			if tc.noInitOp && slices.ContainsFunc(r.Patch, func(o Op) bool { return strings.HasPrefix(o.Path, "/spec/initContainers") || strings.HasPrefix(o.Path, "/spec/volumes") }) {
+			if tc.noInitOp && slices.ContainsFunc(r.Patch, func(o Op) bool {
+				return strings.HasPrefix(o.Path, "/spec/initContainers") || strings.HasPrefix(o.Path, "/spec/volumes")
+			}) {
 				t.Errorf("patch adds the init container or volume the pod already has: %+v", r.Patch)
 			}
 			out, got := apply(t, raw, r)
