@@ -81,10 +81,11 @@ type Options struct {
 	Image string
 	// ImageBinary is the path of draind inside Image.
 	ImageBinary string
-	// Wait is `draind offline --wait`; a pod's draind.io/wait overrides it.
+	// Wait is `draind offline --wait` (0: DefaultWait); a pod's
+	// draind.io/wait overrides it.
 	Wait time.Duration
 	// FallbackSleep is `draind offline --fallback-sleep`: the sleep when
-	// the node's draind cannot be reached.
+	// the node's draind cannot be reached (0: none).
 	FallbackSleep time.Duration
 }
 
