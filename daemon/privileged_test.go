@@ -87,7 +87,7 @@ func newE2E(t *testing.T) *e2e {
 	}
 	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "default"},
 		Spec: corev1.ServiceSpec{ClusterIP: e.vip4.Addr().String(), ClusterIPs: []string{e.vip4.Addr().String(), e.vip6.Addr().String()},
-			Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}}}}
+			Selector: map[string]string{"app": "web"}, Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}}}}
 	_, err = e.client.CoreV1().Services("default").Create(ctx, svc, metav1.CreateOptions{})
 	must(t, err)
 	for fam, eps := range map[discoveryv1.AddressType][]discoveryv1.Endpoint{discoveryv1.AddressTypeIPv4: eps4, discoveryv1.AddressTypeIPv6: eps6} {
@@ -131,7 +131,7 @@ func newE2E(t *testing.T) *e2e {
 		l, err = net.Listen("tcp", fmt.Sprintf(":%d", offlinePrt))
 		return err
 	}))
-	go Serve(ctx, e.d.NewHTTPServer(""), l)
+	go e.d.ServeOffline(ctx, l)
 	e.waitFor("the daemon to be ready", func() bool { return e.d.Ready() })
 	return e
 }
@@ -139,7 +139,8 @@ func newE2E(t *testing.T) *e2e {
 func (e *e2e) slice(fam discoveryv1.AddressType, eps []discoveryv1.Endpoint) *discoveryv1.EndpointSlice {
 	name, port, proto := "http", int32(e2ePort), corev1.ProtocolTCP
 	return &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Name: "web-" + string(fam), Namespace: "default", Labels: map[string]string{discoveryv1.LabelServiceName: "web"}},
+		ObjectMeta: metav1.ObjectMeta{Name: "web-" + string(fam), Namespace: "default", Labels: map[string]string{discoveryv1.LabelServiceName: "web",
+			discoveryv1.LabelManagedBy: k8s.ManagedByController}},
 		AddressType: fam, Endpoints: eps,
 		Ports: []discoveryv1.EndpointPort{{Name: &name, Port: &port, Protocol: &proto}},
 	}

@@ -7,7 +7,7 @@ package k8s
 
 import (
 	"net/netip"
-	"sync"
+	"unique"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -157,31 +157,6 @@ func slimMeta(m *metav1.ObjectMeta) metav1.ObjectMeta {
 	}
 }
 
-// interner shares the storage of repeated strings (node names: a cluster
-// has hundreds, its slices repeat them 100,000 times).
-type interner struct {
-	mu sync.Mutex
-	m  map[string]string
-}
-
-func (in *interner) get(s string) string {
-	if s == "" {
-		return ""
-	}
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	if v, ok := in.m[s]; ok {
-		return v
-	}
-	if in.m == nil {
-		in.m = map[string]string{}
-	}
-	in.m[s] = s
-	return s
-}
-
-var nodeNames interner
-
 // SliceFrom converts an EndpointSlice. ok is false for slices draind ignores
 // (FQDN, no service label). Malformed addresses are skipped, never fatal.
 func SliceFrom(s *discoveryv1.EndpointSlice) (sl *Slice, skipped int) {
@@ -244,7 +219,9 @@ func SliceFrom(s *discoveryv1.EndpointSlice) (sl *Slice, skipped int) {
 			ep.Conds |= CondTerminating
 		}
 		if e.NodeName != nil {
-			ep.Node = nodeNames.get(*e.NodeName)
+			// A cluster has hundreds of nodes and its slices repeat
+			// them 100,000 times: share one copy of each name.
+			ep.Node = unique.Make(*e.NodeName).Value()
 		}
 		// A Pod of another namespace is no pod of this slice's Service:
 		// the endpoint is kept (kube-proxy routes to it), its identity
