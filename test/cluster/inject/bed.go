@@ -30,7 +30,12 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/draind/draind/test/cluster/deploycheck"
 )
@@ -127,6 +132,53 @@ func BuildDraind(ctx context.Context, dir string) (string, error) {
 		return "", fmt.Errorf("building draind (go build ./cmd/draind in %s): %w: %s", root, err, b)
 	}
 	return out, nil
+}
+
+// HostArgs returns the arguments and environment of the rendered webhook
+// Deployment's container for a `draind webhook` process on the host: the
+// container's args and env (a fieldRef to the namespace resolved), plus
+// the bed's: the ServiceAccount's kubeconfig, loopback listen addresses,
+// 127.0.0.1 in the serving certificate (the API server calls it by URL),
+// no shutdown delay, text logs.
+func HostArgs(dep *appsv1.Deployment, kubeconfig, addr, health string) (args, env []string) {
+	c := dep.Spec.Template.Spec.Containers[0]
+	args = append(append(args, c.Args...),
+		"--kubeconfig="+kubeconfig, "--listen="+addr, "--health-listen="+health,
+		"--tls-extra-san=127.0.0.1", "--shutdown-delay=0", "--log-format=text", "--log-level=debug")
+	for _, e := range c.Env {
+		v := e.Value
+		if e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.namespace" {
+			v = dep.Namespace
+		}
+		env = append(env, e.Name+"="+v)
+	}
+	return args, env
+}
+
+// InjectedAnnotation is what the webhook writes on a pod it injected.
+const InjectedAnnotation = "draind.io/injected"
+
+// WaitInjecting waits until the API server trusts and calls the webhook: a
+// dry-run pod in namespace ns (opted in; admission runs, nothing is
+// stored) comes back injected.
+func WaitInjecting(ctx context.Context, client kubernetes.Interface, ns string) error {
+	probe := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "probe", Namespace: ns},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "registry.example/probe:1"}}},
+	}
+	var last *corev1.Pod
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		p, err := client.CoreV1().Pods(ns).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		if err != nil {
+			return false, err
+		}
+		last = p
+		return p.Annotations[InjectedAnnotation] != "", nil
+	})
+	if err != nil {
+		return fmt.Errorf("the API server does not get injected pods from the webhook (last dry-run pod's annotations %v): %w", last.GetAnnotations(), err)
+	}
+	return nil
 }
 
 // Process is one `draind webhook` process.

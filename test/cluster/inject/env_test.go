@@ -53,9 +53,8 @@ var shared struct {
 	bin     string
 	comp    []*unstructured.Unstructured // what deploy/webhook adds to the base
 	kubecfg string                       // the webhook ServiceAccount's kubeconfig
-	args    []string                     // the rendered container's args
-	env     []string                     // and environment
-	image   string                       // DRAIND_IMAGE: the injected init container's image
+	dep     *appsv1.Deployment           // the rendered webhook Deployment
+	image   string                       // its DRAIND_IMAGE: the injected init container's image
 }
 
 func closeShared() error {
@@ -128,20 +127,13 @@ func setupShared() error {
 	if err := shared.c.CreateObjects(ctx, install); err != nil {
 		return err
 	}
-	var dep appsv1.Deployment
-	if err := fromUnstructured(find(shared.comp, "Deployment", "draind-webhook"), &dep); err != nil {
+	shared.dep = &appsv1.Deployment{}
+	if err := fromUnstructured(find(shared.comp, "Deployment", "draind-webhook"), shared.dep); err != nil {
 		return err
 	}
-	ctr := dep.Spec.Template.Spec.Containers[0]
-	shared.args = ctr.Args
-	for _, e := range ctr.Env {
-		v := e.Value
-		if e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.namespace" {
-			v = dep.Namespace
-		}
-		shared.env = append(shared.env, e.Name+"="+v)
+	for _, e := range shared.dep.Spec.Template.Spec.Containers[0].Env {
 		if e.Name == "DRAIND_IMAGE" {
-			shared.image = v
+			shared.image = e.Value
 		}
 	}
 	if shared.image == "" {
@@ -248,11 +240,8 @@ func startWebhooks(t *testing.T, n int, emptySecret bool, flags ...string) *webh
 	var backends []string
 	for i := 0; i < n; i++ {
 		addr, health := freeAddr(t), freeAddr(t)
-		args := append(slices.Clone(shared.args),
-			"--kubeconfig="+shared.kubecfg, "--listen="+addr, "--health-listen="+health,
-			"--tls-extra-san=127.0.0.1", "--shutdown-delay=0", "--log-format=text", "--log-level=debug")
-		args = append(args, flags...)
-		p, err := StartProcess(shared.bin, args, shared.env, addr, health, filepath.Join(logDir(t), fmt.Sprintf("webhook-%d.log", i)))
+		args, env := HostArgs(shared.dep, shared.kubecfg, addr, health)
+		p, err := StartProcess(shared.bin, append(args, flags...), env, addr, health, filepath.Join(logDir(t), fmt.Sprintf("webhook-%d.log", i)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -323,21 +312,10 @@ func probePod(name string) *corev1.Pod {
 	}
 }
 
-// waitInjecting waits until the API server trusts and calls the webhook:
-// a dry-run pod (admission runs, nothing is stored) comes back injected.
 func waitInjecting(ctx context.Context, t *testing.T) {
 	t.Helper()
-	var last *corev1.Pod
-	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		p, err := shared.c.Admin.CoreV1().Pods(probeNS).Create(ctx, probePod("probe"), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		if err != nil {
-			return false, err
-		}
-		last = p
-		return p.Annotations[podinject.KeyInjected] != "", nil
-	})
-	if err != nil {
-		t.Fatalf("the API server does not get injected pods from the webhook (last dry-run pod %+v): %v", last, err)
+	if err := WaitInjecting(ctx, shared.c.Admin, probeNS); err != nil {
+		t.Fatal(err)
 	}
 }
 
