@@ -277,6 +277,16 @@ type attachment struct {
 	typ  ebpf.AttachType
 }
 
+// AttachmentNames names what Attach attaches, in order (status, tests).
+func AttachmentNames() []string {
+	var d Datapath
+	var out []string
+	for _, a := range d.attachments() {
+		out = append(out, a.name)
+	}
+	return out
+}
+
 func (d *Datapath) attachments() []attachment {
 	return []attachment{
 		{"connect4", d.steer.DraindConnect4, ebpf.AttachCGroupInet4Connect},

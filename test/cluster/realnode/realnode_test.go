@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -20,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
+	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/daemon"
 	"github.com/draind/draind/deploy/image"
 	"github.com/draind/draind/test/cluster/deploycheck"
@@ -214,7 +216,8 @@ func install(ctx context.Context, t *testing.T, n *realnode.Node, root, overlay 
 	// The kernel's view: draind's programs on the kubelet's kubepods cgroup.
 	kubepods := kubepodsCgroup(t)
 	attached := attachedPrograms(t, kubepods)
-	for _, name := range []string{"draind_connect4", "draind_connect6", "draind_observe"} {
+	for _, name := range []string{"draind_connect4", "draind_connect6", "draind_sendmsg4", "draind_sendmsg6",
+		"draind_recvmsg4", "draind_recvmsg6", "draind_observe"} {
 		if _, ok := attached[name]; !ok {
 			t.Errorf("program %s is not attached to %s (attached: %v)", name, kubepods, attached)
 		}
@@ -238,9 +241,11 @@ func install(ctx context.Context, t *testing.T, n *realnode.Node, root, overlay 
 	if !st.Healthy {
 		t.Errorf("draind status: unhealthy: %v", st.Problems)
 	}
+	wantProgs := bpf.AttachmentNames()
 	sort.Strings(st.Attached)
-	if strings.Join(st.Attached, ",") != "connect4,connect6,observe_ingress" {
-		t.Errorf("draind status lists attached programs %v", st.Attached)
+	sort.Strings(wantProgs)
+	if !slices.Equal(st.Attached, wantProgs) {
+		t.Errorf("draind status lists attached programs %v, want %v", st.Attached, wantProgs)
 	}
 }
 
