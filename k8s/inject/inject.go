@@ -154,6 +154,8 @@ func OptedIn(pod *corev1.Pod, namespaceOptedIn bool) (bool, string) {
 	switch {
 	case pod.Spec.HostNetwork:
 		return false, "the pod uses the host network (draind cannot drain it)"
+	case (pod.Spec.OS != nil && pod.Spec.OS.Name == corev1.Windows) || pod.Spec.NodeSelector[corev1.LabelOSStable] == string(corev1.Windows):
+		return false, "a Windows pod (the draind binary is Linux's)"
 	case pod.Annotations[Key] == "false":
 		return false, "the pod opts out (" + Key + `: "false")`
 	case namespaceOptedIn:

@@ -126,6 +126,12 @@ func TestMutate(t *testing.T) {
 			name: "host network", pod: pod(annotate(Key, "true"), func(p *corev1.Pod) { p.Spec.HostNetwork = true }), nsOptedIn: true, skipped: "host network",
 		},
 		{
+			name: "Windows pod", pod: pod(func(p *corev1.Pod) { p.Spec.OS = &corev1.PodOS{Name: corev1.Windows} }), nsOptedIn: true, skipped: "Windows",
+		},
+		{
+			name: "pod for Windows nodes", pod: pod(func(p *corev1.Pod) { p.Spec.NodeSelector = map[string]string{corev1.LabelOSStable: "windows"} }), nsOptedIn: true, skipped: "Windows",
+		},
+		{
 			name: "exec preStop is chained", nsOptedIn: true,
 			pod:   pod(preStop(corev1.LifecycleHandler{Exec: &corev1.ExecAction{Command: []string{"/bin/sh", "-c", "nginx -s quit; sleep 3"}}})),
 			want:  map[string][]string{"app": append(slices.Clone(offline60), "--then-exec", "--", "/bin/sh", "-c", "nginx -s quit; sleep 3")},
