@@ -283,6 +283,14 @@ func setWebhookConfig(ctx context.Context, t *testing.T, url string) {
 	if err := fromUnstructured(find(shared.comp, "MutatingWebhookConfiguration", webhookConfig), &mwc); err != nil {
 		t.Fatal(err)
 	}
+	createWebhookConfig(ctx, t, &mwc, url)
+}
+
+// createWebhookConfig creates mwc (replacing any) with every entry's
+// clientConfig changed from the Service to url + the same path, and
+// deletes it when the test ends.
+func createWebhookConfig(ctx context.Context, t *testing.T, mwc *admissionregistrationv1.MutatingWebhookConfiguration, url string) {
+	t.Helper()
 	for i := range mwc.Webhooks {
 		cc := &mwc.Webhooks[i].ClientConfig
 		if cc.Service == nil || cc.Service.Path == nil {
@@ -295,7 +303,7 @@ func setWebhookConfig(ctx context.Context, t *testing.T, url string) {
 	if err := api.Delete(ctx, webhookConfig, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		t.Fatal(err)
 	}
-	if _, err := api.Create(ctx, &mwc, metav1.CreateOptions{FieldValidation: "Strict"}); err != nil {
+	if _, err := api.Create(ctx, mwc, metav1.CreateOptions{FieldValidation: "Strict"}); err != nil {
 		t.Fatalf("creating the webhook configuration: %v", err)
 	}
 	t.Cleanup(func() {

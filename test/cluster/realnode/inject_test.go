@@ -84,7 +84,7 @@ func TestInjectRollout(t *testing.T) {
 	webhookAddr := l.Addr().String()
 	l.Close()
 	overlay := writeInjectOverlay(t, root, webhookAddr)
-	install(ctx, t, n, root, overlay)
+	installInject(ctx, t, n, overlay)
 	if out, err := n.Kubectl(ctx, "-n", "draind-system", "rollout", "status", "deploy/draind-webhook", "--timeout=3m"); err != nil {
 		t.Fatalf("the webhook Deployment did not become ready in the node: %v\n%s", err, out)
 	}
@@ -266,5 +266,26 @@ func checkInjectedPod(t *testing.T, p *corev1.Pod, image string) {
 	}
 	if !strings.Contains(p.Annotations[injectbed.InjectedAnnotation], "app") {
 		t.Errorf("pod %s: annotations %v", p.Name, p.Annotations)
+	}
+}
+
+// installInject applies the overlay with kubectl (the monitoring CRDs
+// first) and waits for the DaemonSet's pod to be Running and Ready.
+// TestRealNode checks the DaemonSet itself in depth.
+func installInject(ctx context.Context, t *testing.T, n *realnode.Node, overlay string) {
+	t.Helper()
+	if err := deploycheck.InstallMonitoringCRDs(ctx, n.Cluster.AdminConfig); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := n.Kubectl(ctx, "apply", "-k", overlay); err != nil {
+		t.Fatalf("kubectl apply -k: %v\n%s", err, out)
+	} else {
+		t.Logf("kubectl apply -k overlay:\n%s", out)
+	}
+	if out, err := n.Kubectl(ctx, "-n", "draind-system", "rollout", "status", "ds/draind", "--timeout=3m"); err != nil {
+		t.Fatalf("waiting for the DaemonSet: %v\n%s", err, out)
+	}
+	if pod := draindPod(ctx, t, n); pod.Status.Phase != corev1.PodRunning || !podReady(pod) {
+		t.Fatalf("draind pod %s: phase %s, ready %v", pod.Name, pod.Status.Phase, podReady(pod))
 	}
 }
