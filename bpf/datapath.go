@@ -681,25 +681,61 @@ func (d *Datapath) SetBackends(b Backends) error {
 		keys[i] = steerBackendKey{SvcId: id, Slot: uint16(i), Gen: uint8(gen)}
 		vals[i] = steerBackendVal{Addr: addr16(ap.Addr()), Port: ap.Port()}
 	}
-	for i := range keys {
-		if err := d.put(MapBackends, d.steer.DraindBackends, &keys[i], &vals[i]); err != nil {
-			// The inactive generation is garbage; the live set is intact.
-			return fmt.Errorf("setting backends of service-port %d: %w", id, err)
-		}
+	if err := d.putBackends(keys, vals); err != nil {
+		// The live set is intact; nothing of the new one stays behind.
+		d.deleteBackendSlots(keys)
+		return fmt.Errorf("setting backends of service-port %d: %w", id, err)
 	}
 	nv := steerSvcVal{Count: uint32(len(b.Backends)), Gen: gen, ExpiresNs: toBoot(b.Expires)}
 	if err := d.put(MapServices, d.steer.DraindServices, &id, &nv); err != nil {
+		d.deleteBackendSlots(keys)
 		return fmt.Errorf("setting backends of service-port %d: %w", id, err)
 	}
 	if exists {
-		for i := uint32(0); i < cur.Count; i++ {
-			k := steerBackendKey{SvcId: id, Slot: uint16(i), Gen: uint8(cur.Gen & 1)}
-			if err := d.del(MapBackends, d.steer.DraindBackends, &k); err != nil {
-				return err
-			}
+		old := make([]steerBackendKey, cur.Count)
+		for i := range old {
+			old[i] = steerBackendKey{SvcId: id, Slot: uint16(i), Gen: uint8(cur.Gen & 1)}
+		}
+		if err := d.deleteBackendSlots(old); err != nil {
+			return fmt.Errorf("freeing the old backends of service-port %d: %w", id, err)
 		}
 	}
 	return nil
+}
+
+// putBackends writes backend slots with one batch update where the kernel
+// has them (Linux 5.6), else one by one.
+func (d *Datapath) putBackends(keys []steerBackendKey, vals []steerBackendVal) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	_, err := d.steer.DraindBackends.BatchUpdate(keys, vals, nil)
+	if errors.Is(err, ebpf.ErrNotSupported) {
+		for i := range keys {
+			if err := d.put(MapBackends, d.steer.DraindBackends, &keys[i], &vals[i]); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err != nil {
+		d.updateErrors[MapBackends].Add(1)
+		if errors.Is(err, unix.E2BIG) || errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.ENOMEM) {
+			return fmt.Errorf("updating %s: %w: %w", MapBackends, ErrMapFull, err)
+		}
+		return fmt.Errorf("updating %s: %w", MapBackends, err)
+	}
+	return nil
+}
+
+// deleteBackendSlots deletes backend slots, absent ones included (a
+// rollback does not know how far a failed write got).
+func (d *Datapath) deleteBackendSlots(keys []steerBackendKey) error {
+	var errs []error
+	for i := range keys {
+		errs = append(errs, d.del(MapBackends, d.steer.DraindBackends, &keys[i]))
+	}
+	return errors.Join(errs...)
 }
 
 // DeleteBackends removes a service-port and its backends.

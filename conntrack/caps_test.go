@@ -2,6 +2,7 @@ package conntrack
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -23,6 +24,14 @@ func capCheckMain() {
 	n, err := Open(Options{NetNS: v})
 	if err == nil {
 		_, err = n.Count(context.Background(), netip.MustParseAddr("10.0.0.1"))
+		if err == nil {
+			// An IPv6 address runs the filter probe too: a flow created
+			// and deleted through ti-mo/conntrack.
+			_, err = n.Count(context.Background(), netip.MustParseAddr("fd00::1"))
+		}
+		if err == nil && n.v6Filter == 0 {
+			err = errors.New("the IPv6 filter probe did not run")
+		}
 		n.Close()
 	}
 	if err != nil {

@@ -7,13 +7,29 @@
 // removes those entries; the policy (what to expire, when) lives in daemon/.
 //
 // The netlink implementation never dumps the whole table per event: dumps are
-// filtered in the kernel (CTA_FILTER on the reply tuple) and deletions are
-// batched, so expiring many endpoints costs one pass each. The kernel filter
-// only narrows the dump; every returned flow is re-checked in userspace with
-// the same rules Fake applies, so a kernel filter that mis-compares (the
-// IPv6 address comparison is inverted up to at least 6.18; Netlink probes
-// for it and then filters IPv6 by protocol and port only) costs speed,
+// filtered in the kernel (CTA_FILTER on the reply tuple, CTA_ZONE on the
+// zone) and deletions are batched, so expiring many endpoints costs one pass
+// each. The kernel filter only narrows the dump; every returned flow is
+// re-checked in userspace with the same rules Fake applies, so a kernel
+// filter that mis-compares (the IPv6 address comparison is inverted up to at
+// least 6.18; Netlink probes for it and then filters IPv6 by protocol and
+// port only) or that an older kernel ignores (zones before 6.8) costs speed,
 // never correctness.
+//
+// Expiry and counting act in one conntrack zone only (Options.Zone, 0 by
+// default): a flow with the same tuple in another zone belongs to someone
+// else (another tenant's VRF, a CNI that separates pods by zone) and is
+// neither deleted nor counted.
+//
+// The transport (sockets, sequence numbers, batched sends, multipart dumps,
+// error replies) is github.com/mdlayher/netlink; github.com/ti-mo/conntrack
+// creates and removes the throwaway flow of the IPv6 probe. What this
+// package writes itself is what neither offers: the tuple-filtered dump
+// request, a flow parser that allocates nothing per flow, and a delete
+// encoder that reuses one buffer (msg.go).
+//
+// It needs CAP_NET_ADMIN only: without Options.NetNS it never enters a
+// namespace (setns would need CAP_SYS_ADMIN, which the DaemonSet lacks).
 package conntrack
 
 import (
@@ -44,7 +60,8 @@ func (p Proto) String() string {
 
 // Filter selects the flows that belong to one endpoint.
 //
-// A flow matches when its protocol is Proto, its reply-direction source is
+// A flow matches when it lives in the handle's zone (Options.Zone for
+// Netlink, SetZone for Fake), its protocol is Proto, its reply-direction source is
 // ReplySrc (the pod IP, and the pod port unless ReplySrc.Port() is 0), and,
 // when OrigDst is valid, its original-direction destination is OrigDst (a
 // Service VIP:port, or the pod IP:port itself for direct dials; port 0 = any).
@@ -112,10 +129,17 @@ func (c Counts) LiveTCP() int {
 
 // Interface is what daemon/ uses; Netlink is the real one, Fake the test double.
 type Interface interface {
-	// Expire deletes, in one batched pass, every flow matched by any filter.
+	// Expire deletes, in one batched pass, every flow of the handle's zone
+	// matched by any filter.
 	Expire(ctx context.Context, filters []Filter) (ExpireResult, error)
-	// Count returns the flows whose reply-direction source is addr.
+	// Count returns the flows of the handle's zone whose reply-direction
+	// source is addr.
 	Count(ctx context.Context, addr netip.Addr) (Counts, error)
+	// Timestamps reports whether flows carry start times. Without them
+	// Filter.CreatedBefore cannot tell a new pod's flows on a reused IP
+	// from the old pod's (every flow looks old), so the caller must not
+	// expire a reused IP's flows.
+	Timestamps() bool
 	// Close releases the netlink sockets.
 	Close() error
 }

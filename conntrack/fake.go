@@ -24,6 +24,8 @@ type Fake struct {
 	failN   int
 	failErr error
 	closed  bool
+	zone    uint16
+	noTS    bool
 }
 
 var _ Interface = (*Fake)(nil)
@@ -47,6 +49,29 @@ func (f *Fake) Flows() []Flow {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return slices.Clone(f.flows)
+}
+
+// SetZone makes the fake act in zone, as Options.Zone does for Netlink:
+// flows of other zones are neither expired nor counted.
+func (f *Fake) SetZone(zone uint16) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.zone = zone
+}
+
+// SetTimestamps sets what Timestamps reports (true until told otherwise),
+// to exercise a caller's handling of a table without start times.
+func (f *Fake) SetTimestamps(on bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.noTS = !on
+}
+
+// Timestamps reports what SetTimestamps set; true by default.
+func (f *Fake) Timestamps() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return !f.noTS
 }
 
 // FailNext makes the next n calls to Expire or Count fail with err
@@ -117,7 +142,7 @@ func (f *Fake) Expire(ctx context.Context, filters []Filter) (ExpireResult, erro
 		return res, fmt.Errorf("expiring flows: %w", err)
 	}
 	f.flows = slices.DeleteFunc(f.flows, func(fl Flow) bool {
-		switch v, i := classify(fs, fl); v {
+		switch v, i := classify(f.zone, fs, fl); v {
 		case expire:
 			res.Deleted++
 			res.PerFilter[i]++
@@ -147,7 +172,7 @@ func (f *Fake) Count(ctx context.Context, addr netip.Addr) (Counts, error) {
 	}
 	addr = addr.Unmap()
 	for _, fl := range f.flows {
-		if countedFor(addr, fl) {
+		if countedFor(f.zone, addr, fl) {
 			c.add(fl)
 		}
 	}

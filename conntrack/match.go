@@ -115,10 +115,15 @@ func (f Filter) isOld(fl Flow) bool {
 	return fl.Start.Before(f.CreatedBefore)
 }
 
-// classify applies filters to one flow. When a flow is expired, idx is the
-// first filter that expires it (the one credited in PerFilter).
-func classify(filters []Filter, fl Flow) (v verdict, idx int) {
+// classify applies filters to one flow of a handle that acts in zone. A
+// flow of another zone is never selected, whatever its tuple: it is someone
+// else's. When a flow is expired, idx is the first filter that expires it
+// (the one credited in PerFilter).
+func classify(zone uint16, filters []Filter, fl Flow) (v verdict, idx int) {
 	v, idx = skip, -1
+	if fl.Zone != zone {
+		return v, idx
+	}
 	for i, f := range filters {
 		if !f.matchesTuple(fl) {
 			continue
@@ -131,10 +136,11 @@ func classify(filters []Filter, fl Flow) (v verdict, idx int) {
 	return v, idx
 }
 
-// countedFor reports whether Count(addr) includes fl: every flow whose
-// reply-direction source is addr, whatever its protocol or port.
-func countedFor(addr netip.Addr, fl Flow) bool {
-	return fl.Reply.Src.Addr().Unmap() == addr
+// countedFor reports whether Count(addr) of a handle that acts in zone
+// includes fl: every flow of the zone whose reply-direction source is addr,
+// whatever its protocol or port.
+func countedFor(zone uint16, addr netip.Addr, fl Flow) bool {
+	return fl.Zone == zone && fl.Reply.Src.Addr().Unmap() == addr
 }
 
 // add counts one flow into c.

@@ -142,23 +142,29 @@ func TestClassify(t *testing.T) {
 
 	protect := Filter{Proto: TCP, ReplySrc: ap(podA, 8080), CreatedBefore: gone}
 	all := Filter{Proto: TCP, ReplySrc: ap(podA, 0)}
+	otherZone := old
+	otherZone.Zone = 5
 	tests := []struct {
 		name    string
+		zone    uint16
 		filters []Filter
 		fl      Flow
 		want    verdict
 		wantIdx int
 	}{
-		{"no filters", nil, old, skip, -1},
-		{"not selected", []Filter{protect}, other, skip, -1},
-		{"old flow expires", []Filter{protect}, old, expire, 0},
-		{"young flow is kept", []Filter{protect}, young, keep, -1},
-		{"a later filter that expires wins over a keep", []Filter{protect, all}, young, expire, 1},
-		{"the first expiring filter is credited", []Filter{all, protect}, old, expire, 0},
+		{"no filters", 0, nil, old, skip, -1},
+		{"not selected", 0, []Filter{protect}, other, skip, -1},
+		{"old flow expires", 0, []Filter{protect}, old, expire, 0},
+		{"young flow is kept", 0, []Filter{protect}, young, keep, -1},
+		{"a later filter that expires wins over a keep", 0, []Filter{protect, all}, young, expire, 1},
+		{"the first expiring filter is credited", 0, []Filter{all, protect}, old, expire, 0},
+		{"same tuple in another zone is someone else's", 0, []Filter{all}, otherZone, skip, -1},
+		{"a handle in zone 5 expires zone 5 flows", 5, []Filter{all}, otherZone, expire, 0},
+		{"a handle in zone 5 leaves zone 0 alone", 5, []Filter{all}, old, skip, -1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			v, idx := classify(tt.filters, tt.fl)
+			v, idx := classify(tt.zone, tt.filters, tt.fl)
 			if v != tt.want || idx != tt.wantIdx {
 				t.Fatalf("classify() = (%v, %d), want (%v, %d)", v, idx, tt.want, tt.wantIdx)
 			}

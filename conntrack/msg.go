@@ -1,11 +1,15 @@
 package conntrack
 
-// Wire format of the ctnetlink messages draind sends and reads.
+// Wire format of the ctnetlink messages draind builds and reads itself.
 //
-// ti-mo/conntrack cannot express CTA_FILTER (tuple filtering of dumps), and
-// its decoder allocates per attribute, which costs more than the kernel's
-// own work on a large table. The handful of messages draind needs is small
-// enough to encode and parse here, without allocations on the hot path.
+// The netlink layer (headers, sequence numbers, batching, multipart dumps,
+// error replies) is mdlayher/netlink's. Three pieces stay here because no
+// library offers them: the dump request filtered on the reply tuple
+// (CTA_FILTER; ti-mo/conntrack filters dumps only by mark, zone and
+// status), the flow parser, which allocates nothing per flow (a general
+// attribute decoder allocates per nest, which on a large table costs more
+// than the kernel's own work), and the delete encoder, which appends to one
+// reused buffer.
 
 import (
 	"encoding/binary"
@@ -14,17 +18,16 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 )
 
-// Netlink and nfnetlink constants (linux/netlink.h, linux/netfilter/nfnetlink.h).
+// nfnetlink constants (linux/netfilter/nfnetlink.h).
 const (
-	nlmsgHdrLen  = 16
 	nfgenHdrLen  = 4
 	nlaHdrLen    = 4
-	nlaFNested   = 1 << 15
-	nlaTypeMask  = ^uint16(3 << 14) // clears NLA_F_NESTED and NLA_F_NET_BYTEORDER
-	nfnlSubsysCT = 1                // NFNL_SUBSYS_CTNETLINK
+	nlaTypeMask  = ^(netlink.Nested | netlink.NetByteOrder)
+	nfnlSubsysCT = 1 // NFNL_SUBSYS_CTNETLINK
 )
 
 // ctnetlink message types (enum cntl_msg_types).
@@ -39,7 +42,6 @@ const (
 	ctaTupleOrig  = 1
 	ctaTupleReply = 2
 	ctaProtoinfo  = 4
-	ctaTimeout    = 7
 	ctaID         = 12
 	ctaZone       = 18
 	ctaTimestamp  = 20
@@ -78,7 +80,7 @@ const (
 	filterProtoDstPort = 1 << 5
 )
 
-func ctMsgType(t uint16) uint16 { return nfnlSubsysCT<<8 | t }
+func ctMsgType(t uint16) netlink.HeaderType { return netlink.HeaderType(nfnlSubsysCT<<8 | t) }
 
 // family returns the nfgenmsg family of an address.
 func family(a netip.Addr) uint8 {
@@ -88,96 +90,17 @@ func family(a netip.Addr) uint8 {
 	return unix.AF_INET6
 }
 
-// encoder appends netlink messages to a buffer that is reused across
-// batches, so encoding a delete costs no allocation.
-type encoder struct {
-	b []byte
-}
-
-// begin starts a message and returns its offset for end.
-func (e *encoder) begin(typ, flags uint16, seq uint32, fam uint8) int {
-	start := len(e.b)
-	var h [nlmsgHdrLen + nfgenHdrLen]byte
-	binary.NativeEndian.PutUint16(h[4:], typ)
-	binary.NativeEndian.PutUint16(h[6:], flags)
-	binary.NativeEndian.PutUint32(h[8:], seq)
-	h[16] = fam // nfgen_family; version 0 (NFNETLINK_V0), res_id 0
-	e.b = append(e.b, h[:]...)
-	return start
-}
-
-// end fills in the length of the message started at start.
-func (e *encoder) end(start int) {
-	binary.NativeEndian.PutUint32(e.b[start:], uint32(len(e.b)-start))
-}
-
-func (e *encoder) attr(typ uint16, data []byte) {
-	l := nlaHdrLen + len(data)
-	var h [nlaHdrLen]byte
-	binary.NativeEndian.PutUint16(h[0:], uint16(l))
-	binary.NativeEndian.PutUint16(h[2:], typ)
-	e.b = append(e.b, h[:]...)
-	e.b = append(e.b, data...)
-	for pad := align4(l) - l; pad > 0; pad-- {
-		e.b = append(e.b, 0)
-	}
-}
-
-func (e *encoder) u8(typ uint16, v uint8) { e.attr(typ, []byte{v}) }
-
-func (e *encoder) be16(typ uint16, v uint16) {
-	var b [2]byte
-	binary.BigEndian.PutUint16(b[:], v)
-	e.attr(typ, b[:])
-}
-
-func (e *encoder) be32(typ uint16, v uint32) {
-	var b [4]byte
-	binary.BigEndian.PutUint32(b[:], v)
-	e.attr(typ, b[:])
-}
-
-// u32 encodes a host-order u32 (CTA_FILTER flags are NLA_U32, not big-endian).
-func (e *encoder) u32(typ uint16, v uint32) {
-	var b [4]byte
-	binary.NativeEndian.PutUint32(b[:], v)
-	e.attr(typ, b[:])
-}
-
-func (e *encoder) addr(typ4, typ6 uint16, a netip.Addr) {
-	if a.Is4() {
-		b := a.As4()
-		e.attr(typ4, b[:])
-		return
-	}
-	b := a.As16()
-	e.attr(typ6, b[:])
-}
-
-// nest opens a nested attribute; NLA_F_NESTED is set because the kernel
-// parses CTA_FILTER strictly and rejects a nest without it.
-func (e *encoder) nest(typ uint16) int {
-	start := len(e.b)
-	e.b = append(e.b, 0, 0, 0, 0)
-	binary.NativeEndian.PutUint16(e.b[start+2:], typ|nlaFNested)
-	return start
-}
-
-func (e *encoder) endNest(start int) {
-	binary.NativeEndian.PutUint16(e.b[start:], uint16(len(e.b)-start))
-}
-
-func align4(n int) int { return (n + 3) &^ 3 }
-
 // kernelFilter is the part of one or more Filters the kernel evaluates
 // during a dump. ReplySrc is always set (it also gives the dump's address
-// family); the rest is optional (zero = any).
+// family); the rest is optional (zero = any), except the zone, which is
+// always sent.
 type kernelFilter struct {
 	replySrc     netip.Addr
 	replySrcPort uint16
 	proto        Proto
 	origDst      netip.Addr
 	origDstPort  uint16
+	zone         uint16
 	// noAddr leaves the addresses out of the kernel filter. Kernels up to
 	// at least 6.18 compare IPv6 addresses in ctnetlink_filter_match_tuple
 	// with !ipv6_addr_cmp(), which rejects exactly the flows that match;
@@ -209,55 +132,125 @@ func (kf kernelFilter) flags() (orig, reply uint32) {
 	return orig, reply
 }
 
-// encodeDump appends an IPCTNL_MSG_CT_GET dump request that the kernel
-// filters by kf (ctnetlink_alloc_filter / ctnetlink_filter_match_tuple):
-// only flows that match are copied to userspace, so a pass over a table of a
+// dumpRequest builds an IPCTNL_MSG_CT_GET dump request that the kernel
+// filters by kf (ctnetlink_alloc_filter, ctnetlink_filter_match): only
+// flows that match are copied to userspace, so a pass over a table of a
 // million flows moves only the endpoint's flows across the socket. The
-// nfgen_family alone already restricts the dump to IPv4 or IPv6.
-func encodeDump(e *encoder, seq uint32, kf kernelFilter) {
+// nfgen_family alone restricts the dump to IPv4 or IPv6; CTA_ZONE restricts
+// it to one zone on kernels from 6.8 (older ones ignore it in a dump, and
+// the userspace re-check keeps the result exact). It is built once per
+// dump, so netlink.AttributeEncoder's allocations do not matter here.
+func dumpRequest(kf kernelFilter) (netlink.Message, error) {
 	origFlags, replyFlags := kf.flags()
-	m := e.begin(ctMsgType(ctMsgGet), unix.NLM_F_REQUEST|unix.NLM_F_DUMP, seq, family(kf.replySrc))
+	ae := netlink.NewAttributeEncoder()
+	ae.ByteOrder = binary.BigEndian // ctnetlink's integers, but for CTA_FILTER's flag words
 	if origFlags != 0 {
-		encodeFilterTuple(e, ctaTupleOrig, origFlags, kf.proto, kf.origDst, kf.origDstPort)
+		ae.Nested(ctaTupleOrig, filterTuple(ctaTupleOrig, origFlags, kf.proto, kf.origDst, kf.origDstPort))
 	}
 	if replyFlags != 0 {
-		encodeFilterTuple(e, ctaTupleReply, replyFlags, kf.proto, kf.replySrc, kf.replySrcPort)
+		ae.Nested(ctaTupleReply, filterTuple(ctaTupleReply, replyFlags, kf.proto, kf.replySrc, kf.replySrcPort))
 	}
 	if origFlags != 0 || replyFlags != 0 {
-		f := e.nest(ctaFilter)
-		e.u32(ctaFilterOrigFlags, origFlags)
-		e.u32(ctaFilterReplyFlags, replyFlags)
-		e.endNest(f)
+		ae.Nested(ctaFilter, func(nae *netlink.AttributeEncoder) error {
+			nae.ByteOrder = binary.NativeEndian // NLA_U32 in host order
+			nae.Uint32(ctaFilterOrigFlags, origFlags)
+			nae.Uint32(ctaFilterReplyFlags, replyFlags)
+			return nil
+		})
 	}
-	e.end(m)
+	ae.Uint16(ctaZone, kf.zone)
+	attrs, err := ae.Encode()
+	if err != nil {
+		return netlink.Message{}, fmt.Errorf("encoding dump request: %w", err)
+	}
+	return netlink.Message{
+		Header: netlink.Header{Type: ctMsgType(ctMsgGet), Flags: netlink.Request | netlink.Dump},
+		Data:   append([]byte{family(kf.replySrc), 0, 0, 0}, attrs...), // nfgenmsg: version 0, res_id 0
+	}, nil
 }
 
-// encodeFilterTuple writes the tuple fields named by flags: the address and
-// port are the source of a reply tuple or the destination of an original one.
-func encodeFilterTuple(e *encoder, typ uint16, flags uint32, proto Proto, a netip.Addr, port uint16) {
-	t := e.nest(typ)
-	if flags&(filterIPSrc|filterIPDst) != 0 {
-		ip := e.nest(ctaTupleIP)
-		if typ == ctaTupleReply {
-			e.addr(ctaIPv4Src, ctaIPv6Src, a)
-		} else {
-			e.addr(ctaIPv4Dst, ctaIPv6Dst, a)
+// filterTuple encodes the tuple fields named by flags: the address and port
+// are the source of a reply tuple or the destination of an original one.
+func filterTuple(typ uint16, flags uint32, proto Proto, a netip.Addr, port uint16) func(*netlink.AttributeEncoder) error {
+	return func(ae *netlink.AttributeEncoder) error {
+		if flags&(filterIPSrc|filterIPDst) != 0 {
+			ae.Nested(ctaTupleIP, func(ip *netlink.AttributeEncoder) error {
+				t4, t6 := uint16(ctaIPv4Dst), uint16(ctaIPv6Dst)
+				if typ == ctaTupleReply {
+					t4, t6 = ctaIPv4Src, ctaIPv6Src
+				}
+				if a.Is4() {
+					ip.Bytes(t4, a.AsSlice())
+				} else {
+					ip.Bytes(t6, a.AsSlice())
+				}
+				return nil
+			})
 		}
-		e.endNest(ip)
+		if flags&filterProtoNum != 0 {
+			ae.Nested(ctaTupleProto, func(p *netlink.AttributeEncoder) error {
+				p.Uint8(ctaProtoNum, uint8(proto))
+				if flags&filterProtoSrcPort != 0 {
+					p.Uint16(ctaProtoSrcPort, port)
+				}
+				if flags&filterProtoDstPort != 0 {
+					p.Uint16(ctaProtoDstPort, port)
+				}
+				return nil
+			})
+		}
+		return nil
 	}
-	if flags&filterProtoNum != 0 {
-		p := e.nest(ctaTupleProto)
-		e.u8(ctaProtoNum, uint8(proto))
-		if flags&filterProtoSrcPort != 0 {
-			e.be16(ctaProtoSrcPort, port)
-		}
-		if flags&filterProtoDstPort != 0 {
-			e.be16(ctaProtoDstPort, port)
-		}
-		e.endNest(p)
-	}
-	e.endNest(t)
 }
+
+// encoder appends netlink attributes to a buffer that is reused across
+// batches, so encoding a delete costs no allocation.
+type encoder struct {
+	b []byte
+}
+
+func (e *encoder) attr(typ uint16, data []byte) {
+	l := nlaHdrLen + len(data)
+	e.b = binary.NativeEndian.AppendUint16(e.b, uint16(l))
+	e.b = binary.NativeEndian.AppendUint16(e.b, typ)
+	e.b = append(e.b, data...)
+	for pad := align4(l) - l; pad > 0; pad-- {
+		e.b = append(e.b, 0)
+	}
+}
+
+func (e *encoder) u8(typ uint16, v uint8) { e.attr(typ, []byte{v}) }
+
+func (e *encoder) be16(typ uint16, v uint16) {
+	var b [2]byte
+	binary.BigEndian.PutUint16(b[:], v)
+	e.attr(typ, b[:])
+}
+
+func (e *encoder) addr(typ4, typ6 uint16, a netip.Addr) {
+	if a.Is4() {
+		b := a.As4()
+		e.attr(typ4, b[:])
+		return
+	}
+	b := a.As16()
+	e.attr(typ6, b[:])
+}
+
+// nest opens a nested attribute; NLA_F_NESTED is set because the kernel
+// rejects a strictly parsed nest (such as CTA_FILTER's) without it.
+func (e *encoder) nest(typ uint16) int {
+	start := len(e.b)
+	e.b = append(e.b, 0, 0, 0, 0)
+	binary.NativeEndian.PutUint16(e.b[start+2:], typ|netlink.Nested)
+	return start
+}
+
+func (e *encoder) endNest(start int) {
+	binary.NativeEndian.PutUint16(e.b[start:], uint16(len(e.b)-start))
+}
+
+func align4(n int) int { return (n + 3) &^ 3 }
 
 // encodeTuple appends a full tuple (addresses, protocol, ports).
 func encodeTuple(e *encoder, typ uint16, proto Proto, t Tuple, zone uint16, withZone bool) {
@@ -277,17 +270,24 @@ func encodeTuple(e *encoder, typ uint16, proto Proto, t Tuple, zone uint16, with
 	e.endNest(n)
 }
 
-// encodeDelete appends an IPCTNL_MSG_CT_DELETE for one dumped flow. The
-// flow is named by its original tuple and zone exactly as the kernel
-// reported them, plus its CTA_ID when known, so a different flow that took
-// the same tuple since the dump is not deleted. A delete message without a
-// tuple would flush the whole table; this encoder always writes one.
-func encodeDelete(e *encoder, seq uint32, ent *ctEntry, ack bool) {
-	flags := uint16(unix.NLM_F_REQUEST)
+// deleteHeader is the netlink header of an IPCTNL_MSG_CT_DELETE; the
+// connection fills in length, sequence number and port id.
+func deleteHeader(ack bool) netlink.Header {
+	h := netlink.Header{Type: ctMsgType(ctMsgDelete), Flags: netlink.Request}
 	if ack {
-		flags |= unix.NLM_F_ACK
+		h.Flags |= netlink.Acknowledge
 	}
-	m := e.begin(ctMsgType(ctMsgDelete), flags, seq, family(ent.Orig.Src.Addr()))
+	return h
+}
+
+// encodeDelete appends the payload (nfgenmsg and attributes) of an
+// IPCTNL_MSG_CT_DELETE for one dumped flow. The flow is named by its
+// original tuple and zone exactly as the kernel reported them, plus its
+// CTA_ID when known, so a different flow that took the same tuple since the
+// dump is not deleted. A delete message without a tuple would flush the
+// whole table; this encoder always writes one.
+func encodeDelete(e *encoder, ent *ctEntry) {
+	e.b = append(e.b, family(ent.Orig.Src.Addr()), 0, 0, 0)
 	encodeTuple(e, ctaTupleOrig, ent.Proto, ent.Orig, ent.Zone, ent.zoneInTuple)
 	if ent.zoneTop {
 		e.be16(ctaZone, ent.Zone)
@@ -297,30 +297,6 @@ func encodeDelete(e *encoder, seq uint32, ent *ctEntry, ack bool) {
 		binary.NativeEndian.PutUint32(b[:], ent.id) // opaque, echoed as received
 		e.attr(ctaID, b[:])
 	}
-	e.end(m)
-}
-
-// encodeNew appends an IPCTNL_MSG_CT_NEW that creates fl with the given
-// timeout (seconds) and returns the message's offset. Both tuples are given,
-// so a flow can look DNATed (orig dst = VIP, reply src = pod). The IPv6
-// filter probe uses it; tests use it to fill a table without traffic.
-func encodeNew(e *encoder, seq uint32, fl Flow, timeout uint32) int {
-	start := e.begin(ctMsgType(ctMsgNew), unix.NLM_F_REQUEST|unix.NLM_F_CREATE|unix.NLM_F_EXCL, seq, family(fl.Orig.Src.Addr()))
-	encodeTuple(e, ctaTupleOrig, fl.Proto, fl.Orig, 0, false)
-	encodeTuple(e, ctaTupleReply, fl.Proto, fl.Reply, 0, false)
-	e.be32(ctaTimeout, timeout)
-	if fl.Proto == TCP {
-		pi := e.nest(ctaProtoinfo)
-		tcp := e.nest(ctaProtoinfoTCP)
-		e.u8(ctaProtoinfoTCPState, uint8(fl.State))
-		e.endNest(tcp)
-		e.endNest(pi)
-	}
-	if fl.Zone != 0 {
-		e.be16(ctaZone, fl.Zone)
-	}
-	e.end(start)
-	return start
 }
 
 // ctEntry is a dumped flow plus what is needed to delete exactly that flow.
@@ -366,10 +342,26 @@ func (it *attrIter) next() bool {
 	return true
 }
 
+// decodeFlow decodes one message of a dump into ent. It reports false for
+// a message that is not a flow (the kernel sends only flows in a ctnetlink
+// dump, but a message of another type is skipped, not trusted).
+func decodeFlow(m netlink.Message, ent *ctEntry) (bool, error) {
+	if m.Header.Type != ctMsgType(ctMsgNew) {
+		return false, nil
+	}
+	if len(m.Data) < nfgenHdrLen {
+		return false, fmt.Errorf("conntrack message of %d bytes is shorter than its nfgenmsg header", len(m.Data))
+	}
+	return true, parseFlow(m.Data[0], m.Data[nfgenHdrLen:], ent)
+}
+
 // parseFlow decodes the attributes of an IPCTNL_MSG_CT_NEW message (what a
 // dump returns per flow) into ent. fam is the message's nfgen_family.
 func parseFlow(fam uint8, b []byte, ent *ctEntry) error {
 	*ent = ctEntry{}
+	if fam != unix.AF_INET && fam != unix.AF_INET6 {
+		return fmt.Errorf("flow of address family %d (want %d or %d)", fam, unix.AF_INET, unix.AF_INET6)
+	}
 	var haveOrig, haveReply bool
 	it := attrIter{b: b}
 	for it.next() {
@@ -438,6 +430,9 @@ func parseFlow(fam uint8, b []byte, ent *ctEntry) error {
 	if !haveOrig || !haveReply {
 		return errors.New("flow without original or reply tuple")
 	}
+	if ent.Orig.Src.Addr().Is4() != ent.Reply.Src.Addr().Is4() {
+		return fmt.Errorf("original tuple %s and reply tuple %s are of different families", ent.Orig.Src, ent.Reply.Src)
+	}
 	return nil
 }
 
@@ -499,61 +494,10 @@ func parseTuple(fam uint8, b []byte, t *Tuple) (proto Proto, zone uint16, hasZon
 	if (fam == unix.AF_INET) != src.Is4() {
 		return 0, 0, false, fmt.Errorf("tuple address %s does not match family %d", src, fam)
 	}
+	if src.Is4() != dst.Is4() {
+		return 0, 0, false, fmt.Errorf("tuple addresses %s and %s are of different families", src, dst)
+	}
 	t.Src = netip.AddrPortFrom(src, sport)
 	t.Dst = netip.AddrPortFrom(dst, dport)
 	return proto, zone, hasZone, nil
-}
-
-// nlMsg is one netlink message in a received buffer.
-type nlMsg struct {
-	typ, flags uint16
-	seq        uint32
-	payload    []byte
-}
-
-// msgIter walks the netlink messages of one datagram.
-type msgIter struct {
-	b   []byte
-	m   nlMsg
-	err error
-}
-
-func (it *msgIter) next() bool {
-	if len(it.b) == 0 || it.err != nil {
-		return false
-	}
-	if len(it.b) < nlmsgHdrLen {
-		it.err = errors.New("truncated netlink header")
-		return false
-	}
-	l := int(binary.NativeEndian.Uint32(it.b))
-	if l < nlmsgHdrLen || l > len(it.b) {
-		it.err = fmt.Errorf("netlink message length %d out of range (%d bytes left)", l, len(it.b))
-		return false
-	}
-	it.m = nlMsg{
-		typ:     binary.NativeEndian.Uint16(it.b[4:]),
-		flags:   binary.NativeEndian.Uint16(it.b[6:]),
-		seq:     binary.NativeEndian.Uint32(it.b[8:]),
-		payload: it.b[nlmsgHdrLen:l],
-	}
-	if a := align4(l); a < len(it.b) {
-		it.b = it.b[a:]
-	} else {
-		it.b = nil
-	}
-	return true
-}
-
-// errnoOf returns the error code of an NLMSG_ERROR or NLMSG_DONE payload
-// (0 for an ACK / a clean end of dump).
-func errnoOf(payload []byte) (unix.Errno, error) {
-	if len(payload) < 4 {
-		return 0, errors.New("truncated error message")
-	}
-	code := int32(binary.NativeEndian.Uint32(payload))
-	if code >= 0 {
-		return 0, nil
-	}
-	return unix.Errno(-code), nil
 }

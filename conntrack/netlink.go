@@ -2,16 +2,19 @@ package conntrack
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
 	"os"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
+	"github.com/mdlayher/netlink"
+	ctlib "github.com/ti-mo/conntrack"
 	"golang.org/x/sys/unix"
 )
 
@@ -19,11 +22,15 @@ import (
 type Options struct {
 	// NetNS is the network namespace whose conntrack table is managed, as a
 	// path (/run/netns/NAME, /proc/PID/ns/net). Empty means the namespace of
-	// the calling thread at Open.
+	// the calling thread at Open; only then does Open need no CAP_SYS_ADMIN.
 	NetNS string
 	// BatchSize is the number of delete messages sent per sendmsg; 0 means
 	// DefaultBatchSize.
 	BatchSize int
+	// Zone is the conntrack zone whose flows Expire and Count act on (0,
+	// the default zone, unless the node puts pod traffic in another one).
+	// A flow with the same tuple in another zone is never touched.
+	Zone uint16
 }
 
 // DefaultBatchSize keeps one batch's worst-case error replies (one per
@@ -33,32 +40,43 @@ const DefaultBatchSize = 256
 
 // Netlink expires and counts flows through ctnetlink.
 //
-// It holds two sockets in the target namespace: one for filtered dumps and
-// one for batched deletes, so deletions are sent while the dump is still
-// streaming and at most one batch of flows is ever held in memory. Methods
-// are serialised; a socket that saw an error or a cancellation is replaced
-// on the next call, so an interrupted dump never poisons the next one.
+// It holds two netlink connections in the target namespace: one for
+// filtered dumps and one for batched deletes, so deletions are sent while
+// the dump is still streaming and at most one batch of flows is ever held
+// in memory. Methods are serialised; a connection that saw an error or a
+// cancellation is replaced on the next call, so an interrupted dump never
+// poisons the next one.
 type Netlink struct {
 	mu         sync.Mutex
 	ns         *os.File
-	dump, del  *nlSock
+	dump, del  *netlink.Conn
 	batch      int
+	zone       uint16
 	timestamps bool
 	closed     bool
 	// v6Filter caches the IPv6 address-filter probe: 0 not run yet,
 	// 1 the kernel filters IPv6 addresses correctly, 2 it does not.
 	v6Filter int
+	// enc is the delete encoder's buffer, reused by every batch.
+	enc encoder
 }
 
 var _ Interface = (*Netlink)(nil)
 
 const timestampSysctl = "/proc/sys/net/netfilter/nf_conntrack_timestamp"
 
-// Open opens the ctnetlink sockets inside opts.NetNS and turns conntrack
-// timestamps on there (best effort; see Timestamps).
+// Socket buffer sizes. recvBufSize is larger than any datagram the kernel
+// builds for us (dump skbs are capped near 32 KiB, errors and acks are
+// tiny); a fixed buffer also spares a peek per datagram. rcvBufBytes makes
+// room for a batch in which every delete draws an error reply.
+const (
+	recvBufSize = 64 << 10
+	rcvBufBytes = 4 << 20
+)
+
+// Open opens the ctnetlink connections inside opts.NetNS and turns
+// conntrack timestamps on there (best effort; see Timestamps).
 func Open(opts Options) (*Netlink, error) {
-	// Without NetNS the sockets are made right here: entering a namespace
-	// (setns) needs CAP_SYS_ADMIN, which the DaemonSet does not grant.
 	path := opts.NetNS
 	var ns *os.File
 	if path != "" {
@@ -69,21 +87,17 @@ func Open(opts Options) (*Netlink, error) {
 	} else {
 		path = "the current network namespace"
 	}
-	n := &Netlink{ns: ns, batch: opts.BatchSize}
+	n := &Netlink{ns: ns, batch: opts.BatchSize, zone: opts.Zone}
 	if n.batch <= 0 {
 		n.batch = DefaultBatchSize
 	}
 	err := inNetNS(ns, func() error {
-		var err error
-		if n.dump, err = openSock(); err != nil {
-			return err
-		}
-		if n.del, err = openSock(); err != nil {
-			return err
-		}
 		n.timestamps = enableTimestamps()
 		return nil
 	})
+	if err == nil {
+		_, _, err = n.sockets()
+	}
 	if err != nil {
 		n.Close()
 		return nil, fmt.Errorf("opening conntrack in %s: %w", path, err)
@@ -105,20 +119,92 @@ func enableTimestamps() bool {
 	return err == nil && strings.TrimSpace(string(b)) == "1"
 }
 
+// inNetNS runs fn on a dedicated OS thread that has joined the network
+// namespace ns: the timestamp sysctl has no netlink interface, and
+// /proc/sys/net resolves to the namespace of the thread that opens it.
+// If the thread cannot return to its original namespace it is left locked,
+// so the runtime discards it instead of running other goroutines there.
+//
+// A nil ns means the calling thread's namespace: fn runs right there.
+func inNetNS(ns *os.File, fn func() error) error {
+	if ns == nil {
+		return fn()
+	}
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := os.Open("/proc/thread-self/ns/net")
+		if err != nil {
+			runtime.UnlockOSThread()
+			done <- fmt.Errorf("opening current network namespace: %w", err)
+			return
+		}
+		defer orig.Close()
+		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
+			done <- fmt.Errorf("entering network namespace %s: %w", ns.Name(), err)
+			return
+		}
+		ferr := fn()
+		if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
+			done <- errors.Join(ferr, fmt.Errorf("returning from network namespace %s: %w", ns.Name(), err))
+			return // thread stays locked and dies with this goroutine
+		}
+		runtime.UnlockOSThread()
+		done <- ferr
+	}()
+	return <-done
+}
+
 // Timestamps reports whether conntrack timestamps were on after Open. When
 // they are off, Filter.CreatedBefore cannot protect a new pod on a reused
 // IP (every flow looks old), and the caller should not rely on it.
 func (n *Netlink) Timestamps() bool { return n.timestamps }
 
-// Close releases the sockets and the namespace handle.
+// netlinkConfig places a connection (ours or ti-mo/conntrack's) in the
+// target namespace; without one the socket is made on the calling thread,
+// with no setns.
+func (n *Netlink) netlinkConfig() *netlink.Config {
+	cfg := &netlink.Config{MessageBufferSize: recvBufSize}
+	if n.ns != nil {
+		cfg.NetNS = int(n.ns.Fd())
+	}
+	return cfg
+}
+
+// dial opens one NETLINK_NETFILTER connection.
+func (n *Netlink) dial() (*netlink.Conn, error) {
+	c, err := netlink.Dial(unix.NETLINK_NETFILTER, n.netlinkConfig())
+	if err != nil {
+		return nil, fmt.Errorf("opening netfilter netlink socket: %w", err)
+	}
+	// Errors for a delete batch then cost 36 bytes each instead of echoing
+	// the whole request; best effort (old kernels lack it).
+	_ = c.SetOption(netlink.CapAcknowledge, true)
+	// A batch can draw one error per message (ENOENT when flows vanished
+	// on their own); make room so none is dropped. SO_RCVBUFFORCE needs
+	// CAP_NET_ADMIN, which every caller of this package has.
+	forced := false
+	if rc, err := c.SyscallConn(); err == nil {
+		_ = rc.Control(func(fd uintptr) {
+			forced = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, rcvBufBytes) == nil
+		})
+	}
+	if !forced {
+		_ = c.SetReadBuffer(rcvBufBytes)
+	}
+	return c, nil
+}
+
+// Close releases the connections and the namespace handle.
 func (n *Netlink) Close() error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.closed = true
 	var errs []error
-	for _, s := range []*nlSock{n.dump, n.del} {
-		if s != nil {
-			errs = append(errs, s.close())
+	for _, c := range []*netlink.Conn{n.dump, n.del} {
+		if c != nil {
+			errs = append(errs, c.Close())
 		}
 	}
 	n.dump, n.del = nil, nil
@@ -132,44 +218,65 @@ func (n *Netlink) Close() error {
 	return nil
 }
 
-// sockets returns the dump and delete sockets, reopening any that an
+// sockets returns the dump and delete connections, reopening any that an
 // earlier error discarded.
-func (n *Netlink) sockets() (dump, del *nlSock, err error) {
+func (n *Netlink) sockets() (dump, del *netlink.Conn, err error) {
 	if n.closed {
 		return nil, nil, errors.New("conntrack handle is closed")
 	}
-	if n.dump == nil || n.del == nil {
-		err = inNetNS(n.ns, func() error {
-			var err error
-			if n.dump == nil {
-				if n.dump, err = openSock(); err != nil {
-					return err
-				}
-			}
-			if n.del == nil {
-				n.del, err = openSock()
-			}
-			return err
-		})
-		if err != nil {
-			return nil, nil, fmt.Errorf("reopening conntrack sockets: %w", err)
+	if n.dump == nil {
+		if n.dump, err = n.dial(); err != nil {
+			return nil, nil, err
+		}
+	}
+	if n.del == nil {
+		if n.del, err = n.dial(); err != nil {
+			return nil, nil, err
 		}
 	}
 	return n.dump, n.del, nil
 }
 
-// discard drops a socket after an error; the next call opens a fresh one.
-func (n *Netlink) discard(s *nlSock) {
-	if s == nil {
+// discard drops a connection after an error; the next call opens a fresh one.
+func (n *Netlink) discard(c *netlink.Conn) {
+	if c == nil {
 		return
 	}
-	s.close()
-	if n.dump == s {
+	c.Close()
+	if n.dump == c {
 		n.dump = nil
 	}
-	if n.del == s {
+	if n.del == c {
 		n.del = nil
 	}
+}
+
+// bound makes reads on c fail once ctx is done and, when limit > 0, after
+// limit; release undoes it before c is used again.
+func bound(ctx context.Context, c *netlink.Conn, limit time.Duration) (release func()) {
+	if limit > 0 {
+		_ = c.SetReadDeadline(time.Now().Add(limit))
+	}
+	fired := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		_ = c.SetReadDeadline(time.Unix(1, 0))
+		close(fired)
+	})
+	return func() {
+		if !stop() {
+			<-fired // never clear the deadline before the callback set it
+		}
+		_ = c.SetReadDeadline(time.Time{})
+	}
+}
+
+// readErr reports a read that a cancelled context cut short as the
+// context's error.
+func readErr(ctx context.Context, err error) error {
+	if errors.Is(err, os.ErrDeadlineExceeded) && ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return err
 }
 
 // filterGroup is the set of filters that share a reply-source address: one
@@ -221,12 +328,12 @@ func groupFilters(filters []Filter) []filterGroup {
 	return groups
 }
 
-// Expire deletes every flow that a filter selects and that is old enough
-// for it. For each group of filters sharing an endpoint address it runs one
-// kernel-filtered dump and, while the dump streams, deletes the selected
-// flows in batches of Options.BatchSize messages per sendmsg. A flow that is
-// already gone when its delete arrives (ENOENT) is not an error. On error
-// the result still counts what was deleted before it.
+// Expire deletes every flow of the handle's zone that a filter selects and
+// that is old enough for it. For each group of filters sharing an endpoint
+// address it runs one kernel-filtered dump and, while the dump streams,
+// deletes the selected flows in batches of Options.BatchSize messages per
+// sendmsg. A flow that is already gone when its delete arrives (ENOENT) is
+// not an error. On error the result still counts what was deleted before it.
 func (n *Netlink) Expire(ctx context.Context, filters []Filter) (ExpireResult, error) {
 	res := ExpireResult{PerFilter: make([]int, len(filters))}
 	fs, err := validateFilters(filters)
@@ -242,12 +349,13 @@ func (n *Netlink) Expire(ctx context.Context, filters []Filter) (ExpireResult, e
 	if err != nil {
 		return res, fmt.Errorf("expiring flows: %w", err)
 	}
-	b := &deleteBatch{ctx: ctx, sock: del, max: n.batch, res: &res}
+	b := &deleteBatch{ctx: ctx, conn: del, e: &n.enc, max: n.batch, res: &res}
 	for _, g := range groupFilters(fs) {
 		kf := g.kf
+		kf.zone = n.zone
 		if kf.replySrc.Is6() {
-			// The probe uses the delete socket (and may replace it): send
-			// what is pending first, so a batch never spans two sockets.
+			// The probe may replace the connections: send what is pending
+			// first, so a batch never spans two of them.
 			if err := b.flush(); err != nil {
 				if b.sendErr != nil {
 					n.discard(del)
@@ -258,10 +366,10 @@ func (n *Netlink) Expire(ctx context.Context, filters []Filter) (ExpireResult, e
 			if dump, del, err = n.sockets(); err != nil {
 				return res, fmt.Errorf("expiring flows: %w", err)
 			}
-			b.sock = del
+			b.conn = del
 		}
 		err := n.dumpFlows(ctx, dump, kf, func(ent *ctEntry) error {
-			switch v, i := classify(g.filters, ent.Flow); v {
+			switch v, i := classify(n.zone, g.filters, ent.Flow); v {
 			case expire:
 				b.add(ent, g.index[i])
 				if b.full() {
@@ -291,11 +399,12 @@ func (n *Netlink) Expire(ctx context.Context, filters []Filter) (ExpireResult, e
 	return res, nil
 }
 
-// Count returns the flows whose reply-direction source is addr, by protocol
-// and TCP state, from one kernel-filtered dump. For an IPv6 address on a
-// kernel whose IPv6 filter is broken (see kernelFilter.noAddr) the dump
-// holds every IPv6 flow, filtered here: correct, but it costs a walk of the
-// IPv6 part of the table through userspace.
+// Count returns the flows of the handle's zone whose reply-direction source
+// is addr, by protocol and TCP state, from one kernel-filtered dump. For an
+// IPv6 address on a kernel whose IPv6 filter is broken (see
+// kernelFilter.noAddr) the dump holds every IPv6 flow, filtered here:
+// correct, but it costs a walk of the IPv6 part of the table through
+// userspace.
 func (n *Netlink) Count(ctx context.Context, addr netip.Addr) (Counts, error) {
 	var c Counts
 	if !addr.IsValid() {
@@ -308,7 +417,7 @@ func (n *Netlink) Count(ctx context.Context, addr netip.Addr) (Counts, error) {
 	if err != nil {
 		return c, fmt.Errorf("counting flows of %s: %w", addr, err)
 	}
-	kf := kernelFilter{replySrc: addr}
+	kf := kernelFilter{replySrc: addr, zone: n.zone}
 	if addr.Is6() {
 		kf.noAddr = !n.ipv6AddrFilter(ctx)
 		if dump, _, err = n.sockets(); err != nil {
@@ -316,7 +425,7 @@ func (n *Netlink) Count(ctx context.Context, addr netip.Addr) (Counts, error) {
 		}
 	}
 	err = n.dumpFlows(ctx, dump, kf, func(ent *ctEntry) error {
-		if countedFor(addr, ent.Flow) {
+		if countedFor(n.zone, addr, ent.Flow) {
 			c.add(ent.Flow)
 		}
 		return nil
@@ -337,41 +446,39 @@ var ipv6Probe = Flow{
 }
 
 // ipv6AddrFilter reports whether the kernel's CTA_FILTER compares IPv6
-// addresses correctly. It inserts ipv6Probe, dumps with a filter on its
-// reply source, and deletes it; the answer is cached once the probe ran.
-// When the probe cannot run, it answers false: the dump is then wider but
-// still exact, because userspace re-checks every flow.
+// addresses correctly. It inserts ipv6Probe in the handle's zone (through
+// ti-mo/conntrack), dumps with a filter on its reply source, and deletes
+// it; the answer is cached once the probe ran. When the probe cannot run,
+// it answers false: the dump is then wider but still exact, because
+// userspace re-checks every flow.
 func (n *Netlink) ipv6AddrFilter(ctx context.Context) bool {
 	if n.v6Filter != 0 {
 		return n.v6Filter == 1
 	}
-	dump, del, err := n.sockets()
+	dump, _, err := n.sockets()
 	if err != nil {
 		return false
 	}
-	var e encoder
-	seq := del.nextSeq()
-	off := encodeNew(&e, seq, ipv6Probe, 10)
-	setAck(e.b, off)
-	if errno, err := del.request(ctx, e.b, seq); err != nil {
-		n.discard(del)
-		return false
-	} else if errno != 0 && errno != unix.EEXIST {
+	tc, err := ctlib.Dial(n.netlinkConfig())
+	if err != nil {
 		return false
 	}
+	defer tc.Close()
+	o := ipv6Probe.Orig
+	probe := ctlib.NewFlow(uint8(ipv6Probe.Proto), 0, o.Src.Addr(), o.Dst.Addr(), o.Src.Port(), o.Dst.Port(), 10, 0)
+	probe.Zone = n.zone
+	if err := tc.Create(probe); err != nil && !errors.Is(err, unix.EEXIST) {
+		return false
+	}
+	defer tc.Delete(probe) // best effort: it times out on its own
 	found := false
-	err = n.dumpFlows(ctx, dump, kernelFilter{replySrc: ipv6Probe.Reply.Src.Addr(), proto: UDP}, func(ent *ctEntry) error {
+	kf := kernelFilter{replySrc: ipv6Probe.Reply.Src.Addr(), proto: UDP, zone: n.zone}
+	err = n.dumpFlows(ctx, dump, kf, func(ent *ctEntry) error {
 		if ent.Orig == ipv6Probe.Orig {
 			found = true
 		}
 		return nil
 	})
-	e.b = e.b[:0]
-	seq = del.nextSeq()
-	encodeDelete(&e, seq, &ctEntry{Flow: ipv6Probe}, true)
-	if _, derr := del.request(ctx, e.b, seq); derr != nil {
-		n.discard(del)
-	}
 	if err != nil {
 		return false
 	}
@@ -385,71 +492,53 @@ func (n *Netlink) ipv6AddrFilter(ctx context.Context) bool {
 
 // dumpFlows runs one filtered dump and calls fn for every flow, in the
 // order the kernel returns them. fn's entry is reused; fn must not keep it.
-// Any error, including cancellation, discards the dump socket, because the
+// Any error, including cancellation, discards the connection, because the
 // kernel would otherwise keep the half-done dump attached to it.
-func (n *Netlink) dumpFlows(ctx context.Context, s *nlSock, kf kernelFilter, fn func(*ctEntry) error) (err error) {
+func (n *Netlink) dumpFlows(ctx context.Context, c *netlink.Conn, kf kernelFilter, fn func(*ctEntry) error) (err error) {
 	defer func() {
 		if err != nil {
-			n.discard(s)
+			n.discard(c)
 		}
 	}()
-	seq := s.nextSeq()
-	e := encoder{b: s.wb[:0]}
-	encodeDump(&e, seq, kf)
-	s.wb = e.b
-	if err := s.send(e.b); err != nil {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	req, err := dumpRequest(kf)
+	if err != nil {
+		return err
+	}
+	sent, err := c.Send(req)
+	if err != nil {
 		return fmt.Errorf("requesting dump: %w", err)
 	}
+	release := bound(ctx, c, 0)
+	defer release()
+	// Leaving the loop early makes the iterator read the rest of the dump;
+	// an expired deadline makes it stop at once instead.
+	abort := func(err error) error {
+		_ = c.SetReadDeadline(time.Unix(1, 0))
+		return err
+	}
 	var ent ctEntry
-	for {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		buf, err := s.recv(ctx)
+	for m, err := range c.ReceiveIter() {
 		if err != nil {
-			return fmt.Errorf("reading dump: %w", err)
+			return fmt.Errorf("reading dump: %w", readErr(ctx, err))
 		}
-		it := msgIter{b: buf}
-		for it.next() {
-			m := it.m
-			if m.seq != seq {
-				continue // a stale reply of an earlier request
-			}
-			switch m.typ {
-			case unix.NLMSG_DONE:
-				errno, err := errnoOf(m.payload)
-				if err != nil {
-					return fmt.Errorf("reading end of dump: %w", err)
-				}
-				if errno != 0 {
-					return fmt.Errorf("reading dump: kernel ended it with: %w", errno)
-				}
-				return nil
-			case unix.NLMSG_ERROR:
-				errno, err := errnoOf(m.payload)
-				if err != nil {
-					return fmt.Errorf("reading dump error: %w", err)
-				}
-				if errno == 0 {
-					continue
-				}
-				return fmt.Errorf("requesting dump: kernel refused it: %w", errno)
-			case ctMsgType(ctMsgNew):
-				if len(m.payload) < nfgenHdrLen {
-					return errors.New("short conntrack message")
-				}
-				if err := parseFlow(m.payload[0], m.payload[nfgenHdrLen:], &ent); err != nil {
-					return fmt.Errorf("parsing flow: %w", err)
-				}
-				if err := fn(&ent); err != nil {
-					return err
-				}
-			}
+		if m.Header.Sequence != sent.Header.Sequence {
+			return abort(fmt.Errorf("reading dump: reply to another request (sequence %d, want %d)", m.Header.Sequence, sent.Header.Sequence))
 		}
-		if it.err != nil {
-			return fmt.Errorf("reading dump: %w", it.err)
+		ok, err := decodeFlow(m, &ent)
+		if err != nil {
+			return abort(fmt.Errorf("parsing flow: %w", err))
+		}
+		if !ok {
+			continue
+		}
+		if err := fn(&ent); err != nil {
+			return abort(err)
 		}
 	}
+	return nil
 }
 
 // deleteBatch accumulates delete messages and sends them in one sendmsg.
@@ -458,18 +547,21 @@ func (n *Netlink) dumpFlows(ctx context.Context, s *nlSock, kf kernelFilter, fn 
 // others only when they fail, so a batch of N deletes costs one syscall out
 // and, when nothing failed, one small read back. The kernel handles the
 // whole datagram inside sendmsg, in order, so once the reply to the last
-// message is read, every error of the batch has been read too.
+// message is read, every error of the batch has been read too. The
+// connection numbers a batch's messages consecutively (Netlink serialises
+// its methods, so nothing else sends on it meanwhile): a reply's sequence
+// number minus the first one is the message's index.
 type deleteBatch struct {
-	ctx       context.Context
-	sock      *nlSock
-	max       int
-	res       *ExpireResult
-	e         encoder
-	first     uint32 // seq of the first message in the batch
-	lastStart int    // offset of the last message in e.b
-	filter    []int  // filter credited for each message, by seq-first
-	failed    []bool // by seq-first
-	sendErr   error  // a socket-level failure: the socket must be replaced
+	ctx     context.Context
+	conn    *netlink.Conn
+	e       *encoder
+	max     int
+	res     *ExpireResult
+	offs    []int // start of each message's payload in e.b
+	filter  []int // filter credited for each message
+	msgs    []netlink.Message
+	failed  []bool
+	sendErr error // a socket-level failure: the connection must be replaced
 	// failures counts deletes the kernel refused for a reason other than
 	// ENOENT; firstFailure is the first of them. They do not stop the pass:
 	// the other flows still need to go.
@@ -480,16 +572,13 @@ type deleteBatch struct {
 func (b *deleteBatch) full() bool { return len(b.filter) >= b.max }
 
 func (b *deleteBatch) add(ent *ctEntry, filterIdx int) {
-	// A batch's sequence numbers are consecutive: flush finds a reply's
-	// message by seq-first and waits for first+n-1.
 	if len(b.filter) == 0 {
-		b.first = b.sock.seq + 1
 		b.e.b = b.e.b[:0]
+		b.offs = b.offs[:0]
 	}
-	seq := b.first + uint32(len(b.filter))
+	b.offs = append(b.offs, len(b.e.b))
+	encodeDelete(b.e, ent)
 	b.filter = append(b.filter, filterIdx)
-	b.lastStart = len(b.e.b)
-	encodeDelete(&b.e, seq, ent, false)
 }
 
 // flush sends the batch and reads the kernel's answers. Deleted and
@@ -500,56 +589,60 @@ func (b *deleteBatch) flush() error {
 		return nil
 	}
 	defer func() { b.filter = b.filter[:0] }()
-	setAck(b.e.b, b.lastStart)
-	last := b.first + uint32(n) - 1
-	b.sock.seq = last
-	if err := b.sock.send(b.e.b); err != nil {
+	// The messages point into e.b only now that it no longer grows.
+	b.msgs = b.msgs[:0]
+	for i, start := range b.offs {
+		end := len(b.e.b)
+		if i+1 < n {
+			end = b.offs[i+1]
+		}
+		b.msgs = append(b.msgs, netlink.Message{Header: deleteHeader(i == n-1), Data: b.e.b[start:end]})
+	}
+	sent, err := b.conn.SendMessages(b.msgs)
+	if err != nil {
 		b.sendErr = err
 		return fmt.Errorf("sending %d deletes: %w", n, err)
 	}
+	first, last := sent[0].Header.Sequence, sent[n-1].Header.Sequence
 	b.failed = slices.Grow(b.failed[:0], n)[:n]
 	clear(b.failed)
-	ctx, cancel := context.WithTimeout(b.ctx, replyTimeout)
-	defer cancel()
+	release := bound(b.ctx, b.conn, replyTimeout)
+	defer release()
 	for done := false; !done; {
-		buf, err := b.sock.recv(ctx)
-		if err != nil {
-			// ENOBUFS means replies were dropped, so the outcome of this
-			// batch is unknown; either way the socket is replaced.
-			b.sendErr = err
-			return fmt.Errorf("reading replies to %d deletes: %w", n, err)
-		}
-		it := msgIter{b: buf}
-		for it.next() {
-			m := it.m
-			if m.typ != unix.NLMSG_ERROR || m.seq-b.first >= uint32(n) {
+		replies, err := b.conn.Receive()
+		var oe *netlink.OpError
+		if err != nil && errors.As(err, &oe) {
+			// An error reply from the kernel carries the errno as is; a
+			// failed read wraps it in an *os.SyscallError.
+			if errno, ok := oe.Err.(syscall.Errno); ok {
+				i := oe.Sequence - first
+				if i >= uint32(n) {
+					continue // a stale reply of an earlier batch
+				}
+				done = oe.Sequence == last
+				b.failed[i] = true
+				if errno != unix.ENOENT {
+					// ENOENT: gone already (timed out, closed, or a
+					// duplicate the dump returned twice); anything else
+					// is a failure, reported once the pass is done.
+					b.failures++
+					if b.firstFailure == nil {
+						b.firstFailure = errno
+					}
+				}
 				continue
 			}
-			errno, err := errnoOf(m.payload)
-			if err != nil {
-				b.sendErr = err
-				return fmt.Errorf("reading replies to %d deletes: %w", n, err)
-			}
-			if m.seq == last {
+		}
+		if err != nil {
+			// ENOBUFS means replies were dropped, so the outcome of this
+			// batch is unknown; either way the connection is replaced.
+			b.sendErr = err
+			return fmt.Errorf("reading replies to %d deletes: %w", n, readErr(b.ctx, err))
+		}
+		for _, m := range replies {
+			if m.Header.Type == netlink.Error && m.Header.Sequence == last {
 				done = true
 			}
-			switch errno {
-			case 0:
-			case unix.ENOENT:
-				// Gone already (timed out, closed, or a duplicate that the
-				// dump returned twice): nothing left to delete.
-				b.failed[m.seq-b.first] = true
-			default:
-				b.failed[m.seq-b.first] = true
-				b.failures++
-				if b.firstFailure == nil {
-					b.firstFailure = errno
-				}
-			}
-		}
-		if it.err != nil {
-			b.sendErr = it.err
-			return fmt.Errorf("reading replies to %d deletes: %w", n, it.err)
 		}
 	}
 	for i, idx := range b.filter {
@@ -565,9 +658,3 @@ func (b *deleteBatch) flush() error {
 // already processed (inside sendmsg): they are queued before send returns,
 // so only a lost reply can make the wait long, and then it must not hang.
 const replyTimeout = 10 * time.Second
-
-// setAck sets NLM_F_ACK on the message that starts at off.
-func setAck(b []byte, off int) {
-	f := binary.NativeEndian.Uint16(b[off+6:])
-	binary.NativeEndian.PutUint16(b[off+6:], f|unix.NLM_F_ACK)
-}

@@ -422,7 +422,9 @@ func synthetic(i int) Flow {
 // TestPrivilegedExpireMatchesFake runs the same expiry on a real table and
 // on a Fake holding the same flows: the kernel-filtered dump (including
 // the IPv6 path and zones) and the batched deletes must remove exactly what
-// the pure matching rules select, no more and no less.
+// the pure matching rules select, no more and no less. The table is filled
+// and checked afterwards through ti-mo/conntrack, not through this
+// package's own encoder and parser.
 func TestPrivilegedExpireMatchesFake(t *testing.T) {
 	bed.RequirePrivileged(t)
 	ns := testNS(t)
@@ -433,23 +435,31 @@ func TestPrivilegedExpireMatchesFake(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ct.Close()
+	// The same table seen from zone 5 (synthetic puts 1/8 of it there).
+	ct5, err := Open(Options{NetNS: ns.Path(), BatchSize: 7, Zone: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ct5.Close()
 	const n = 4000
-	if err := createFlows(ns.Path(), n, 500, 600, synthetic); err != nil {
+	if err := createFlows(ns.Path(), n, 600, synthetic); err != nil {
 		t.Fatal(err)
 	}
 	if got := tableCount(t, ns); got != n {
 		t.Fatalf("table has %d flows after creating %d", got, n)
 	}
-	fake := NewFake()
+	fake, fake5 := NewFake(), NewFake()
+	fake5.SetZone(5)
 	now := time.Now() // the kernel's start times are earlier, but within the hour
 	for i := range n {
 		fl := synthetic(i)
 		fl.Start = now
 		fake.AddFlow(fl)
+		fake5.AddFlow(fl)
 	}
 
 	filters := []Filter{
-		{Proto: UDP, ReplySrc: ap(podA, 5353)},                                               // zones 0 and 5
+		{Proto: UDP, ReplySrc: ap(podA, 5353)},                                               // zone 0 here, zone 5 through ct5
 		{Proto: TCP, ReplySrc: ap(podA, 9090), OrigDst: ap(podA, 9090)},                      // direct dials
 		{Proto: TCP, ReplySrc: netip.MustParseAddrPort("[fd01::5]:8080")},                    // IPv6
 		{Proto: UDP, ReplySrc: netip.MustParseAddrPort("[fd01::5]:0"), OrigDst: ap(vip, 53)}, // fixed below
@@ -465,32 +475,75 @@ func TestPrivilegedExpireMatchesFake(t *testing.T) {
 	}
 	filters[3].OrigDst = netip.MustParseAddrPort("[fd96::a]:53")
 
-	want, err := fake.Expire(context.Background(), filters)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := ct.Expire(context.Background(), filters)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("ipv6 address filtering in the kernel works: %v", ct.v6Filter == 1)
-	if got.Deleted != want.Deleted || got.Kept != want.Kept || fmt.Sprint(got.PerFilter) != fmt.Sprint(want.PerFilter) {
-		t.Fatalf("Netlink.Expire = %+v, Fake.Expire = %+v", got, want)
-	}
-	if want.Deleted != n/8*5 || want.Kept != n/8 {
-		t.Fatalf("fake result %+v: the table was meant to lose 5/8 and keep 1/8", want)
-	}
-	if left := tableCount(t, ns); left != n-got.Deleted {
-		t.Fatalf("table has %d flows, want %d", left, n-got.Deleted)
-	}
-	for _, a := range []netip.Addr{podA, podB, netip.MustParseAddr("fd01::5"), netip.MustParseAddr("fd01::6")} {
-		gotC, err := ct.Count(context.Background(), a)
+	var total, totalWant ExpireResult
+	for _, h := range []struct {
+		zone uint16
+		ct   *Netlink
+		fake *Fake
+	}{{0, ct, fake}, {5, ct5, fake5}} {
+		want, err := h.fake.Expire(context.Background(), filters)
 		if err != nil {
 			t.Fatal(err)
 		}
-		wantC, _ := fake.Count(context.Background(), a)
-		if gotC != wantC {
-			t.Errorf("Count(%s) = %+v, Fake says %+v", a, gotC, wantC)
+		got, err := h.ct.Expire(context.Background(), filters)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("zone %d: ipv6 address filtering in the kernel works: %v", h.zone, h.ct.v6Filter == 1)
+		if got.Deleted != want.Deleted || got.Kept != want.Kept || fmt.Sprint(got.PerFilter) != fmt.Sprint(want.PerFilter) {
+			t.Fatalf("zone %d: Netlink.Expire = %+v, Fake.Expire = %+v", h.zone, got, want)
+		}
+		total.Deleted, total.Kept = total.Deleted+got.Deleted, total.Kept+got.Kept
+		totalWant.Deleted, totalWant.Kept = totalWant.Deleted+want.Deleted, totalWant.Kept+want.Kept
+		if h.zone == 0 && (want.Deleted != n/8*4 || want.Kept != n/8) {
+			t.Fatalf("zone 0: fake result %+v: the zone 0 pass was meant to delete 4/8 and keep 1/8 (the zone 5 eighth is not its own)", want)
+		}
+	}
+	if totalWant.Deleted != n/8*5 || totalWant.Kept != n/8 {
+		t.Fatalf("fake results %+v: the table was meant to lose 5/8 and keep 1/8", totalWant)
+	}
+	if left := tableCount(t, ns); left != n-total.Deleted {
+		t.Fatalf("table has %d flows, want %d", left, n-total.Deleted)
+	}
+	// What is left, read by ti-mo/conntrack, is what the Fakes kept.
+	left := tableFlows(t, ns.Path())
+	key := func(fl Flow) string {
+		if fl.Proto != TCP {
+			fl.State = 0 // synthetic gives every flow a state; the kernel keeps it for TCP only
+		}
+		return fmt.Sprint(fl.Proto, fl.Orig, fl.Reply, fl.Zone, fl.State)
+	}
+	kept5 := map[string]bool{}
+	for _, fl := range fake5.Flows() {
+		kept5[key(fl)] = true
+	}
+	wantLeft := map[string]bool{}
+	for _, fl := range fake.Flows() {
+		if kept5[key(fl)] {
+			wantLeft[key(fl)] = true
+		}
+	}
+	if len(left) != len(wantLeft) {
+		t.Fatalf("ti-mo/conntrack reads %d flows, the fakes kept %d", len(left), len(wantLeft))
+	}
+	for _, fl := range left {
+		if !wantLeft[key(fl)] {
+			t.Fatalf("flow %+v is in the table but both fakes deleted it", fl)
+		}
+	}
+	for _, a := range []netip.Addr{podA, podB, netip.MustParseAddr("fd01::5"), netip.MustParseAddr("fd01::6")} {
+		for _, h := range []struct {
+			ct   *Netlink
+			fake *Fake
+		}{{ct, fake}, {ct5, fake5}} {
+			gotC, err := h.ct.Count(context.Background(), a)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantC, _ := h.fake.Count(context.Background(), a)
+			if gotC != wantC {
+				t.Errorf("zone %d: Count(%s) = %+v, Fake says %+v", h.ct.zone, a, gotC, wantC)
+			}
 		}
 	}
 	// A second pass finds nothing left to delete.
@@ -505,7 +558,7 @@ func TestPrivilegedExpireMatchesFake(t *testing.T) {
 func TestPrivilegedDeleteBatchENOENT(t *testing.T) {
 	bed.RequirePrivileged(t)
 	ns := testNS(t)
-	if err := createFlows(ns.Path(), 10, 10, 600, synthetic); err != nil {
+	if err := createFlows(ns.Path(), 10, 600, synthetic); err != nil {
 		t.Fatal(err)
 	}
 	ct, err := Open(Options{NetNS: ns.Path()})
@@ -518,7 +571,7 @@ func TestPrivilegedDeleteBatchENOENT(t *testing.T) {
 		t.Fatal(err)
 	}
 	res := ExpireResult{PerFilter: make([]int, 2)}
-	b := &deleteBatch{ctx: context.Background(), sock: del, max: 100, res: &res}
+	b := &deleteBatch{ctx: context.Background(), conn: del, e: &encoder{}, max: 100, res: &res}
 	for i := range 20 { // flows 10..19 were never created
 		b.add(entryOf(synthetic(i)), i%2)
 	}
@@ -544,7 +597,7 @@ func entryOf(fl Flow) *ctEntry { return &ctEntry{Flow: fl, zoneTop: fl.Zone != 0
 func TestPrivilegedCancelAndReuse(t *testing.T) {
 	bed.RequirePrivileged(t)
 	ns := testNS(t)
-	if err := createFlows(ns.Path(), 800, 200, 600, synthetic); err != nil {
+	if err := createFlows(ns.Path(), 800, 600, synthetic); err != nil {
 		t.Fatal(err)
 	}
 	ct, err := Open(Options{NetNS: ns.Path()})
@@ -563,17 +616,31 @@ func TestPrivilegedCancelAndReuse(t *testing.T) {
 	if got := tableCount(t, ns); got != 800 {
 		t.Fatalf("a cancelled Expire changed the table: %d flows", got)
 	}
-	// The handle recovers: fresh sockets, correct results.
+	// The handle recovers: fresh sockets, correct results. podA has 200
+	// UDP flows, half of them in zone 5 (synthetic), which a zone 0
+	// handle neither counts nor deletes.
 	c, err := ct.Count(context.Background(), podA)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.UDP != 200 || c.TCP[TCPEstablished] != 200 {
-		t.Fatalf("Count after cancellation = %+v, want 200 UDP and 200 established TCP", c)
+	if c.UDP != 100 || c.TCP[TCPEstablished] != 200 {
+		t.Fatalf("Count after cancellation = %+v, want 100 UDP (zone 0 only) and 200 established TCP", c)
 	}
 	res, err := ct.Expire(context.Background(), []Filter{{Proto: UDP, ReplySrc: ap(podA, 0)}})
-	if err != nil || res.Deleted != 200 {
-		t.Fatalf("Expire after cancellation = %+v, %v; want 200 deleted", res, err)
+	if err != nil || res.Deleted != 100 {
+		t.Fatalf("Expire after cancellation = %+v, %v; want 100 deleted (zone 0 only)", res, err)
+	}
+	ct5, err := Open(Options{NetNS: ns.Path(), Zone: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ct5.Close()
+	res, err = ct5.Expire(context.Background(), []Filter{{Proto: UDP, ReplySrc: ap(podA, 0)}})
+	if err != nil || res.Deleted != 100 {
+		t.Fatalf("Expire in zone 5 = %+v, %v; want the other 100 deleted", res, err)
+	}
+	if got := tableCount(t, ns); got != 600 {
+		t.Fatalf("table has %d flows, want 600: podA's 200 UDP flows gone, nothing else", got)
 	}
 }
 
@@ -612,15 +679,15 @@ func TestPrivilegedOpen(t *testing.T) {
 	}
 	// The sockets live in the target namespace, not the caller's: a flow
 	// created there is visible through them.
-	if err := createFlows(ns.Path(), 8, 8, 600, synthetic); err != nil {
+	if err := createFlows(ns.Path(), 8, 600, synthetic); err != nil {
 		t.Fatal(err)
 	}
 	c, err := ct.Count(context.Background(), podA)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.UDP != 2 || c.TCP[TCPEstablished] != 2 {
-		t.Fatalf("Count = %+v, want the 4 flows of podA created in the namespace", c)
+	if c.UDP != 1 || c.TCP[TCPEstablished] != 2 {
+		t.Fatalf("Count = %+v, want the 3 zone 0 flows of podA created in the namespace (the 4th is in zone 5)", c)
 	}
 	if err := ct.Close(); err != nil {
 		t.Fatal(err)

@@ -1,7 +1,3 @@
-// Package daemon is draind's node agent: the drain model and reconciler
-// (Kubernetes signals -> desired datapath state -> BPF maps and conntrack),
-// the drains of pods hosted on this node and their offline API, status and
-// metrics.
 package daemon
 
 import (
@@ -9,15 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/netip"
-	"runtime/debug"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
 
 	"github.com/draind/draind/bpf"
@@ -97,56 +90,47 @@ func (c *Config) Defaults() {
 	}
 }
 
-// Daemon is one node's draind.
+// Daemon is one node's draind. New wires it; nothing runs until Run.
 type Daemon struct {
-	cfg     Config
-	client  kubernetes.Interface
-	inf     *k8s.Informers
-	state   State
-	dp      Datapath
-	ct      conntrack.Interface
-	leases  *k8s.Leases
-	log     *slog.Logger
-	clock   clock.WithTicker
-	Metrics *Metrics
+	cfg       Config
+	inf       *k8s.Informers
+	state     State
+	datapath  Datapath
+	conntrack conntrack.Interface // nil: no conntrack
+	log       *slog.Logger
+	clock     clock.WithTicker
+	Metrics   *Metrics
 
 	claims  *claims
 	tracker tracker
 	runner  *runner
 
-	// Owned by the runner goroutine.
-	model     *model
-	rec       *reconciler
-	firstDone bool
-	lastFull  time.Time
+	// Owned by the runner goroutine (pass.go).
+	model      *model
+	reconciler *reconciler
+	lastFull   time.Time
 	// modelMu is held by every pass and by status readers: the status view
 	// is built on demand (a scrape, draind status), never on the hot path.
 	modelMu sync.Mutex
-	seenDel map[types.UID]time.Time // local pods first seen deleting
 
-	ct2   *ctWorker
-	local *localDrains
+	conntrackPolicy *conntrackPolicy
+	hosted          *hostedDrains
 
-	synced   atomic.Bool
-	attached atomic.Bool
+	synced    atomic.Bool
+	attached  atomic.Bool
+	firstDone atomic.Bool
+	lastSync  atomic.Int64 // unix nanoseconds of the last pass
 	// informer events handled, per kind (tests wait on them)
 	events struct{ slices, services, leases, pods atomic.Uint64 }
-
-	mu sync.Mutex // guards firstDone for readers
 }
 
-// New builds a daemon; Run starts it. ct may be nil (no conntrack expiry).
+// New builds a daemon over its dependencies; Run starts it. ct may be nil
+// (no conntrack expiry, live connections not counted).
 func New(cfg Config, client kubernetes.Interface, dp Datapath, ct conntrack.Interface) *Daemon {
 	cfg.Defaults()
 	inf := k8s.NewInformers(client, k8s.Config{Namespace: cfg.Namespace, NodeName: cfg.Node})
-	d := &Daemon{
-		cfg: cfg, client: client, inf: inf, state: inf, dp: dp, ct: ct,
-		leases:  &k8s.Leases{Client: client, Namespace: cfg.Namespace},
-		log:     cfg.Logger,
-		clock:   cfg.Clock,
-		claims:  newClaims(),
-		seenDel: map[types.UID]time.Time{},
-	}
+	d := &Daemon{cfg: cfg, inf: inf, state: inf, datapath: dp, conntrack: ct,
+		log: cfg.Logger, clock: cfg.Clock, claims: newClaims()}
 	d.Metrics = NewMetrics(cfg.Version, dp, inf, d.PodStatuses)
 	d.model = newModel(ModelConfig{
 		Node: cfg.Node, EntryTTL: cfg.EntryTTL, Linger: cfg.Linger, RegistryOnlyPolicy: cfg.RegistryOnlyPolicy,
@@ -155,34 +139,47 @@ func New(cfg Config, client kubernetes.Interface, dp Datapath, ct conntrack.Inte
 			d.log.Warn("invalid pod-IP steering annotation, using the default", logKeyService, svc, logKeyValue, value)
 		},
 	}, d.state, d.claims)
-	d.rec = newReconciler(dp, cfg.EntryTTL)
-	d.rec.onDrain = func(k bpf.EndpointKey, present bool) { d.ct2.udpDrain(k, present, d.clock.Now()) }
-	d.rec.onError = func(what string, err error) {
-		kind := "other"
-		if isMapFull(err) {
-			kind = "map_full"
-		}
-		d.Metrics.DatapathErrors.WithLabelValues(kind).Inc()
-		d.log.Error("datapath update failed, will retry", "what", what, logKeyErr, err)
-	}
+	d.conntrackPolicy = newConntrackPolicy(conntrackPolicyConfig{Conntrack: ct, Claims: d.claims, Clock: cfg.Clock,
+		Metrics: d.Metrics, Log: cfg.Logger, GoneGrace: cfg.GoneGrace, UDPReexpire: cfg.UDPReexpire})
+	d.reconciler = newReconciler(dp, cfg.EntryTTL)
+	d.reconciler.onDrain = func(k bpf.EndpointKey, present bool) { d.conntrackPolicy.udpDrain(k, present, d.clock.Now()) }
+	d.reconciler.onError = d.datapathError
 	d.tracker.init()
 	d.runner = newRunner(cfg.Clock, cfg.MinSyncInterval, cfg.EntryTTL/4, d.sync)
-	d.ct2 = newCTWorker(d)
-	d.local = newLocalDrains(d)
+	d.hosted = newHostedDrains(hostedDrainsConfig{
+		Node: cfg.Node, Linger: cfg.Linger, LeaseDuration: cfg.LeaseDuration, Quiet: cfg.Quiet,
+		PollEvery: cfg.PollEvery, MaxWaiters: cfg.MaxWaiters, State: d.state, Claims: d.claims, Datapath: dp,
+		Conntrack: ct, Leases: &k8s.Leases{Client: client, Namespace: cfg.Namespace},
+		Events: client.CoreV1().Events(""), Metrics: d.Metrics, Log: cfg.Logger, Clock: cfg.Clock,
+		RequestPass: d.runner.Run,
+	})
 	d.registerHandlers()
 	return d
+}
+
+func (d *Daemon) datapathError(what string, err error) {
+	kind := "other"
+	if isMapFull(err) {
+		kind = "map_full"
+	}
+	d.Metrics.DatapathErrors.WithLabelValues(kind).Inc()
+	d.log.Error("datapath update failed, will retry", "what", what, logKeyErr, err)
 }
 
 // Informers exposes the caches (tests, status).
 func (d *Daemon) Informers() *k8s.Informers { return d.inf }
 
-// Run starts the informers, adopts the pinned datapath state, waits for
+// Run adopts the pinned datapath state, starts the informers, waits for
 // every informer to sync, then keeps the datapath in step until ctx ends.
+// It returns once everything it started has stopped.
 func (d *Daemon) Run(ctx context.Context) error {
 	if err := d.adoptDatapath(); err != nil {
 		return err
 	}
-	d.inf.Run(ctx)
+	infCtx, stopInformers := context.WithCancel(ctx)
+	var informers sync.WaitGroup
+	informers.Go(func() { d.inf.RunAndWait(infCtx) })
+	defer func() { stopInformers(); informers.Wait() }()
 	if err := d.inf.WaitForSync(ctx); err != nil {
 		return err
 	}
@@ -193,27 +190,28 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	d.synced.Store(true)
 	d.log.Info("informers synced, reconciling")
-	var wg sync.WaitGroup
-	wg.Add(4)
-	go func() { defer wg.Done(); d.runner.Loop(ctx) }()
-	go func() { defer wg.Done(); d.ct2.loop(ctx) }()
-	go func() { defer wg.Done(); d.local.loop(ctx) }()
-	go func() { defer wg.Done(); d.local.writer.run(ctx) }()
+	// Started in dependency order, stopped in reverse: the hosted drains
+	// answer their waiters before the loop that feeds them stops.
+	d.conntrackPolicy.Start(ctx)
+	d.hosted.Start(ctx)
+	d.runner.Start(ctx)
 	d.runner.Run()
 	<-ctx.Done()
-	wg.Wait()
+	d.runner.Stop()
+	d.hosted.Stop("draind is stopping")
+	d.conntrackPolicy.Stop()
 	return nil
 }
 
 // adoptDatapath seeds the reconciler (and the model's ids) from the pinned
 // maps of a previous draind.
 func (d *Daemon) adoptDatapath() error {
-	dump, err := d.dp.Dump()
+	dump, err := d.datapath.Dump()
 	if err != nil {
 		return fmt.Errorf("reading pinned datapath state: %w", err)
 	}
-	d.rec.adopt(dump)
-	d.model.adoptIDs(dump)
+	d.reconciler.adopt(dump)
+	d.model.ids.adopt(dump)
 	return nil
 }
 
@@ -230,320 +228,7 @@ func (d *Daemon) SetAttached(ok bool) {
 // Ready reports whether informers synced, the first pass ran and the
 // programs are attached.
 func (d *Daemon) Ready() bool {
-	d.mu.Lock()
-	first := d.firstDone
-	d.mu.Unlock()
-	return d.synced.Load() && first && d.attached.Load()
-}
-
-// --- event intake -------------------------------------------------------------
-
-// tracker records what changed since the last pass; informer handlers only
-// write here and return.
-type tracker struct {
-	mu       sync.Mutex
-	services map[string]time.Time // dirty Service -> earliest event
-	ips      map[netip.Addr]struct{}
-	pods     time.Time // zero: no change
-	leases   time.Time
-	// leasesGone are the pods whose drain Lease was deleted.
-	leasesGone []types.UID
-}
-
-func (t *tracker) init() {
-	t.services = map[string]time.Time{}
-	t.ips = map[netip.Addr]struct{}{}
-}
-
-type dirtySet struct {
-	services   map[string]time.Time
-	ips        map[netip.Addr]struct{}
-	pods       time.Time
-	leases     time.Time
-	leasesGone []types.UID
-}
-
-func (t *tracker) take() dirtySet {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	out := dirtySet{services: t.services, ips: t.ips, pods: t.pods, leases: t.leases, leasesGone: t.leasesGone}
-	t.init()
-	t.pods, t.leases, t.leasesGone = time.Time{}, time.Time{}, nil
-	return out
-}
-
-func (t *tracker) markService(key string, at time.Time) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if old, ok := t.services[key]; !ok || at.Before(old) {
-		t.services[key] = at
-	}
-}
-
-func (t *tracker) markIPs(ips []netip.Addr) {
-	if len(ips) == 0 {
-		return
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	for _, ip := range ips {
-		t.ips[ip] = struct{}{}
-	}
-}
-
-func earliest(cur *time.Time, at time.Time) {
-	if cur.IsZero() || at.Before(*cur) {
-		*cur = at
-	}
-}
-
-func (t *tracker) markPods(at time.Time) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	earliest(&t.pods, at)
-}
-
-func (t *tracker) markLeases(at time.Time) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	earliest(&t.leases, at)
-}
-
-func (t *tracker) markLeaseGone(uid types.UID) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.leasesGone = append(t.leasesGone, uid)
-}
-
-func tombstone[T any](obj any) (T, bool) {
-	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		obj = t.Obj
-	}
-	v, ok := obj.(T)
-	return v, ok
-}
-
-func sameVersion(a, b any) bool {
-	type rv interface{ GetResourceVersion() string }
-	x, ok1 := a.(rv)
-	y, ok2 := b.(rv)
-	return ok1 && ok2 && x.GetResourceVersion() != "" && x.GetResourceVersion() == y.GetResourceVersion()
-}
-
-// onChange calls fn with the object of every add, delete and real update
-// (resyncs, which repeat a resourceVersion, are dropped).
-func onChange(inf cache.SharedIndexInformer, fn func(any)) {
-	inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: fn,
-		UpdateFunc: func(o, n any) {
-			if !sameVersion(o, n) {
-				fn(n)
-			}
-		},
-		DeleteFunc: fn,
-	})
-}
-
-func (d *Daemon) registerHandlers() {
-	sliceEvent := func(old, new *k8s.Slice) {
-		defer d.events.slices.Add(1)
-		now := d.clock.Now()
-		d.tracker.markIPs(d.claims.updateSlice(old, new))
-		for _, s := range []*k8s.Slice{old, new} {
-			if s != nil && s.Service != "" {
-				d.tracker.markService(s.Namespace+"/"+s.Service, now)
-			}
-		}
-		d.runner.Run()
-	}
-	d.inf.Slices.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: func(obj any) {
-			if s, ok := obj.(*k8s.Slice); ok {
-				sliceEvent(nil, s)
-			}
-		},
-		UpdateFunc: func(oldObj, newObj any) {
-			if sameVersion(oldObj, newObj) {
-				return // resync: nothing changed
-			}
-			o, _ := oldObj.(*k8s.Slice)
-			n, _ := newObj.(*k8s.Slice)
-			sliceEvent(o, n)
-		},
-		DeleteFunc: func(obj any) {
-			if s, ok := tombstone[*k8s.Slice](obj); ok {
-				sliceEvent(s, nil)
-			}
-		},
-	})
-	svcEvent := func(obj any) {
-		defer d.events.services.Add(1)
-		if s, ok := tombstone[*k8s.Service](obj); ok {
-			d.tracker.markService(s.Namespace+"/"+s.Name, d.clock.Now())
-			d.runner.Run()
-		}
-	}
-	onChange(d.inf.Services, svcEvent)
-	leaseEvent := func(any) {
-		defer d.events.leases.Add(1)
-		d.tracker.markLeases(d.clock.Now())
-		d.runner.Run()
-		d.local.wake()
-	}
-	d.inf.Leases.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: leaseEvent,
-		UpdateFunc: func(o, n any) {
-			if !sameVersion(o, n) {
-				leaseEvent(n)
-			}
-		},
-		DeleteFunc: func(obj any) {
-			if l, ok := tombstone[*k8s.DrainLease](obj); ok {
-				d.tracker.markLeaseGone(l.PodUID)
-			}
-			leaseEvent(obj)
-		},
-	})
-	podEvent := func(any) {
-		defer d.events.pods.Add(1)
-		d.tracker.markIPs(d.claims.setLocalPods(d.state.LocalPods()))
-		d.tracker.markPods(d.clock.Now())
-		d.runner.Run()
-		d.local.wake()
-	}
-	onChange(d.inf.Pods, podEvent)
-}
-
-// --- the pass -----------------------------------------------------------------
-
-// buildPodDrains derives the pod-level drains from the drain Leases and this
-// node's deleting pods. Expired Leases end their drain (fail open).
-func (d *Daemon) buildPodDrains(now time.Time) map[types.UID]*podDrain {
-	out := map[types.UID]*podDrain{}
-	for _, l := range d.state.DrainLeases() {
-		if !l.Expires().After(now) {
-			continue
-		}
-		out[l.PodUID] = &podDrain{UID: l.PodUID, Namespace: l.PodNamespace, Name: l.PodName, IPs: l.IPs,
-			Reason: l.Reason, Since: l.Acquired, Expires: l.Expires(), Holder: l.Holder, Lease: true, State: l.State}
-	}
-	// This node's own drains hold whatever the Lease says: the node
-	// hosting a pod knows it is draining even when its Lease expired
-	// because the API server could not be reached.
-	for _, pd := range d.local.podDrains() {
-		out[pd.UID] = pd
-	}
-	live := map[types.UID]bool{}
-	for _, p := range d.state.LocalPods() {
-		live[p.UID] = true
-		if !p.Deleting() || p.HostNetwork || len(p.IPs) == 0 {
-			continue
-		}
-		since, ok := d.seenDel[p.UID]
-		if !ok {
-			since = now
-			d.seenDel[p.UID] = now
-		}
-		if _, leased := out[p.UID]; leased {
-			continue
-		}
-		out[p.UID] = &podDrain{UID: p.UID, Namespace: p.Namespace, Name: p.Name, IPs: p.IPs,
-			Reason: k8s.ReasonPodDeleting, Since: since}
-	}
-	for uid := range d.seenDel {
-		if !live[uid] {
-			delete(d.seenDel, uid)
-		}
-	}
-	return out
-}
-
-// sync is one reconciler pass, run by the runner. It returns the next
-// instant the model changes by itself (a Lease or linger ending).
-func (d *Daemon) sync() time.Time {
-	d.modelMu.Lock()
-	defer d.modelMu.Unlock()
-	now := d.clock.Now()
-	dirty := d.tracker.take()
-	m := d.model
-
-	// Pod-level drains; a changed one dirties the Services listing the pod.
-	podAt := dirty.leases // the earliest Lease or local pod event
-	if podAt.IsZero() || (!dirty.pods.IsZero() && dirty.pods.Before(podAt)) {
-		podAt = dirty.pods
-	}
-	if podAt.IsZero() {
-		podAt = now // no event: a deadline passed
-	}
-	changedDrains := m.setPodDrains(d.buildPodDrains(now))
-	podViaServices := false
-	for _, pd := range changedDrains {
-		for _, svc := range m.servicesListing(pd.UID, pd.Namespace) {
-			podViaServices = true
-			if t, ok := dirty.services[svc]; !ok || podAt.Before(t) {
-				dirty.services[svc] = podAt
-			}
-		}
-	}
-	var changedAt []time.Time
-	for svc, at := range dirty.services {
-		if m.recomputeService(svc, now) {
-			changedAt = append(changedAt, at)
-		}
-	}
-	for ip := range dirty.ips {
-		m.claimsChanged(ip)
-	}
-	for _, uid := range dirty.leasesGone {
-		m.endLingersOf(uid)
-	}
-	m.expireLingering(now)
-	departed := m.departed
-	m.departed = nil
-
-	full := !d.firstDone || now.Sub(d.lastFull) >= d.cfg.EntryTTL/4
-	if full {
-		d.lastFull = now
-	}
-	res := d.rec.apply(m, now, full)
-	done := d.clock.Now()
-	d.Metrics.DatapathOps.Add(float64(res.Ops))
-	if res.Ops > 0 {
-		if len(changedDrains) > 0 && !podViaServices {
-			changedAt = append(changedAt, podAt) // a registry-only pod: no Service carried it
-		}
-		for _, at := range changedAt {
-			lat := done.Sub(at)
-			d.Metrics.SignalToDatapath.Observe(lat.Seconds())
-			if d.cfg.OnLatency != nil {
-				d.cfg.OnLatency(lat)
-			}
-		}
-	}
-	if !d.firstDone {
-		m.forgetPinnedIDs() // adopted or replaced by now
-		d.log.Info("first datapath pass done", logKeyOps, res.Ops)
-		// The initial lists decoded the whole cluster once; hand that
-		// garbage back to the node now rather than whenever the
-		// scavenger gets to it.
-		defer debug.FreeOSMemory()
-	}
-	d.local.setKeys(m.keysOf(d.local.uids()))
-	d.mu.Lock()
-	d.firstDone = true
-	d.mu.Unlock()
-	for _, dep := range departed {
-		d.ct2.departed(dep)
-	}
-
-	next := m.nextDeadline()
-	if d.rec.pending() {
-		retry := now.Add(time.Second)
-		if next.IsZero() || retry.Before(next) {
-			next = retry
-		}
-	}
-	return next
+	return d.synced.Load() && d.firstDone.Load() && d.attached.Load()
 }
 
 // PodStatuses returns every drained pod, with this node's measurements of
@@ -551,34 +236,20 @@ func (d *Daemon) sync() time.Time {
 // not per event.
 func (d *Daemon) PodStatuses() []PodStatus {
 	d.modelMu.Lock()
-	pods := d.model.drainedPods()
+	view := d.model.podStatuses()
 	d.modelMu.Unlock()
-	view := make([]PodStatus, 0, len(pods))
-	for _, p := range pods {
-		ps := PodStatus{UID: string(p.UID), Reason: p.Reason, Since: p.Since, Deadline: p.Expires, State: StateDraining}
-		ps.Namespace, ps.Name = splitPod(p.Pod)
-		for _, ip := range p.IPs {
-			ps.IPs = append(ps.IPs, ip.String())
-		}
-		for _, k := range p.Keys {
-			ps.Entries = append(ps.Entries, k.String())
-		}
-		if p.Reason == ReasonDeparted || p.Departed {
-			ps.State = StateLingering
-		}
-		d.local.annotate(&ps)
-		view = append(view, ps)
+	for i := range view {
+		d.hosted.annotate(&view[i])
 	}
 	return view
 }
 
 func splitPod(s string) (string, string) {
-	for i := 0; i < len(s); i++ {
-		if s[i] == '/' {
-			return s[:i], s[i+1:]
-		}
+	ns, name, ok := strings.Cut(s, "/")
+	if !ok {
+		return "", s
 	}
-	return "", s
+	return ns, name
 }
 
 var errNotReady = errors.New("draind is not ready")

@@ -45,25 +45,6 @@ func restartFixtureChange(h *harness) {
 	h.putSlice(slice("api-1", "api", v4, httpPorts(9090), ready("10.0.1.1", "d"), terminating("10.0.1.2", "e"), ready("10.0.1.3", "i")))
 }
 
-// restart starts a second daemon over the same API and the same datapath
-// (pinned maps), adopting the datapath exactly as Run does.
-func (h *harness) restart() *harness {
-	h.t.Helper()
-	h2 := &harness{t: h.t, client: h.client, dp: h.dp, ct: h.ct, clock: h.clock, ctx: h.ctx}
-	h2.d = New(h.d.cfg, h.client, h.dp, h.ct)
-	if err := h2.d.adoptDatapath(); err != nil {
-		h.t.Fatal(err)
-	}
-	h2.d.inf.Run(h.ctx)
-	if err := h2.d.inf.WaitForSync(h.ctx); err != nil {
-		h.t.Fatal(err)
-	}
-	h2.d.synced.Store(true)
-	h2.d.SetAttached(true)
-	h2.d.claims.setLocalPods(h2.d.state.LocalPods())
-	return h2
-}
-
 // normalized renders a datapath with service-port ids replaced by what they
 // resolve to, so that states written under different ids compare equal.
 func normalized(d *bpf.Dump) string {
@@ -317,8 +298,8 @@ func TestFaultAPIOutageHostingNode(t *testing.T) {
 	for i := 0; i < 400; i++ {
 		h.clock.Step(200 * time.Millisecond)
 		h.pass()
-		h.d.local.reconcile(h.ctx)
-		h.d.local.writer.flush(h.ctx)
+		h.d.hosted.reconcile(h.ctx)
+		h.d.hosted.writer.flush(h.ctx)
 	}
 	if r, answered := call.result(t); answered {
 		t.Fatalf("the waiter was answered during the outage: %+v", r)
@@ -329,9 +310,9 @@ func TestFaultAPIOutageHostingNode(t *testing.T) {
 	if n := testutilValue(t, h.d.Metrics.DrainOutcomes.WithLabelValues("cancelled")); n != 0 {
 		t.Errorf("%v drains cancelled during the outage", n)
 	}
-	h.d.local.mu.Lock()
-	ld := h.d.local.pods["p0"]
-	h.d.local.mu.Unlock()
+	h.d.hosted.mu.Lock()
+	ld := h.d.hosted.pods["p0"]
+	h.d.hosted.mu.Unlock()
 	if ld == nil || ld.state != StateDraining {
 		t.Fatalf("local drain during the outage: %+v", ld)
 	}
@@ -523,12 +504,12 @@ func TestFaultUDPReexpiredAfterKubeProxy(t *testing.T) {
 	h.addService(svc("dns", []string{"10.96.0.53"}, []corev1.ServicePort{port("dns", 53, corev1.ProtocolUDP)}))
 	h.putSlice(slice("dns-1", "dns", v4, []slicePort{{"dns", 53, corev1.ProtocolUDP}}, terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
 	h.pass()
-	h.d.ct2.pass(h.ctx)
+	h.d.conntrackPolicy.pass(h.ctx)
 	if n := len(h.ct.ExpireCalls()); n != 1 {
 		t.Fatalf("%d expiries at drain start", n)
 	}
 	h.clock.Step(udpFollowUp)
-	h.d.ct2.pass(h.ctx)
+	h.d.conntrackPolicy.pass(h.ctx)
 	if n := len(h.ct.ExpireCalls()); n != 2 {
 		t.Fatalf("UDP flows not expired again %v after the drain started: %d calls", udpFollowUp, n)
 	}

@@ -76,8 +76,12 @@ func newHarness(t *testing.T, mod ...func(*Config)) *harness {
 		m(&cfg)
 	}
 	h.d = New(cfg, h.client, h.dp, h.ct)
+	h.d.hosted.startEvents()
 	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
+	t.Cleanup(func() {
+		cancel()
+		h.d.hosted.stopEvents()
+	})
 	h.ctx = ctx
 	h.d.inf.Run(ctx)
 	if err := h.d.inf.WaitForSync(ctx); err != nil {
@@ -88,6 +92,27 @@ func newHarness(t *testing.T, mod ...func(*Config)) *harness {
 	return h
 }
 
+// restart starts a second daemon over the same API and the same datapath
+// (pinned maps), adopting the datapath exactly as Run does.
+func (h *harness) restart() *harness {
+	h.t.Helper()
+	h2 := &harness{t: h.t, client: h.client, dp: h.dp, ct: h.ct, clock: h.clock, ctx: h.ctx}
+	h2.d = New(h.d.cfg, h.client, h.dp, h.ct)
+	h2.d.hosted.startEvents()
+	h.t.Cleanup(h2.d.hosted.stopEvents)
+	if err := h2.d.adoptDatapath(); err != nil {
+		h.t.Fatal(err)
+	}
+	h2.d.inf.Run(h.ctx)
+	if err := h2.d.inf.WaitForSync(h.ctx); err != nil {
+		h.t.Fatal(err)
+	}
+	h2.d.synced.Store(true)
+	h2.d.SetAttached(true)
+	h2.d.claims.setLocalPods(h2.d.state.LocalPods())
+	return h2
+}
+
 // do runs an API call and waits until the daemon's handlers saw n more
 // events of that kind.
 func (h *harness) do(kind *atomic.Uint64, n int, fn func(context.Context) error) {
@@ -96,13 +121,7 @@ func (h *harness) do(kind *atomic.Uint64, n int, fn func(context.Context) error)
 	if err := fn(h.ctx); err != nil {
 		h.t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for kind.Load() < before+uint64(n) {
-		if time.Now().After(deadline) {
-			h.t.Fatalf("timed out waiting for %d informer events", n)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	eventually(h.t, 10*time.Second, fmt.Sprintf("%d informer events", n), func() bool { return kind.Load() >= before+uint64(n) })
 }
 
 // pass runs one reconciler pass and returns the datapath operations it made.

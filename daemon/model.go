@@ -4,8 +4,6 @@ import (
 	"cmp"
 	"net/netip"
 	"slices"
-	"strconv"
-	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -13,6 +11,12 @@ import (
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/k8s"
 )
+
+// The model: what is draining. It turns the cached Kubernetes state into
+// the desired drain entries and service-ports, incrementally: a pass
+// recomputes only the Services and pods that changed (categorize.go decides
+// per Service), records what each contributes (contributions.go), and the
+// reconciler merges only the entry keys they touched (desired.go).
 
 // State is the cached Kubernetes state the model reads (*k8s.Informers).
 type State interface {
@@ -47,23 +51,15 @@ type ModelConfig struct {
 	OnPolicyWarning func(service, value string)
 }
 
-// spfKey names a service-port of one family: the unit that owns a
-// selectable backend set.
-type spfKey struct {
-	Service string // namespace/name
-	Port    string // the service port's name
-	Proto   k8s.Protocol
-	Family  k8s.Family
-}
-
-// podDrain is a pod-level drain: a drain Lease or a local pod deletion.
+// podDrain is a drain of a whole pod: from a drain Lease, or from this
+// node's own knowledge of a pod it hosts (a deletion, an offline call).
 type podDrain struct {
 	UID             types.UID
 	Namespace, Name string
 	IPs             []netip.Addr
 	Reason          string
 	Since           time.Time
-	Expires         time.Time // zero: no deadline (local deletion)
+	Expires         time.Time // zero: no deadline (this node's own drain)
 	Holder          string
 	Lease           bool
 	State           string // as the hosting node published it
@@ -73,10 +69,10 @@ func (d *podDrain) same(o *podDrain) bool {
 	return d.Reason == o.Reason && d.Expires.Equal(o.Expires) && slices.Equal(d.IPs, o.IPs) && d.Namespace == o.Namespace && d.Name == o.Name
 }
 
-// spfState is an active service-port: it has draining endpoints, or
+// servicePort is an active service-port: it has draining endpoints, or
 // departed ones still lingering on its id.
-type spfState struct {
-	key        spfKey
+type servicePort struct {
+	key        servicePortKey
 	id         bpf.ServicePortID
 	frontends  []bpf.EndpointKey
 	noSteer    bool
@@ -84,69 +80,13 @@ type spfState struct {
 	refs       int // contributions naming this id
 }
 
-// contribution is one reason for a drain entry. Several sources can name
-// the same key (an endpoint of several Services, a drained pod's wildcard).
-type contribution struct {
-	src     string // "spf:<id>", "pod:<uid>" or "linger"
-	uid     types.UID
-	pod     string // namespace/name
-	svc     bpf.ServicePortID
-	policy  bpf.Policy
-	reason  string
-	since   time.Time
-	expires time.Time // zero: refreshed by EntryTTL
-	linger  bool
-}
-
 // serviceResult is what one Service last contributed.
 type serviceResult struct {
-	spfs     map[spfKey]bpf.ServicePortID
-	contribs []bpf.EndpointKey // keys this service's spfs contributed to
+	servicePorts map[servicePortKey]bpf.ServicePortID
+	keys         []bpf.EndpointKey // keys its service-ports contributed to
 	// draining endpoints with their identity (for departure detection).
 	draining map[bpf.EndpointKey]contribution
-	uids     map[types.UID]struct{} // drained pods listed by this service
-}
-
-// lingerRec is a departed endpoint still steered.
-type lingerRec struct {
-	c     contribution
-	until time.Time
-}
-
-// model turns Kubernetes state into desired datapath entries, incrementally:
-// a step recomputes only the Services and pods that changed, then merges
-// only the entry keys they touched.
-type model struct {
-	cfg   ModelConfig
-	state State
-
-	results   map[string]*serviceResult
-	spfIDs    map[spfKey]bpf.ServicePortID
-	spfs      map[bpf.ServicePortID]*spfState
-	contribs  map[bpf.EndpointKey][]contribution
-	byIP      map[netip.Addr]map[bpf.EndpointKey]struct{}
-	lingering map[bpf.EndpointKey]*lingerRec
-	lingerMin time.Time // earliest linger end (zero: none), a lower bound
-	podDrains map[types.UID]*podDrain
-	presence  map[types.UID]map[string]struct{} // drained uid -> services listing it
-	// listedPolicy is the most cautious policy of the Services that listed
-	// a drained pod: its all-ports entries keep it after the pod left them
-	// (a gone headless pod is not refused).
-	listedPolicy map[types.UID]bpf.Policy
-	claims       *claims
-	ids          idAllocator
-	// pinnedIDs are the service-port ids a previous draind left in the
-	// pinned maps, by the frontends and drains that name them: a restart
-	// keeps them, so it rewrites nothing that is still right.
-	pinnedIDs map[bpf.EndpointKey]bpf.ServicePortID
-	// pinnedSets are the pinned backend sets by content (service-ports with
-	// neither a VIP nor a rewritten endpoint, e.g. headless).
-	pinnedSets map[string]bpf.ServicePortID
-	warned     map[string]bool
-
-	touched    map[bpf.EndpointKey]struct{}
-	touchedSPF map[bpf.ServicePortID]struct{}
-	departed   []departure // since the last step (conntrack, lease cleanup)
+	pods     map[types.UID]struct{} // drained pods listed by this Service
 }
 
 // departure is an endpoint that left every slice while draining.
@@ -156,479 +96,244 @@ type departure struct {
 	GoneAt time.Time
 }
 
+// model holds what is draining; one goroutine (the runner's) owns it.
+type model struct {
+	cfg    ModelConfig
+	state  State
+	claims *claims
+
+	results        map[string]*serviceResult
+	servicePortIDs map[servicePortKey]bpf.ServicePortID
+	servicePorts   map[bpf.ServicePortID]*servicePort
+	contributions  map[bpf.EndpointKey][]contribution
+	byIP           map[netip.Addr]map[bpf.EndpointKey]struct{}
+	lingering      map[bpf.EndpointKey]*lingerRecord
+	lingerMin      time.Time // earliest linger end (zero: none), a lower bound
+	podDrains      map[types.UID]*podDrain
+	listings       map[types.UID]map[string]struct{} // drained pod -> Services listing it
+	// listedPolicy is the most cautious policy of the Services that listed
+	// a drained pod: its all-ports entries keep it after the pod left them
+	// (a gone headless pod is not refused).
+	listedPolicy map[types.UID]bpf.Policy
+	ids          serviceIDs
+	warned       map[string]string // Service -> the bad annotation value last warned about
+
+	touched             map[bpf.EndpointKey]struct{}
+	touchedServicePorts map[bpf.ServicePortID]struct{}
+	departures          []departure // since the last pass (conntrack, lease cleanup)
+}
+
 func newModel(cfg ModelConfig, st State, cl *claims) *model {
 	return &model{
 		cfg: cfg, state: st, claims: cl,
-		results:      map[string]*serviceResult{},
-		spfIDs:       map[spfKey]bpf.ServicePortID{},
-		spfs:         map[bpf.ServicePortID]*spfState{},
-		contribs:     map[bpf.EndpointKey][]contribution{},
-		byIP:         map[netip.Addr]map[bpf.EndpointKey]struct{}{},
-		lingering:    map[bpf.EndpointKey]*lingerRec{},
-		podDrains:    map[types.UID]*podDrain{},
-		presence:     map[types.UID]map[string]struct{}{},
-		listedPolicy: map[types.UID]bpf.Policy{},
-		warned:       map[string]bool{},
-		touched:      map[bpf.EndpointKey]struct{}{},
-		touchedSPF:   map[bpf.ServicePortID]struct{}{},
+		results:             map[string]*serviceResult{},
+		servicePortIDs:      map[servicePortKey]bpf.ServicePortID{},
+		servicePorts:        map[bpf.ServicePortID]*servicePort{},
+		contributions:       map[bpf.EndpointKey][]contribution{},
+		byIP:                map[netip.Addr]map[bpf.EndpointKey]struct{}{},
+		lingering:           map[bpf.EndpointKey]*lingerRecord{},
+		podDrains:           map[types.UID]*podDrain{},
+		listings:            map[types.UID]map[string]struct{}{},
+		listedPolicy:        map[types.UID]bpf.Policy{},
+		warned:              map[string]string{},
+		touched:             map[bpf.EndpointKey]struct{}{},
+		touchedServicePorts: map[bpf.ServicePortID]struct{}{},
 	}
 }
 
-// policyOf resolves a Service's pod-IP policy.
+// policyOf resolves a Service's pod-IP policy, warning once per bad value.
 func (m *model) policyOf(svc *k8s.Service) bpf.Policy {
 	def := bpf.PolicyRewrite
 	if svc.Headless {
 		def = bpf.PolicyOff
 	}
+	key := svc.Namespace + "/" + svc.Name
 	if svc.PodIPSteering == "" {
+		delete(m.warned, key)
 		return def
 	}
 	p, err := bpf.ParsePolicy(svc.PodIPSteering)
 	if err != nil {
-		key := svc.Namespace + "/" + svc.Name + "=" + svc.PodIPSteering
-		if !m.warned[key] {
-			m.warned[key] = true
+		if m.warned[key] != svc.PodIPSteering {
+			m.warned[key] = svc.PodIPSteering
 			if m.cfg.OnPolicyWarning != nil {
-				m.cfg.OnPolicyWarning(svc.Namespace+"/"+svc.Name, svc.PodIPSteering)
+				m.cfg.OnPolicyWarning(key, svc.PodIPSteering)
 			}
 		}
 		return def
 	}
+	delete(m.warned, key)
 	return p
 }
 
-func toBPF(p k8s.Protocol) bpf.Protocol { return bpf.Protocol(p) }
-
-// epAgg merges the listings of one endpoint (it may appear in several
-// slices while they are rebalanced): draining if any listing says so.
-type epAgg struct {
-	uid        types.UID
-	pod        string
-	draining   bool
-	selectable bool
-	reason     string
-	// expires bounds a drain that only a Lease causes: if nobody renews
-	// the Lease, steering ends with it.
-	expires time.Time
-}
-
-// recomputeService recomputes one Service's service-ports and updates the
-// contributions, active service-ports and lingering entries it owns.
+// recomputeService recomputes one Service and updates the contributions,
+// active service-ports and lingering entries it owns. It reports whether
+// anything it contributes changed.
 func (m *model) recomputeService(key string, now time.Time) (changed bool) {
 	old := m.results[key]
 	svc := m.state.Service(key)
-	var slicesOf []*k8s.Slice
-	if svc != nil {
-		slicesOf = m.state.SlicesOf(key)
-	}
-	nr := &serviceResult{spfs: map[spfKey]bpf.ServicePortID{}, draining: map[bpf.EndpointKey]contribution{}, uids: map[types.UID]struct{}{}}
-	present := map[bpf.EndpointKey]types.UID{}
-	type spfCalc struct {
-		key        spfKey
-		frontends  []bpf.EndpointKey
-		selectable []netip.AddrPort
-		draining   []bpf.EndpointKey
-		eps        map[netip.AddrPort]*epAgg
-	}
-	var calcs []spfCalc
+	var cat categorized
 	policy := bpf.PolicyOff
 	if svc != nil {
+		cat = categorize(svc, m.state.SlicesOf(key), m.podDrains, m.cfg.Node)
 		policy = m.policyOf(svc)
-		ns := svc.Namespace
-		for _, sp := range svc.Ports {
-			for _, fam := range []k8s.Family{k8s.IPv4, k8s.IPv6} {
-				c := spfCalc{key: spfKey{key, sp.Name, sp.Protocol, fam}, eps: map[netip.AddrPort]*epAgg{}}
-				for _, sl := range slicesOf {
-					if sl.Family != fam {
-						continue
-					}
-					port := uint16(0)
-					for _, p := range sl.Ports {
-						if p.Name == sp.Name && p.Protocol == sp.Protocol {
-							port = p.Port
-							break
-						}
-					}
-					if port == 0 {
-						continue
-					}
-					for i := range sl.Endpoints {
-						e := &sl.Endpoints[i]
-						ap := netip.AddrPortFrom(e.Addr, port)
-						pd := m.podDrains[e.PodUID]
-						if e.PodUID == "" {
-							pd = nil
-						}
-						draining := !e.Ready() || pd != nil
-						reason := ""
-						switch {
-						case pd != nil:
-							reason = pd.Reason
-							nr.uids[e.PodUID] = struct{}{}
-						case e.Terminating():
-							reason = ReasonTerminating
-						case !e.Ready():
-							reason = ReasonNotReady
-						}
-						sel := !draining && (!svc.InternalLocal || e.Node == m.cfg.Node)
-						a, ok := c.eps[ap]
-						if !ok {
-							a = &epAgg{uid: e.PodUID, pod: ns + "/" + e.PodName, selectable: sel}
-							c.eps[ap] = a
-						}
-						if draining && !a.draining {
-							a.draining, a.reason = true, reason
-							if e.Ready() && pd != nil {
-								a.expires = pd.Expires
-							}
-						} else if draining && !e.Ready() {
-							a.expires = time.Time{}
-						}
-						a.selectable = a.selectable && sel
-						present[bpf.EndpointKey{Addr: e.Addr, Port: port, Proto: toBPF(sp.Protocol)}] = e.PodUID
-					}
-				}
-				if len(c.eps) == 0 {
-					continue
-				}
-				for ap, a := range c.eps {
-					if a.selectable {
-						c.selectable = append(c.selectable, ap)
-					}
-					if a.draining {
-						c.draining = append(c.draining, bpf.EndpointKey{Addr: ap.Addr(), Port: ap.Port(), Proto: toBPF(sp.Protocol)})
-					}
-				}
-				slices.SortFunc(c.selectable, netip.AddrPort.Compare)
-				slices.SortFunc(c.draining, bpf.EndpointKey.Compare)
-				for _, vip := range svc.ClusterIPs {
-					if (vip.Is4() && fam == k8s.IPv4) || (vip.Is6() && fam == k8s.IPv6) {
-						c.frontends = append(c.frontends, bpf.EndpointKey{Addr: vip, Port: sp.Port, Proto: toBPF(sp.Protocol)})
-					}
-				}
-				calcs = append(calcs, c)
-			}
-		}
+	} else {
+		delete(m.warned, key)
 	}
-
-	// Withdraw what the service contributed before.
-	var oldContrib []bpf.EndpointKey
-	if old != nil {
-		oldContrib = old.contribs
-		for _, k := range old.contribs {
-			m.removeContrib(k, func(c contribution) bool {
-				return strings.HasPrefix(c.src, "spf:") && old.spfs[m.spfKeyOf(c.svc)] == c.svc
-			})
-		}
-	}
-
-	// Activate the service-ports that drain; keep those with lingering refs.
-	for _, c := range calcs {
-		id, hasID := m.spfIDs[c.key]
-		lingerRefs := hasID && m.spfs[id] != nil && m.spfs[id].refs > 0
-		if len(c.draining) == 0 && !lingerRefs {
-			continue
-		}
-		if !hasID {
-			id = m.allocID(c.frontends, c.draining, c.selectable)
-			m.spfIDs[c.key] = id
-			m.spfs[id] = &spfState{key: c.key, id: id}
-		}
-		st := m.spfs[id]
-		if !slices.Equal(st.selectable, c.selectable) || !slices.Equal(st.frontends, c.frontends) || st.noSteer != svc.AffinityClientIP {
+	m.withdrawService(old)
+	next := &serviceResult{servicePorts: map[servicePortKey]bpf.ServicePortID{},
+		draining: map[bpf.EndpointKey]contribution{}, pods: cat.drainedPods}
+	for _, c := range cat.servicePorts {
+		if m.activate(next, c, svc.AffinityClientIP, policy, old, now) {
 			changed = true
-			m.touchedSPF[id] = struct{}{}
-			// Policy downgrades of lingering entries depend on selectable.
-			for k, l := range m.lingering {
-				if l.c.svc == id {
-					m.touch(k)
-				}
-			}
-		}
-		st.selectable, st.frontends, st.noSteer = c.selectable, c.frontends, svc.AffinityClientIP
-		nr.spfs[c.key] = id
-		for _, k := range c.draining {
-			ap := netip.AddrPortFrom(k.Addr, k.Port)
-			a := c.eps[ap]
-			since := now
-			if old != nil {
-				if prev, ok := old.draining[k]; ok && prev.uid == a.uid {
-					since = prev.since
-				}
-			}
-			ct := contribution{src: "spf:" + strconv.FormatUint(uint64(id), 10), uid: a.uid, pod: a.pod, svc: id,
-				policy: policy, reason: a.reason, since: since, expires: a.expires}
-			m.addContrib(k, ct)
-			nr.draining[k] = ct
-			nr.contribs = append(nr.contribs, k)
 		}
 	}
-	// Drained pods may now be listed, or no longer: their wildcards change.
-	for uid := range nr.uids {
-		if p, ok := m.listedPolicy[uid]; !ok || policy > p {
-			m.listedPolicy[uid] = policy
-		}
-		m.setPresence(uid, key, true)
+	m.updateListings(key, old, next, policy)
+	if m.lingerDeparted(old, next, cat.listed, now) {
+		changed = true
 	}
 	if old != nil {
-		for uid := range old.uids {
-			if _, ok := nr.uids[uid]; !ok {
-				m.setPresence(uid, key, false)
-			}
-		}
-	}
-
-	// Endpoints that drained and are now gone from every slice of this
-	// service linger, so stale callers are still steered away.
-	if old != nil {
-		for k, prev := range old.draining {
-			if _, still := nr.draining[k]; still {
-				continue
-			}
-			if uid, listed := present[k]; listed && uid == prev.uid {
-				continue // listed again, ready: no longer draining
-			}
-			changed = true
-			m.departed = append(m.departed, departure{Key: k, UID: prev.uid, GoneAt: now})
-			if prev.policy == bpf.PolicyOff || m.cfg.Linger <= 0 || m.suppressed(prev, k.Addr) {
-				continue
-			}
-			lc := prev
-			lc.src, lc.linger, lc.reason = "linger", true, ReasonDeparted
-			m.setLinger(k, &lingerRec{c: lc, until: now.Add(m.cfg.Linger)})
-		}
-	}
-
-	// Service-ports that are no longer needed release their id.
-	if old != nil {
-		for sk, id := range old.spfs {
-			if _, ok := nr.spfs[sk]; !ok {
+		for k, id := range old.servicePorts {
+			if _, ok := next.servicePorts[k]; !ok {
 				m.releaseIfUnused(id)
 			}
 		}
+		changed = changed || len(old.keys) > 0
 	}
-	if len(oldContrib) > 0 || len(nr.contribs) > 0 {
-		changed = true
-	}
-	if len(nr.spfs) == 0 {
+	changed = changed || len(next.keys) > 0
+	if len(next.servicePorts) == 0 {
 		delete(m.results, key)
 	} else {
-		m.results[key] = nr
+		m.results[key] = next
 	}
 	return changed
 }
 
-// adoptIDs records the ids of a previous draind's pinned entries; fresh
-// ids are allocated above all of them.
-func (m *model) adoptIDs(d *bpf.Dump) {
-	m.pinnedIDs = map[bpf.EndpointKey]bpf.ServicePortID{}
-	m.pinnedSets = map[string]bpf.ServicePortID{}
-	seen := func(id bpf.ServicePortID) { m.ids.next = max(m.ids.next, uint32(id)) }
-	for _, b := range d.Backends {
-		seen(b.Service)
-		m.pinnedSets[backendSetKey(b.Backends)] = b.Service
+// withdrawService removes what a Service contributed in its last result.
+func (m *model) withdrawService(old *serviceResult) {
+	if old == nil {
+		return
 	}
-	for _, f := range d.Frontends {
-		seen(f.Service)
-		m.pinnedIDs[f.Key] = f.Service
-	}
-	for _, dr := range d.Drains {
-		seen(dr.Service)
-		if dr.Service != 0 && dr.Policy == bpf.PolicyRewrite {
-			m.pinnedIDs[dr.Key] = dr.Service
-		}
+	for _, k := range old.keys {
+		m.removeContribution(k, func(c contribution) bool {
+			return c.kind == fromServicePort && old.servicePorts[m.keyOf(c.servicePort)] == c.servicePort
+		})
 	}
 }
 
-// forgetPinnedIDs ends the adoption of pinned ids (after the first pass).
-func (m *model) forgetPinnedIDs() { m.pinnedIDs, m.pinnedSets = nil, nil }
-
-// allocID returns the id for a newly active service-port: the one its
-// pinned frontends, rewritten endpoints or backend set carry if no other
-// service-port holds it, else a fresh one.
-func (m *model) allocID(frontends, draining []bpf.EndpointKey, selectable []netip.AddrPort) bpf.ServicePortID {
-	for _, keys := range [][]bpf.EndpointKey{frontends, draining} {
-		for _, k := range keys {
-			if id, ok := m.pinnedIDs[k]; ok && m.spfs[id] == nil {
-				delete(m.pinnedIDs, k)
-				return id
+// activate makes a service-port with draining endpoints (or lingering ones
+// on its id) active, and contributes its draining endpoints. It reports
+// whether the service-port's frontends or backends changed.
+func (m *model) activate(next *serviceResult, c servicePortEndpoints, noSteer bool, policy bpf.Policy, old *serviceResult, now time.Time) (changed bool) {
+	id, hasID := m.servicePortIDs[c.key]
+	lingerRefs := hasID && m.servicePorts[id] != nil && m.servicePorts[id].refs > 0
+	if len(c.draining) == 0 && !lingerRefs {
+		return false
+	}
+	if !hasID {
+		draining := make([]bpf.EndpointKey, len(c.draining))
+		for i, e := range c.draining {
+			draining[i] = e.key
+		}
+		id = m.ids.alloc(c.frontends, draining, c.selectable, m.servicePorts)
+		m.servicePortIDs[c.key] = id
+		m.servicePorts[id] = &servicePort{key: c.key, id: id}
+	}
+	sp := m.servicePorts[id]
+	if !slices.Equal(sp.selectable, c.selectable) || !slices.Equal(sp.frontends, c.frontends) || sp.noSteer != noSteer {
+		changed = true
+		m.touchedServicePorts[id] = struct{}{}
+		// Policy downgrades of lingering entries depend on selectable.
+		for k, l := range m.lingering {
+			if l.c.servicePort == id {
+				m.touch(k)
 			}
 		}
 	}
-	if len(selectable) > 0 {
-		sk := backendSetKey(selectable)
-		if id, ok := m.pinnedSets[sk]; ok && m.spfs[id] == nil {
-			delete(m.pinnedSets, sk)
-			return id
+	sp.selectable, sp.frontends, sp.noSteer = c.selectable, c.frontends, noSteer
+	next.servicePorts[c.key] = id
+	for _, e := range c.draining {
+		since := now
+		if old != nil {
+			if prev, ok := old.draining[e.key]; ok && prev.uid == e.uid {
+				since = prev.since
+			}
 		}
+		ct := contribution{kind: fromServicePort, uid: e.uid, pod: e.pod, servicePort: id,
+			policy: policy, reason: e.reason, since: since, expires: e.expires}
+		m.addContribution(e.key, ct)
+		next.draining[e.key] = ct
+		next.keys = append(next.keys, e.key)
 	}
-	return m.ids.alloc()
+	return changed
 }
 
-func backendSetKey(b []netip.AddrPort) string {
-	var sb strings.Builder
-	for _, ap := range b {
-		sb.WriteString(ap.String())
-		sb.WriteByte(',')
+// updateListings records which drained pods the Service lists now: their
+// all-ports entries change with it.
+func (m *model) updateListings(key string, old, next *serviceResult, policy bpf.Policy) {
+	for uid := range next.pods {
+		if p, ok := m.listedPolicy[uid]; !ok || policy > p {
+			m.listedPolicy[uid] = policy
+		}
+		m.setListing(uid, key, true)
 	}
-	return sb.String()
-}
-
-func (m *model) spfKeyOf(id bpf.ServicePortID) spfKey {
-	if st := m.spfs[id]; st != nil {
-		return st.key
-	}
-	return spfKey{}
-}
-
-func (m *model) releaseIfUnused(id bpf.ServicePortID) {
-	st := m.spfs[id]
-	if st == nil || st.refs > 0 {
+	if old == nil {
 		return
 	}
-	delete(m.spfs, id)
-	delete(m.spfIDs, st.key)
-	m.touchedSPF[id] = struct{}{}
+	for uid := range old.pods {
+		if _, ok := next.pods[uid]; !ok {
+			m.setListing(uid, key, false)
+		}
+	}
+}
+
+// lingerDeparted lets endpoints that drained and are now gone from every
+// slice of the Service linger, so stale callers are still steered away,
+// and records their departure. It reports whether any departed.
+func (m *model) lingerDeparted(old, next *serviceResult, listed map[bpf.EndpointKey]types.UID, now time.Time) (departed bool) {
+	if old == nil {
+		return false
+	}
+	for k, prev := range old.draining {
+		if _, still := next.draining[k]; still {
+			continue
+		}
+		if uid, ok := listed[k]; ok && uid == prev.uid {
+			continue // listed again, ready: no longer draining
+		}
+		departed = true
+		m.departures = append(m.departures, departure{Key: k, UID: prev.uid, GoneAt: now})
+		if prev.policy == bpf.PolicyOff || m.cfg.Linger <= 0 || m.suppressed(prev, k.Addr) {
+			continue
+		}
+		lc := prev
+		lc.kind, lc.reason = fromLinger, ReasonDeparted
+		m.setLinger(k, &lingerRecord{c: lc, until: now.Add(m.cfg.Linger)})
+	}
+	return departed
+}
+
+func (m *model) keyOf(id bpf.ServicePortID) servicePortKey {
+	if sp := m.servicePorts[id]; sp != nil {
+		return sp.key
+	}
+	return servicePortKey{}
+}
+
+// releaseIfUnused deactivates a service-port nothing refers to any more.
+func (m *model) releaseIfUnused(id bpf.ServicePortID) {
+	sp := m.servicePorts[id]
+	if sp == nil || sp.refs > 0 {
+		return
+	}
+	delete(m.servicePorts, id)
+	delete(m.servicePortIDs, sp.key)
+	m.touchedServicePorts[id] = struct{}{}
 	m.ids.release(id)
 }
 
-func (m *model) touch(k bpf.EndpointKey) { m.touched[k] = struct{}{} }
-
-func (m *model) addContrib(k bpf.EndpointKey, c contribution) {
-	m.contribs[k] = append(m.contribs[k], c)
-	if c.svc != 0 {
-		if st := m.spfs[c.svc]; st != nil {
-			st.refs++
-		}
-	}
-	ips := m.byIP[k.Addr]
-	if ips == nil {
-		ips = map[bpf.EndpointKey]struct{}{}
-		m.byIP[k.Addr] = ips
-	}
-	ips[k] = struct{}{}
-	m.touch(k)
-}
-
-// removeContrib drops the contributions of k that match.
-func (m *model) removeContrib(k bpf.EndpointKey, match func(contribution) bool) {
-	cs := m.contribs[k]
-	out := cs[:0]
-	for _, c := range cs {
-		if match(c) {
-			if c.svc != 0 {
-				if st := m.spfs[c.svc]; st != nil {
-					st.refs--
-				}
-			}
-			m.touch(k)
-			continue
-		}
-		out = append(out, c)
-	}
-	if len(out) == 0 {
-		delete(m.contribs, k)
-		if ips := m.byIP[k.Addr]; ips != nil {
-			delete(ips, k)
-			if len(ips) == 0 {
-				delete(m.byIP, k.Addr)
-			}
-		}
-		return
-	}
-	m.contribs[k] = out
-}
-
-func (m *model) setLinger(k bpf.EndpointKey, l *lingerRec) {
-	m.clearLinger(k)
-	m.lingering[k] = l
-	if m.lingerMin.IsZero() || l.until.Before(m.lingerMin) {
-		m.lingerMin = l.until
-	}
-	m.addContrib(k, l.c)
-}
-
-func (m *model) clearLinger(k bpf.EndpointKey) {
-	l := m.lingering[k]
-	if l == nil {
-		return
-	}
-	delete(m.lingering, k)
-	m.removeContrib(k, func(c contribution) bool { return c.linger })
-	if l.c.svc != 0 {
-		m.releaseIfUnused(l.c.svc)
-	}
-}
-
-func (m *model) setPresence(uid types.UID, svc string, on bool) {
-	set := m.presence[uid]
-	_, was := set[svc]
-	if on == was {
-		return
-	}
-	if on {
-		if set == nil {
-			set = map[string]struct{}{}
-			m.presence[uid] = set
-		}
-		set[svc] = struct{}{}
-	} else {
-		delete(set, svc)
-		if len(set) == 0 {
-			delete(m.presence, uid)
-		}
-	}
-	m.updateWildcards(uid)
-}
-
-// updateWildcards sets the all-ports entries of a drained pod: they refuse
-// (or pass) connections to a pod no Service lists (a registry-only
-// workload), and on the pod's own node let the observer count every SYN.
-func (m *model) updateWildcards(uid types.UID) {
-	src := "pod:" + string(uid)
-	// Withdraw the old ones.
-	for k := range m.wildcardKeysOf(uid) {
-		m.removeContrib(k, func(c contribution) bool { return c.src == src })
-	}
-	d := m.podDrains[uid]
-	if d == nil {
-		return
-	}
-	policy := bpf.PolicyOff
-	if lp, listed := m.listedPolicy[uid]; len(m.presence[uid]) == 0 && (!listed || lp != bpf.PolicyOff) {
-		// No Service lists it (any more): nothing to rewrite to. A pod
-		// that a Service with policy off listed stays off.
-		policy = m.cfg.RegistryOnlyPolicy
-	}
-	for _, ip := range d.IPs {
-		for _, proto := range []bpf.Protocol{bpf.TCP, bpf.UDP} {
-			k := bpf.EndpointKey{Addr: ip, Port: 0, Proto: proto}
-			m.addContrib(k, contribution{src: src, uid: uid, pod: d.Namespace + "/" + d.Name, policy: policy,
-				reason: d.Reason, since: d.Since, expires: d.Expires})
-		}
-	}
-}
-
-func (m *model) wildcardKeysOf(uid types.UID) map[bpf.EndpointKey]struct{} {
-	out := map[bpf.EndpointKey]struct{}{}
-	src := "pod:" + string(uid)
-	// A drained pod has few IPs; look them up through the previous drain.
-	if d := m.podDrains[uid]; d != nil {
-		for _, ip := range d.IPs {
-			for k := range m.byIP[ip] {
-				for _, c := range m.contribs[k] {
-					if c.src == src {
-						out[k] = struct{}{}
-					}
-				}
-			}
-		}
-	}
-	return out
-}
-
-// setPodDrains replaces the pod-level drains and returns the drains that
-// changed (old or new version): their pods' Services must be recomputed.
+// setPodDrains replaces the pod drains and returns those that changed (old
+// or new version): the Services listing their pods must be recomputed.
 func (m *model) setPodDrains(next map[types.UID]*podDrain) (changed []*podDrain) {
 	for uid, d := range m.podDrains {
 		if n, ok := next[uid]; !ok || !n.same(d) {
@@ -641,18 +346,15 @@ func (m *model) setPodDrains(next map[types.UID]*podDrain) (changed []*podDrain)
 		}
 	}
 	for _, d := range changed {
-		// Withdraw wildcards under the old IPs before switching.
-		src := "pod:" + string(d.UID)
-		for k := range m.wildcardKeysOf(d.UID) {
-			m.removeContrib(k, func(c contribution) bool { return c.src == src })
-		}
+		// Withdraw all-ports entries under the old IPs before switching.
+		m.withdrawPodEntries(d.UID)
 	}
 	m.podDrains = next
 	for _, d := range changed {
 		if next[d.UID] == nil {
 			delete(m.listedPolicy, d.UID)
 		}
-		m.updateWildcards(d.UID)
+		m.updatePodEntries(d.UID)
 	}
 	slices.SortFunc(changed, func(a, b *podDrain) int { return cmp.Compare(a.UID, b.UID) })
 	return changed
@@ -672,7 +374,7 @@ func (m *model) servicesListing(uid types.UID, namespace string) []string {
 			}
 		}
 	}
-	for s := range m.presence[uid] {
+	for s := range m.listings[uid] {
 		set[s] = struct{}{}
 	}
 	out := make([]string, 0, len(set))
@@ -742,198 +444,9 @@ func (m *model) suppressed(c contribution, ip netip.Addr) bool {
 	return m.claims.claimedByOther(ip, c.uid)
 }
 
-// desiredDrain merges the contributions of one key.
-func (m *model) desiredDrain(k bpf.EndpointKey, now time.Time) (bpf.Drain, bool) {
-	var live []contribution
-	for _, c := range m.contribs[k] {
-		if !m.suppressed(c, k.Addr) {
-			live = append(live, c)
-		}
-	}
-	if len(live) == 0 {
-		return bpf.Drain{}, false
-	}
-	d := bpf.Drain{Key: k, Policy: bpf.PolicyRewrite}
-	var exp time.Time
-	best := bpf.ServicePortID(0)
-	for i, c := range live {
-		p := c.policy
-		if c.svc != 0 && p != bpf.PolicyOff {
-			st := m.spfs[c.svc]
-			hasAlt := st != nil && len(st.selectable) > 0
-			switch {
-			case hasAlt && p == bpf.PolicyRewrite && (best == 0 || c.svc < best):
-				best = c.svc
-			case !hasAlt && c.linger:
-				// The pod is gone and nothing can take its place: failing
-				// fast beats a connect into a dead address.
-				p = bpf.PolicyRefuse
-			case !hasAlt:
-				// Never take away the last serving endpoints.
-				p = bpf.PolicyOff
-			}
-		}
-		if c.svc == 0 && p == bpf.PolicyRewrite {
-			p = bpf.PolicyRefuse // nothing to rewrite to
-		}
-		if i == 0 || p > d.Policy {
-			d.Policy = p
-		}
-		e := now.Add(m.cfg.EntryTTL)
-		if c.linger {
-			if l := m.lingering[k]; l != nil && l.until.Before(e) {
-				e = l.until
-			}
-		}
-		if !c.expires.IsZero() && c.expires.Before(e) {
-			e = c.expires
-		}
-		if e.After(exp) {
-			exp = e
-		}
-	}
-	if d.Policy == bpf.PolicyRewrite {
-		d.Service = best
-	} else if d.Policy == bpf.PolicyRefuse || d.Policy == bpf.PolicyOff {
-		d.Service = best // kept for accounting; the programs ignore it
-	}
-	d.Expires = exp
-	return d, true
+// takeDepartures returns the departures since the last call.
+func (m *model) takeDepartures() []departure {
+	d := m.departures
+	m.departures = nil
+	return d
 }
-
-// desiredSPF returns the frontends and backends of an active service-port.
-func (m *model) desiredSPF(id bpf.ServicePortID, now time.Time) (fes []bpf.Frontend, be *bpf.Backends) {
-	st := m.spfs[id]
-	if st == nil || st.refs == 0 || len(st.selectable) == 0 {
-		if st != nil && st.refs > 0 {
-			return nil, &bpf.Backends{Service: id, Expires: now.Add(m.cfg.EntryTTL)}
-		}
-		return nil, nil
-	}
-	exp := now.Add(m.cfg.EntryTTL)
-	for _, k := range st.frontends {
-		fes = append(fes, bpf.Frontend{Key: k, Service: id, NoSteer: st.noSteer, Expires: exp})
-	}
-	return fes, &bpf.Backends{Service: id, Backends: st.selectable, Expires: exp}
-}
-
-// keysOf returns the entry keys contributed for each of the given pods,
-// found through their IPs (a drained pod's Lease or endpoints name them).
-func (m *model) keysOf(uids []types.UID) map[types.UID][]bpf.EndpointKey {
-	out := make(map[types.UID][]bpf.EndpointKey, len(uids))
-	for _, uid := range uids {
-		var keys []bpf.EndpointKey
-		var ips []netip.Addr
-		if d := m.podDrains[uid]; d != nil {
-			ips = d.IPs
-		}
-		for _, ip := range ips {
-			for k := range m.byIP[ip] {
-				for _, c := range m.contribs[k] {
-					if c.uid == uid && !slices.Contains(keys, k) {
-						keys = append(keys, k)
-					}
-				}
-			}
-		}
-		slices.SortFunc(keys, bpf.EndpointKey.Compare)
-		out[uid] = keys
-	}
-	return out
-}
-
-// drainedPod is the status view of one drained pod (or endpoint owner).
-type drainedPod struct {
-	UID     types.UID
-	Pod     string
-	Reason  string
-	Since   time.Time
-	Expires time.Time
-	Keys    []bpf.EndpointKey
-	IPs     []netip.Addr
-	// Departed: the pod left every slice (only lingering entries remain),
-	// or its hosting node published that it is gone.
-	Departed bool
-	ports    int // per-port contributions
-	lingers  int // of which lingering
-}
-
-// drainedPods groups the live contributions by pod, sorted by pod name.
-func (m *model) drainedPods() []drainedPod {
-	by := map[types.UID]*drainedPod{}
-	for k, cs := range m.contribs {
-		for _, c := range cs {
-			if m.suppressed(c, k.Addr) {
-				continue
-			}
-			id := c.uid
-			if id == "" {
-				id = types.UID("ip:" + k.Addr.String())
-			}
-			p := by[id]
-			if p == nil {
-				p = &drainedPod{UID: c.uid, Pod: c.pod, Reason: c.reason, Since: c.since}
-				by[id] = p
-			}
-			if c.since.Before(p.Since) {
-				p.Since = c.since
-			}
-			if !c.linger && !strings.HasPrefix(c.src, "pod:") && p.Reason == ReasonDeparted {
-				p.Reason = c.reason
-			}
-			if k.Port != 0 {
-				p.ports++
-				if c.linger {
-					p.lingers++
-				}
-			}
-			if !slices.Contains(p.Keys, k) {
-				p.Keys = append(p.Keys, k)
-			}
-			if !slices.Contains(p.IPs, k.Addr) {
-				p.IPs = append(p.IPs, k.Addr)
-			}
-		}
-	}
-	for uid, d := range m.podDrains {
-		if p := by[uid]; p != nil {
-			p.Reason, p.Expires = d.Reason, d.Expires
-			p.Departed = d.State == StateGone
-			if d.Since.Before(p.Since) {
-				p.Since = d.Since
-			}
-		}
-	}
-	out := make([]drainedPod, 0, len(by))
-	for _, p := range by {
-		if p.ports > 0 && p.lingers == p.ports {
-			p.Departed = true
-		}
-		slices.SortFunc(p.Keys, bpf.EndpointKey.Compare)
-		slices.SortFunc(p.IPs, netip.Addr.Compare)
-		out = append(out, *p)
-	}
-	slices.SortFunc(out, func(a, b drainedPod) int {
-		return cmp.Or(cmp.Compare(a.Pod, b.Pod), cmp.Compare(a.UID, b.UID))
-	})
-	return out
-}
-
-// idAllocator hands out service-port ids, reusing released ones oldest
-// first (so an id is not reused while a just-deleted entry may linger).
-type idAllocator struct {
-	next uint32
-	free []bpf.ServicePortID
-}
-
-func (a *idAllocator) alloc() bpf.ServicePortID {
-	if len(a.free) > 64 {
-		id := a.free[0]
-		a.free = a.free[1:]
-		return id
-	}
-	a.next++
-	return bpf.ServicePortID(a.next)
-}
-
-func (a *idAllocator) release(id bpf.ServicePortID) { a.free = append(a.free, id) }

@@ -408,15 +408,7 @@ func TestRestartWithLeasesPresent(t *testing.T) {
 	// leftover entry nobody wants any more.
 	stale := bpf.Drain{Key: key("10.9.9.9:80", bpf.TCP), Policy: bpf.PolicyRefuse, Expires: h.clock.Now().Add(time.Minute)}
 	h.dp.UpsertDrain(stale)
-	h2 := &harness{t: t, client: h.client, dp: h.dp, ct: h.ct, clock: h.clock}
-	h2.d = New(h.d.cfg, h.client, h.dp, h.ct)
-	h2.ctx = h.ctx
-	dump, _ := h.dp.Dump()
-	h2.d.rec.adopt(dump)
-	h2.d.inf.Run(h.ctx)
-	if err := h2.d.inf.WaitForSync(h.ctx); err != nil {
-		t.Fatal(err)
-	}
+	h2 := h.restart()
 	h2.pass()
 	if got := h2.describe(); got != want {
 		t.Errorf("after restart:\n%s\nwant:\n%s", got, want)
@@ -513,7 +505,7 @@ func TestTCPExpiredOnlyOnceGone(t *testing.T) {
 	h.addService(webService())
 	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
 	h.pass()
-	h.d.ct2.pass(h.ctx)
+	h.d.conntrackPolicy.pass(h.ctx)
 	for _, call := range h.ct.ExpireCalls() {
 		for _, f := range call {
 			if f.Proto == 6 {
@@ -524,18 +516,18 @@ func TestTCPExpiredOnlyOnceGone(t *testing.T) {
 	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.2", "b")))
 	goneAt := h.clock.Now()
 	h.pass()
-	h.d.ct2.pass(h.ctx)
+	h.d.conntrackPolicy.pass(h.ctx)
 	if n := len(h.ct.ExpireCalls()); n != 0 {
 		t.Fatalf("expired before the grace period: %d calls", n)
 	}
 	h.clock.Step(6 * time.Second)
-	h.d.ct2.pass(h.ctx)
+	h.d.conntrackPolicy.pass(h.ctx)
 	calls := h.ct.ExpireCalls()
 	if len(calls) != 1 || len(calls[0]) != 1 || calls[0][0].Proto != 6 || !calls[0][0].CreatedBefore.Equal(goneAt) ||
 		calls[0][0].ReplySrc != netip.MustParseAddrPort("10.0.0.1:8080") {
 		t.Fatalf("want one TCP expiry of 10.0.0.1:8080 created before %v, got %+v", goneAt, calls)
 	}
-	h.d.ct2.pass(h.ctx)
+	h.d.conntrackPolicy.pass(h.ctx)
 	if n := len(h.ct.ExpireCalls()); n != 1 {
 		t.Errorf("a departure is expired once, got %d calls", n)
 	}
@@ -546,42 +538,42 @@ func TestUDPExpiredWhileDraining(t *testing.T) {
 	h.addService(svc("dns", []string{"10.96.0.53"}, []corev1.ServicePort{port("dns", 53, corev1.ProtocolUDP)}))
 	h.putSlice(slice("dns-1", "dns", v4, []slicePort{{"dns", 53, corev1.ProtocolUDP}}, terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
 	h.pass()
-	h.d.ct2.pass(h.ctx)
+	h.d.conntrackPolicy.pass(h.ctx)
 	calls := h.ct.ExpireCalls()
 	if len(calls) != 1 || calls[0][0].Proto != 17 || calls[0][0].ReplySrc != netip.MustParseAddrPort("10.0.0.1:53") {
 		t.Fatalf("want the UDP flows of 10.0.0.1:53 expired as the drain starts, got %+v", calls)
 	}
 	h.clock.Step(time.Second)
-	h.d.ct2.pass(h.ctx)
+	h.d.conntrackPolicy.pass(h.ctx)
 	if n := len(h.ct.ExpireCalls()); n != 1 {
 		t.Fatalf("re-expired too early: %d calls", n)
 	}
 	// Once more after kube-proxy had time to drop the endpoint (issue 11).
 	h.clock.Step(udpFollowUp - time.Second)
-	h.d.ct2.pass(h.ctx)
+	h.d.conntrackPolicy.pass(h.ctx)
 	if n := len(h.ct.ExpireCalls()); n != 2 {
 		t.Fatalf("no follow-up expiry: %d calls", n)
 	}
 	h.clock.Step(5 * time.Second)
-	h.d.ct2.pass(h.ctx)
+	h.d.conntrackPolicy.pass(h.ctx)
 	if n := len(h.ct.ExpireCalls()); n != 2 {
 		t.Fatalf("re-expired too early: %d calls", n)
 	}
 	h.clock.Step(6 * time.Second)
-	h.d.ct2.pass(h.ctx)
+	h.d.conntrackPolicy.pass(h.ctx)
 	if n := len(h.ct.ExpireCalls()); n != 3 {
 		t.Fatalf("not re-expired while draining: %d calls", n)
 	}
 	// A failing table is retried, counted, and never blocks a pass.
 	h.ct.FailNext(1, nil)
 	h.clock.Step(11 * time.Second)
-	h.d.ct2.pass(h.ctx)
+	h.d.conntrackPolicy.pass(h.ctx)
 	if got := testutilValue(t, h.d.Metrics.CTErrors); got != 1 {
 		t.Errorf("conntrack errors %v, want 1", got)
 	}
 	h.pass()
 	h.clock.Step(2 * time.Second)
-	h.d.ct2.pass(h.ctx)
+	h.d.conntrackPolicy.pass(h.ctx)
 	if n := len(h.ct.ExpireCalls()); n != 5 {
 		t.Errorf("failed expiry not retried: %d calls", n)
 	}

@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"strconv"
 	"time"
 
@@ -19,16 +21,16 @@ const maxQuiet = 5 * time.Minute
 
 // offline starts (or joins) the drain of the pod calling from ip and, with
 // wait > 0, blocks until it is drained or wait passes.
-func (l *localDrains) offline(ctx context.Context, ip netip.Addr, wait, quiet time.Duration) OfflineResult {
+func (l *hostedDrains) offline(ctx context.Context, ip netip.Addr, wait, quiet time.Duration) OfflineResult {
 	p := l.podByIP(ip)
 	if p == nil {
-		return OfflineResult{Error: fmt.Sprintf("%s is not a pod on node %s", ip, l.d.cfg.Node), code: http.StatusForbidden}
+		return OfflineResult{Error: fmt.Sprintf("%s is not a pod on node %s", ip, l.cfg.Node), code: http.StatusForbidden}
 	}
-	now := l.d.clock.Now()
+	now := l.cfg.Clock.Now()
 	l.mu.Lock()
 	if wait > 0 {
 		// Reserve the slot now: the check and the count must be one step.
-		if l.nwait >= l.d.cfg.MaxWaiters {
+		if l.nwait >= l.cfg.MaxWaiters {
 			l.mu.Unlock()
 			return OfflineResult{Pod: p.Namespace + "/" + p.Name, Error: "too many concurrent waits", code: http.StatusTooManyRequests}
 		}
@@ -58,7 +60,7 @@ func (l *localDrains) offline(ctx context.Context, ip netip.Addr, wait, quiet ti
 			l.mu.Unlock()
 			return OfflineResult{Pod: p.Namespace + "/" + p.Name, Error: "publishing the drain: " + err.Error(), code: http.StatusServiceUnavailable}
 		}
-		l.d.runner.Run()
+		l.cfg.RequestPass()
 	}
 	l.mu.Lock()
 	if wait <= 0 {
@@ -68,8 +70,8 @@ func (l *localDrains) offline(ctx context.Context, ip netip.Addr, wait, quiet ti
 	}
 	w := &waiter{quiet: quiet, deadline: now.Add(wait), started: now, done: make(chan OfflineResult, 1)}
 	ld.waiters = append(ld.waiters, w)
-	reserved = false              // the waiter owns the slot now; settling releases it
-	l.settle(ld, l.d.clock.Now()) // maybe drained already: judge it at this instant
+	reserved = false                // the waiter owns the slot now; settling releases it
+	l.settle(ld, l.cfg.Clock.Now()) // maybe drained already: judge it at this instant
 	l.mu.Unlock()
 	l.wake()
 	select {
@@ -91,10 +93,10 @@ func (l *localDrains) offline(ctx context.Context, ip netip.Addr, wait, quiet ti
 
 // online ends a drain the pod (or an operator) asked for. A drain caused by
 // the pod's deletion cannot be undone.
-func (l *localDrains) online(ctx context.Context, ip netip.Addr) OfflineResult {
+func (l *hostedDrains) online(ctx context.Context, ip netip.Addr) OfflineResult {
 	p := l.podByIP(ip)
 	if p == nil {
-		return OfflineResult{Error: fmt.Sprintf("%s is not a pod on node %s", ip, l.d.cfg.Node), code: http.StatusForbidden}
+		return OfflineResult{Error: fmt.Sprintf("%s is not a pod on node %s", ip, l.cfg.Node), code: http.StatusForbidden}
 	}
 	res := OfflineResult{Pod: p.Namespace + "/" + p.Name, code: http.StatusOK, State: "online"}
 	if p.Deleting() {
@@ -103,9 +105,9 @@ func (l *localDrains) online(ctx context.Context, ip netip.Addr) OfflineResult {
 	}
 	l.writer.drop(k8s.LeaseName(p.UID))
 	dctx, cancel := context.WithTimeout(ctx, leaseCallTimeout)
-	err := l.d.leases.Delete(dctx, k8s.LeaseName(p.UID))
+	err := l.cfg.Leases.Delete(dctx, k8s.LeaseName(p.UID))
 	cancel()
-	l.d.Metrics.LeaseOps.WithLabelValues("delete", result(err)).Inc()
+	l.cfg.Metrics.LeaseOps.WithLabelValues("delete", result(err)).Inc()
 	if err != nil {
 		res.Error, res.code = err.Error(), http.StatusServiceUnavailable
 		return res
@@ -113,23 +115,25 @@ func (l *localDrains) online(ctx context.Context, ip netip.Addr) OfflineResult {
 	l.mu.Lock()
 	if ld := l.pods[p.UID]; ld != nil {
 		ld.state = StateCancelled
-		l.finishWaiters(ld, l.d.clock.Now(), StateCancelled, http.StatusConflict)
+		l.finishWaiters(ld, l.cfg.Clock.Now(), StateCancelled, http.StatusConflict)
 		delete(l.pods, p.UID)
-		l.d.Metrics.DrainOutcomes.WithLabelValues("cancelled").Inc()
+		l.cfg.Metrics.DrainOutcomes.WithLabelValues("cancelled").Inc()
 	}
 	l.mu.Unlock()
-	l.d.runner.Run()
+	l.cfg.RequestPass()
 	return res
 }
 
 // parseDuration accepts Go durations ("30s") and plain seconds ("30").
+// NaN, infinities, negative values and values beyond maxDuration are
+// errors: a duration that cannot be compared would skip the quiet period.
 func parseDuration(s string) (time.Duration, error) {
 	if s == "" {
 		return 0, nil
 	}
 	if n, err := strconv.ParseFloat(s, 64); err == nil {
-		if n < 0 || n > 1e6 {
-			return 0, fmt.Errorf("duration %q out of range", s)
+		if math.IsNaN(n) || n < 0 || n > maxDuration.Seconds() {
+			return 0, fmt.Errorf("duration %q out of range (0 to %s)", s, maxDuration)
 		}
 		return time.Duration(n * float64(time.Second)), nil
 	}
@@ -137,99 +141,61 @@ func parseDuration(s string) (time.Duration, error) {
 	if err != nil {
 		return 0, fmt.Errorf("bad duration %q", s)
 	}
-	if d < 0 {
-		return 0, fmt.Errorf("negative duration %q", s)
+	if d < 0 || d > maxDuration {
+		return 0, fmt.Errorf("duration %q out of range (0 to %s)", s, maxDuration)
 	}
 	return d, nil
 }
 
-// Handler serves the node-local API: /v1/offline, /v1/online, /healthz,
-// /readyz. It listens on the node (hostNetwork); the caller's source IP
-// identifies the pod, so a pod can only drain itself.
+// maxDuration bounds every duration parameter (far above any sane wait).
+const maxDuration = 24 * time.Hour
+
+// offlineRequest is a parsed /v1/offline query.
+type offlineRequest struct {
+	wait, quiet time.Duration
+}
+
+// parseOfflineQuery validates the query of /v1/offline: only wait and
+// quiet, each at most once. defQuiet is used when quiet is absent; wait is
+// capped at maxWait.
+func parseOfflineQuery(q url.Values, defQuiet, maxWait time.Duration) (offlineRequest, error) {
+	req := offlineRequest{quiet: defQuiet}
+	for k, v := range q {
+		if k != "wait" && k != "quiet" {
+			return req, fmt.Errorf("unknown parameter %q", k)
+		}
+		if len(v) != 1 {
+			return req, fmt.Errorf("%s: given %d times", k, len(v))
+		}
+	}
+	var err error
+	if req.wait, err = parseDuration(q.Get("wait")); err != nil {
+		return req, fmt.Errorf("wait: %w", err)
+	}
+	if q.Has("quiet") {
+		if req.quiet, err = parseDuration(q.Get("quiet")); err != nil {
+			return req, fmt.Errorf("quiet: %w", err)
+		}
+		if req.quiet > maxQuiet {
+			return req, fmt.Errorf("quiet: at most %s", maxQuiet)
+		}
+	}
+	req.wait = min(req.wait, maxWait)
+	return req, nil
+}
+
+// Handler serves the node-local API: POST /v1/offline, POST /v1/online,
+// /healthz, /readyz. It listens on the node (hostNetwork); the caller's
+// source IP identifies the pod, so a pod can only drain itself. Only POST
+// acts: a GET (a prefetcher, a probe) never starts a drain.
 func (d *Daemon) Handler() http.Handler {
 	mux := http.NewServeMux()
-	reply := func(w http.ResponseWriter, path string, r OfflineResult) {
-		code := r.code
-		if code == 0 {
-			code = http.StatusOK
-		}
-		d.Metrics.OfflineRequests.WithLabelValues(path, strconv.Itoa(code)).Inc()
-		w.Header().Set("Content-Type", "application/json")
-		if code == 499 {
-			return // nobody listens
-		}
-		w.WriteHeader(code)
-		json.NewEncoder(w).Encode(r)
-	}
-	caller := func(r *http.Request) (netip.Addr, error) {
-		host, _, err := net.SplitHostPort(r.RemoteAddr)
-		if err != nil {
-			return netip.Addr{}, err
-		}
-		a, err := netip.ParseAddr(host)
-		return a.Unmap(), err
-	}
-	mux.HandleFunc("/v1/offline", func(w http.ResponseWriter, r *http.Request) {
-		const path = "/v1/offline"
-		if r.Method != http.MethodGet && r.Method != http.MethodPost {
-			reply(w, path, OfflineResult{Error: "use GET or POST", code: http.StatusMethodNotAllowed})
-			return
-		}
-		if !d.Ready() {
-			reply(w, path, OfflineResult{Error: errNotReady.Error(), code: http.StatusServiceUnavailable})
-			return
-		}
-		q := r.URL.Query()
-		for k := range q {
-			if k != "wait" && k != "quiet" {
-				reply(w, path, OfflineResult{Error: "unknown parameter " + strconv.Quote(k), code: http.StatusBadRequest})
-				return
-			}
-		}
-		wait, err := parseDuration(q.Get("wait"))
-		if err != nil {
-			reply(w, path, OfflineResult{Error: "wait: " + err.Error(), code: http.StatusBadRequest})
-			return
-		}
-		quiet := d.cfg.Quiet
-		if q.Has("quiet") {
-			if quiet, err = parseDuration(q.Get("quiet")); err != nil || quiet > maxQuiet {
-				if err == nil {
-					err = fmt.Errorf("at most %s", maxQuiet)
-				}
-				reply(w, path, OfflineResult{Error: "quiet: " + err.Error(), code: http.StatusBadRequest})
-				return
-			}
-		}
-		wait = min(wait, d.cfg.MaxWait)
-		ip, err := caller(r)
-		if err != nil {
-			reply(w, path, OfflineResult{Error: "unknown caller", code: http.StatusForbidden})
-			return
-		}
-		reply(w, path, d.local.offline(r.Context(), ip, wait, quiet))
-	})
-	mux.HandleFunc("/v1/online", func(w http.ResponseWriter, r *http.Request) {
-		const path = "/v1/online"
-		if r.Method != http.MethodPost {
-			reply(w, path, OfflineResult{Error: "use POST", code: http.StatusMethodNotAllowed})
-			return
-		}
-		if !d.Ready() {
-			reply(w, path, OfflineResult{Error: errNotReady.Error(), code: http.StatusServiceUnavailable})
-			return
-		}
-		ip, err := caller(r)
-		if err != nil {
-			reply(w, path, OfflineResult{Error: "unknown caller", code: http.StatusForbidden})
-			return
-		}
-		reply(w, path, d.local.online(r.Context(), ip))
-	})
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("POST /v1/offline", d.serveOffline)
+	mux.HandleFunc("POST /v1/online", d.serveOnline)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Write([]byte("ok\n"))
 	})
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		if !d.Ready() {
 			http.Error(w, "not ready: informers syncing or programs not attached", http.StatusServiceUnavailable)
 			return
@@ -237,6 +203,63 @@ func (d *Daemon) Handler() http.Handler {
 		w.Write([]byte("ok\n"))
 	})
 	return http.MaxBytesHandler(mux, 4<<10)
+}
+
+func (d *Daemon) serveOffline(w http.ResponseWriter, r *http.Request) {
+	const path = "/v1/offline"
+	if !d.Ready() {
+		d.reply(w, path, OfflineResult{Error: errNotReady.Error(), code: http.StatusServiceUnavailable})
+		return
+	}
+	req, err := parseOfflineQuery(r.URL.Query(), d.cfg.Quiet, d.cfg.MaxWait)
+	if err != nil {
+		d.reply(w, path, OfflineResult{Error: err.Error(), code: http.StatusBadRequest})
+		return
+	}
+	ip, err := callerOf(r)
+	if err != nil {
+		d.reply(w, path, OfflineResult{Error: "unknown caller", code: http.StatusForbidden})
+		return
+	}
+	d.reply(w, path, d.hosted.offline(r.Context(), ip, req.wait, req.quiet))
+}
+
+func (d *Daemon) serveOnline(w http.ResponseWriter, r *http.Request) {
+	const path = "/v1/online"
+	if !d.Ready() {
+		d.reply(w, path, OfflineResult{Error: errNotReady.Error(), code: http.StatusServiceUnavailable})
+		return
+	}
+	ip, err := callerOf(r)
+	if err != nil {
+		d.reply(w, path, OfflineResult{Error: "unknown caller", code: http.StatusForbidden})
+		return
+	}
+	d.reply(w, path, d.hosted.online(r.Context(), ip))
+}
+
+// reply writes an answer and counts it.
+func (d *Daemon) reply(w http.ResponseWriter, path string, r OfflineResult) {
+	code := r.code
+	if code == 0 {
+		code = http.StatusOK
+	}
+	d.Metrics.OfflineRequests.WithLabelValues(path, strconv.Itoa(code)).Inc()
+	w.Header().Set("Content-Type", "application/json")
+	if code == 499 {
+		return // nobody listens
+	}
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(r)
+}
+
+// callerOf is the address a request came from.
+func callerOf(r *http.Request) (netip.Addr, error) {
+	ap, err := netip.ParseAddrPort(r.RemoteAddr)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	return ap.Addr().Unmap(), nil
 }
 
 // NewHTTPServer wraps Handler with limits against slow and greedy clients.

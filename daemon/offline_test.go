@@ -30,9 +30,7 @@ func newHTTPFixture(t *testing.T, mod ...func(*Config)) *httpFixture {
 	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("127.0.0.1", "p0"), onNode(ready("10.0.0.2", "p1"), "node-b")))
 	h.putPod(pod("pod-p0", "p0", "127.0.0.1"))
 	h.pass()
-	h.d.mu.Lock()
-	h.d.firstDone = true
-	h.d.mu.Unlock()
+	h.d.firstDone.Store(true)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -81,7 +79,14 @@ func TestOfflineAPIStatusCodes(t *testing.T) {
 		{"health", "GET", "/healthz", "", 200},
 		{"ready", "GET", "/readyz", "", 200},
 		{"accepted without wait", "POST", "/v1/offline", "", 200},
-		{"seconds as a number", "GET", "/v1/offline?wait=0&quiet=1.5", "", 200},
+		{"seconds as a number", "POST", "/v1/offline?wait=0&quiet=1.5", "", 200},
+		{"GET never acts (issue 12)", "GET", "/v1/offline", "", 405},
+		{"NaN wait", "POST", "/v1/offline?wait=NaN", "", 400},
+		{"NaN quiet", "POST", "/v1/offline?quiet=NaN", "", 400},
+		{"infinite quiet", "POST", "/v1/offline?quiet=Inf", "", 400},
+		{"overflowing wait", "POST", "/v1/offline?wait=1e300", "", 400},
+		{"overflowing Go duration", "POST", "/v1/offline?wait=9999999999h", "", 400},
+		{"repeated parameter", "POST", "/v1/offline?wait=1s&wait=2s", "", 400},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, r := f.get(t, tc.method, tc.path, tc.from)
@@ -166,9 +171,9 @@ func TestOfflineAPIManyWaitsBounded(t *testing.T) {
 			t.Fatalf("only %d of %d excess calls were refused", n429, callers-limit)
 		}
 	}
-	f.d.local.mu.Lock()
-	waiting := f.d.local.nwait
-	f.d.local.mu.Unlock()
+	f.d.hosted.mu.Lock()
+	waiting := f.d.hosted.nwait
+	f.d.hosted.mu.Unlock()
 	if waiting != limit {
 		t.Errorf("%d waits pending, want the limit %d", waiting, limit)
 	}
@@ -193,14 +198,14 @@ func TestOfflineAPIManyWaitsBounded(t *testing.T) {
 					t.Log(g)
 				}
 			}
-			f.d.local.mu.Lock()
-			for _, ld := range f.d.local.pods {
+			f.d.hosted.mu.Lock()
+			for _, ld := range f.d.hosted.pods {
 				t.Logf("drain %s: state %s waiters %d live %d checked %v started %v lastSYN %v now %v", ld.name, ld.state, len(ld.waiters), ld.live, ld.liveChecked, ld.started, ld.lastSYN, f.clock.Now())
 				for _, w := range ld.waiters {
 					t.Logf("  waiter quiet %v started %v deadline %v", w.quiet, w.started, w.deadline)
 				}
 			}
-			f.d.local.mu.Unlock()
+			f.d.hosted.mu.Unlock()
 			t.Fatalf("pending waits not answered: %d of %d", ok, limit)
 		}
 	}
@@ -218,18 +223,15 @@ func TestOfflineAPIManyWaitsBounded(t *testing.T) {
 	if growth > 64<<20 {
 		t.Errorf("heap grew by %d MiB under %d callers (client side included)", growth>>20, callers)
 	}
-	f.d.local.mu.Lock()
-	if f.d.local.nwait != 0 || len(f.d.local.pods["p0"].waiters) != 0 {
-		t.Errorf("waiter state left behind: %d waits", f.d.local.nwait)
+	f.d.hosted.mu.Lock()
+	if f.d.hosted.nwait != 0 || len(f.d.hosted.pods["p0"].waiters) != 0 {
+		t.Errorf("waiter state left behind: %d waits", f.d.hosted.nwait)
 	}
-	f.d.local.mu.Unlock()
+	f.d.hosted.mu.Unlock()
 	if left > 16<<20 {
 		t.Errorf("%d MiB of heap still held after every call ended", left>>20)
 	}
-	deadline2 := time.Now().Add(5 * time.Second)
-	for runtime.NumGoroutine() > goroutines+20 && time.Now().Before(deadline2) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	poll(5*time.Second, func() bool { return runtime.NumGoroutine() <= goroutines+20 })
 	if g := runtime.NumGoroutine(); g > goroutines+20 {
 		t.Errorf("%d goroutines left, %d before", g, goroutines)
 	}

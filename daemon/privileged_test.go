@@ -149,13 +149,7 @@ func (e *e2e) slice(fam discoveryv1.AddressType, eps []discoveryv1.Endpoint) *di
 // a sleep.
 func (e *e2e) waitFor(what string, cond func() bool) {
 	e.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			e.t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	eventually(e.t, 10*time.Second, what, cond)
 }
 
 func (e *e2e) drained(ip netip.Addr) bool {

@@ -9,22 +9,24 @@ import (
 	"github.com/draind/draind/bpf"
 )
 
-// reconciler holds what was written to the datapath and writes the minimal
-// difference to what the model wants. Order keeps every reference valid at
-// every instant: backend sets first, then entries that name them, then
-// deletions of entries, then deletions of backend sets.
+// What the kernel gets. The reconciler holds what was written to the
+// datapath and writes the minimal difference to what the model wants, as a
+// small driver over per-map operations. The order keeps every reference
+// valid at every instant: backend sets first, then the entries that name
+// them, then deletions of entries, then deletions of backend sets. A
+// deletion never undoes a write of the same pass.
 type reconciler struct {
 	dp  Datapath
 	ttl time.Duration
 
 	frontends map[bpf.EndpointKey]bpf.Frontend
-	bySPF     map[bpf.ServicePortID][]bpf.EndpointKey
+	byService map[bpf.ServicePortID][]bpf.EndpointKey // frontends written per service-port
 	backends  map[bpf.ServicePortID]bpf.Backends
 	drains    map[bpf.EndpointKey]bpf.Drain
 
-	// retry holds what failed to apply: it is evaluated again next step.
-	retryKeys map[bpf.EndpointKey]struct{}
-	retrySPF  map[bpf.ServicePortID]struct{}
+	// retry holds what failed to apply: it is evaluated again next pass.
+	retryKeys         map[bpf.EndpointKey]struct{}
+	retryServicePorts map[bpf.ServicePortID]struct{}
 
 	onError func(what string, err error)
 	// onDrain is told when a drain entry appears or goes.
@@ -34,12 +36,12 @@ type reconciler struct {
 func newReconciler(dp Datapath, ttl time.Duration) *reconciler {
 	return &reconciler{
 		dp: dp, ttl: ttl,
-		frontends: map[bpf.EndpointKey]bpf.Frontend{},
-		bySPF:     map[bpf.ServicePortID][]bpf.EndpointKey{},
-		backends:  map[bpf.ServicePortID]bpf.Backends{},
-		drains:    map[bpf.EndpointKey]bpf.Drain{},
-		retryKeys: map[bpf.EndpointKey]struct{}{},
-		retrySPF:  map[bpf.ServicePortID]struct{}{},
+		frontends:         map[bpf.EndpointKey]bpf.Frontend{},
+		byService:         map[bpf.ServicePortID][]bpf.EndpointKey{},
+		backends:          map[bpf.ServicePortID]bpf.Backends{},
+		drains:            map[bpf.EndpointKey]bpf.Drain{},
+		retryKeys:         map[bpf.EndpointKey]struct{}{},
+		retryServicePorts: map[bpf.ServicePortID]struct{}{},
 	}
 }
 
@@ -48,7 +50,7 @@ func newReconciler(dp Datapath, ttl time.Duration) *reconciler {
 func (r *reconciler) adopt(d *bpf.Dump) {
 	for _, f := range d.Frontends {
 		r.frontends[f.Key] = f
-		r.bySPF[f.Service] = append(r.bySPF[f.Service], f.Key)
+		r.byService[f.Service] = append(r.byService[f.Service], f.Key)
 	}
 	for _, b := range d.Backends {
 		r.backends[b.Service] = b
@@ -73,132 +75,175 @@ type applyResult struct {
 	Errors int
 }
 
+// servicePortPlan is what one service-port should hold.
+type servicePortPlan struct {
+	id        bpf.ServicePortID
+	frontends []bpf.Frontend
+	backends  *bpf.Backends // nil: the service-port is not active
+}
+
+// staleFrontend is a frontend its service-port no longer wants.
+type staleFrontend struct {
+	key bpf.EndpointKey
+	id  bpf.ServicePortID
+}
+
+// pass is the state of one apply.
+type pass struct {
+	r   *reconciler
+	now time.Time
+	res applyResult
+}
+
+// do counts one operation and records its failure.
+func (p *pass) do(what func() string, err error) bool {
+	p.res.Ops++
+	if err == nil {
+		return true
+	}
+	p.res.Errors++
+	if p.r.onError != nil {
+		p.r.onError(what(), err)
+	}
+	return false
+}
+
 // apply writes the difference for the touched keys and service-ports (or
 // for everything when full).
 func (r *reconciler) apply(m *model, now time.Time, full bool) applyResult {
-	var res applyResult
-	fail := func(what string, err error) {
-		res.Errors++
-		if r.onError != nil {
-			r.onError(what, err)
-		}
+	ids, keys := r.targets(m, full)
+	plans := make([]servicePortPlan, 0, len(ids))
+	for _, id := range ids {
+		fes, be := m.desiredServicePort(id, now)
+		plans = append(plans, servicePortPlan{id, fes, be})
 	}
-	spfs := m.touchedSPF
-	keys := m.touched
-	for id := range r.retrySPF {
-		spfs[id] = struct{}{}
+	p := &pass{r: r, now: now}
+	p.writeBackends(plans)
+	stale := p.writeFrontends(plans)
+	staleDrains := p.writeDrains(m, keys)
+	p.deleteFrontends(stale)
+	p.deleteDrains(staleDrains)
+	p.deleteBackends(plans)
+	clear(m.touched)
+	clear(m.touchedServicePorts)
+	return p.res
+}
+
+// targets returns the service-ports and keys to evaluate, sorted: the
+// touched ones and the retries, or everything applied and wanted.
+func (r *reconciler) targets(m *model, full bool) ([]bpf.ServicePortID, []bpf.EndpointKey) {
+	spSet, keySet := m.touchedServicePorts, m.touched
+	for id := range r.retryServicePorts {
+		spSet[id] = struct{}{}
 	}
 	for k := range r.retryKeys {
-		keys[k] = struct{}{}
+		keySet[k] = struct{}{}
 	}
-	clear(r.retrySPF)
+	clear(r.retryServicePorts)
 	clear(r.retryKeys)
 	if full {
-		for id := range r.backends {
-			spfs[id] = struct{}{}
-		}
-		for id := range r.bySPF {
-			spfs[id] = struct{}{}
-		}
-		for id := range m.spfs {
-			spfs[id] = struct{}{}
+		for _, src := range []map[bpf.ServicePortID]bool{setOf(r.backends), setOf(r.byService), setOf(m.servicePorts)} {
+			for id := range src {
+				spSet[id] = struct{}{}
+			}
 		}
 		for k := range r.drains {
-			keys[k] = struct{}{}
+			keySet[k] = struct{}{}
 		}
-		for k := range m.contribs {
-			keys[k] = struct{}{}
+		for k := range m.contributions {
+			keySet[k] = struct{}{}
 		}
 	}
-	ids := make([]bpf.ServicePortID, 0, len(spfs))
-	for id := range spfs {
+	ids := make([]bpf.ServicePortID, 0, len(spSet))
+	for id := range spSet {
 		ids = append(ids, id)
 	}
 	slices.Sort(ids)
-	type spfPlan struct {
-		id  bpf.ServicePortID
-		fes []bpf.Frontend
-		be  *bpf.Backends
+	keys := make([]bpf.EndpointKey, 0, len(keySet))
+	for k := range keySet {
+		keys = append(keys, k)
 	}
-	plans := make([]spfPlan, 0, len(ids))
-	for _, id := range ids {
-		fes, be := m.desiredSPF(id, now)
-		plans = append(plans, spfPlan{id, fes, be})
-	}
+	slices.SortFunc(keys, bpf.EndpointKey.Compare)
+	return ids, keys
+}
 
-	// 1. Backend sets.
-	for _, p := range plans {
-		if p.be == nil {
-			continue
-		}
-		cur, ok := r.backends[p.id]
-		if ok && slices.Equal(cur.Backends, p.be.Backends) && !r.due(cur.Expires, p.be.Expires, now) {
-			continue
-		}
-		res.Ops++
-		if err := r.dp.SetBackends(*p.be); err != nil {
-			fail(fmt.Sprintf("setting backends of service-port %d", p.id), err)
-			r.retrySPF[p.id] = struct{}{}
-			continue
-		}
-		r.backends[p.id] = bpf.Backends{Service: p.id, Backends: slices.Clone(p.be.Backends), Expires: p.be.Expires}
+func setOf[K comparable, V any](m map[K]V) map[K]bool {
+	out := make(map[K]bool, len(m))
+	for k := range m {
+		out[k] = true
 	}
-	// 2. Frontends (upserts), remembering which of an id's are stale.
-	type staleFrontend struct {
-		key bpf.EndpointKey
-		id  bpf.ServicePortID
+	return out
+}
+
+// writeBackends writes the backend sets that changed or are due.
+func (p *pass) writeBackends(plans []servicePortPlan) {
+	r := p.r
+	for _, pl := range plans {
+		if pl.backends == nil {
+			continue
+		}
+		cur, ok := r.backends[pl.id]
+		if ok && slices.Equal(cur.Backends, pl.backends.Backends) && !r.due(cur.Expires, pl.backends.Expires, p.now) {
+			continue
+		}
+		if !p.do(func() string { return fmt.Sprintf("setting backends of service-port %d", pl.id) }, r.dp.SetBackends(*pl.backends)) {
+			r.retryServicePorts[pl.id] = struct{}{}
+			continue
+		}
+		r.backends[pl.id] = bpf.Backends{Service: pl.id, Backends: slices.Clone(pl.backends.Backends), Expires: pl.backends.Expires}
 	}
-	var staleFE []staleFrontend
-	for _, p := range plans {
+}
+
+// writeFrontends upserts wanted frontends and returns the ones their
+// service-port no longer wants.
+func (p *pass) writeFrontends(plans []servicePortPlan) (stale []staleFrontend) {
+	r := p.r
+	for _, pl := range plans {
 		want := map[bpf.EndpointKey]bool{}
-		for _, fe := range p.fes {
+		for _, fe := range pl.frontends {
 			want[fe.Key] = true
 			cur, ok := r.frontends[fe.Key]
-			if ok && cur.Service == fe.Service && cur.NoSteer == fe.NoSteer && !r.due(cur.Expires, fe.Expires, now) {
+			if ok && cur.Service == fe.Service && cur.NoSteer == fe.NoSteer && !r.due(cur.Expires, fe.Expires, p.now) {
 				continue
 			}
-			res.Ops++
-			if err := r.dp.UpsertFrontend(fe); err != nil {
-				fail("upserting frontend "+fe.Key.String(), err)
-				r.retrySPF[p.id] = struct{}{}
+			if !p.do(func() string { return "upserting frontend " + fe.Key.String() }, r.dp.UpsertFrontend(fe)) {
+				r.retryServicePorts[pl.id] = struct{}{}
 				continue
 			}
 			if ok && cur.Service != fe.Service {
-				r.bySPF[cur.Service] = slices.DeleteFunc(r.bySPF[cur.Service], func(k bpf.EndpointKey) bool { return k == fe.Key })
+				r.dropFrontendRef(cur.Service, fe.Key)
 			}
 			r.frontends[fe.Key] = fe
-			if !slices.Contains(r.bySPF[p.id], fe.Key) {
-				r.bySPF[p.id] = append(r.bySPF[p.id], fe.Key)
+			if !slices.Contains(r.byService[pl.id], fe.Key) {
+				r.byService[pl.id] = append(r.byService[pl.id], fe.Key)
 			}
 		}
-		for _, k := range r.bySPF[p.id] {
+		for _, k := range r.byService[pl.id] {
 			if !want[k] {
-				staleFE = append(staleFE, staleFrontend{k, p.id})
+				stale = append(stale, staleFrontend{k, pl.id})
 			}
 		}
 	}
-	// 3. Drains (upserts).
-	var staleDrains []bpf.EndpointKey
-	sortedKeys := make([]bpf.EndpointKey, 0, len(keys))
-	for k := range keys {
-		sortedKeys = append(sortedKeys, k)
-	}
-	slices.SortFunc(sortedKeys, bpf.EndpointKey.Compare)
-	for _, k := range sortedKeys {
-		want, ok := m.desiredDrain(k, now)
+	return stale
+}
+
+// writeDrains upserts wanted drain entries and returns the applied ones
+// nothing wants any more.
+func (p *pass) writeDrains(m *model, keys []bpf.EndpointKey) (stale []bpf.EndpointKey) {
+	r := p.r
+	for _, k := range keys {
+		want, ok := m.desiredDrain(k, p.now)
 		cur, have := r.drains[k]
 		if !ok {
 			if have {
-				staleDrains = append(staleDrains, k)
+				stale = append(stale, k)
 			}
 			continue
 		}
-		if have && cur.Service == want.Service && cur.Policy == want.Policy && !r.due(cur.Expires, want.Expires, now) {
+		if have && cur.Service == want.Service && cur.Policy == want.Policy && !r.due(cur.Expires, want.Expires, p.now) {
 			continue
 		}
-		res.Ops++
-		if err := r.dp.UpsertDrain(want); err != nil {
-			fail("upserting drain "+k.String(), err)
+		if !p.do(func() string { return "upserting drain " + k.String() }, r.dp.UpsertDrain(want)) {
 			r.retryKeys[k] = struct{}{}
 			continue
 		}
@@ -207,28 +252,34 @@ func (r *reconciler) apply(m *model, now time.Time, full bool) applyResult {
 			r.onDrain(k, true)
 		}
 	}
-	// 4. Deletions of entries. A frontend that another service-port took
-	// over in this pass (a restart under new ids, a VIP reassigned) is not
-	// stale any more: deleting it would undo the write.
-	for _, st := range staleFE {
+	return stale
+}
+
+// deleteFrontends deletes stale frontends. One that another service-port
+// took over in this pass (a restart under new ids, a VIP reassigned) is not
+// stale any more: deleting it would undo the write.
+func (p *pass) deleteFrontends(stale []staleFrontend) {
+	r := p.r
+	for _, st := range stale {
 		k := st.key
 		if cur, ok := r.frontends[k]; !ok || cur.Service != st.id {
 			r.dropFrontendRef(st.id, k)
 			continue
 		}
-		res.Ops++
-		if err := r.dp.DeleteFrontend(k); err != nil {
-			fail("deleting frontend "+k.String(), err)
-			r.retrySPF[st.id] = struct{}{}
+		if !p.do(func() string { return "deleting frontend " + k.String() }, r.dp.DeleteFrontend(k)) {
+			r.retryServicePorts[st.id] = struct{}{}
 			continue
 		}
 		delete(r.frontends, k)
 		r.dropFrontendRef(st.id, k)
 	}
-	for _, k := range staleDrains {
-		res.Ops++
-		if err := r.dp.DeleteDrain(k); err != nil {
-			fail("deleting drain "+k.String(), err)
+}
+
+// deleteDrains deletes drain entries nothing wants.
+func (p *pass) deleteDrains(stale []bpf.EndpointKey) {
+	r := p.r
+	for _, k := range stale {
+		if !p.do(func() string { return "deleting drain " + k.String() }, r.dp.DeleteDrain(k)) {
 			r.retryKeys[k] = struct{}{}
 			continue
 		}
@@ -237,35 +288,31 @@ func (r *reconciler) apply(m *model, now time.Time, full bool) applyResult {
 			r.onDrain(k, false)
 		}
 	}
-	// 5. Backend sets nobody needs any more.
-	for _, p := range plans {
-		if p.be != nil || len(r.bySPF[p.id]) > 0 {
+}
+
+// deleteBackends deletes backend sets no frontend or drain entry names.
+func (p *pass) deleteBackends(plans []servicePortPlan) {
+	r := p.r
+	for _, pl := range plans {
+		if pl.backends != nil || len(r.byService[pl.id]) > 0 {
 			continue
 		}
-		if _, ok := r.backends[p.id]; !ok {
+		if _, ok := r.backends[pl.id]; !ok || r.referenced(pl.id) {
 			continue
 		}
-		if r.referenced(p.id) {
+		if !p.do(func() string { return fmt.Sprintf("deleting backends of service-port %d", pl.id) }, r.dp.DeleteBackends(pl.id)) {
+			r.retryServicePorts[pl.id] = struct{}{}
 			continue
 		}
-		res.Ops++
-		if err := r.dp.DeleteBackends(p.id); err != nil {
-			fail(fmt.Sprintf("deleting backends of service-port %d", p.id), err)
-			r.retrySPF[p.id] = struct{}{}
-			continue
-		}
-		delete(r.backends, p.id)
+		delete(r.backends, pl.id)
 	}
-	clear(m.touched)
-	clear(m.touchedSPF)
-	return res
 }
 
 // dropFrontendRef forgets that service-port id owns frontend k.
 func (r *reconciler) dropFrontendRef(id bpf.ServicePortID, k bpf.EndpointKey) {
-	r.bySPF[id] = slices.DeleteFunc(r.bySPF[id], func(x bpf.EndpointKey) bool { return x == k })
-	if len(r.bySPF[id]) == 0 {
-		delete(r.bySPF, id)
+	r.byService[id] = slices.DeleteFunc(r.byService[id], func(x bpf.EndpointKey) bool { return x == k })
+	if len(r.byService[id]) == 0 {
+		delete(r.byService, id)
 	}
 }
 
@@ -281,7 +328,7 @@ func (r *reconciler) referenced(id bpf.ServicePortID) bool {
 }
 
 // pending reports whether failed work waits for a retry.
-func (r *reconciler) pending() bool { return len(r.retryKeys) > 0 || len(r.retrySPF) > 0 }
+func (r *reconciler) pending() bool { return len(r.retryKeys) > 0 || len(r.retryServicePorts) > 0 }
 
 // isMapFull reports whether err is a full-map error.
 func isMapFull(err error) bool { return errors.Is(err, bpf.ErrMapFull) }

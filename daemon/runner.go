@@ -19,7 +19,14 @@ type runner struct {
 	maxInterval time.Duration
 	fn          func() (next time.Time)
 	signal      chan struct{}
+	loop        loopRunner
 }
+
+// Start runs the loop until Stop.
+func (r *runner) Start(ctx context.Context) { r.loop.start(ctx, r.Loop) }
+
+// Stop ends the loop and waits for a pass in progress.
+func (r *runner) Stop() { r.loop.stop() }
 
 func newRunner(c clock.WithTicker, minInterval, maxInterval time.Duration, fn func() time.Time) *runner {
 	return &runner{clock: c, minInterval: minInterval, maxInterval: maxInterval, fn: fn, signal: make(chan struct{}, 1)}

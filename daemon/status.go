@@ -1,6 +1,8 @@
 package daemon
 
 import (
+	"fmt"
+	"slices"
 	"time"
 
 	"github.com/draind/draind/bpf"
@@ -35,19 +37,56 @@ type PodStatus struct {
 	Entries         []string `json:"entries,omitempty"`
 }
 
+// Health levels of Status.Health.
+const (
+	HealthHealthy   = "healthy"
+	HealthDegraded  = "degraded"  // works, with less than it should (Warnings say what)
+	HealthUnhealthy = "unhealthy" // Problems say what
+)
+
 // Status is the daemon's state for `draind status`.
 type Status struct {
-	Node      string          `json:"node"`
-	Version   string          `json:"version"`
-	Time      time.Time       `json:"time"`
-	Healthy   bool            `json:"healthy"`
-	Problems  []string        `json:"problems,omitempty"`
+	Node    string    `json:"node"`
+	Version string    `json:"version"`
+	Time    time.Time `json:"time"`
+	// Healthy is false when there is any problem; Health also says
+	// "degraded" when only warnings remain.
+	Healthy  bool     `json:"healthy"`
+	Health   string   `json:"health"`
+	Problems []string `json:"problems,omitempty"`
+	Warnings []string `json:"warnings,omitempty"`
+	// Started is when the process started; LastSync the end of the last
+	// datapath pass (zero before the first).
+	Started   time.Time       `json:"started,omitzero"`
+	LastSync  time.Time       `json:"last_sync,omitzero"`
 	Features  bpf.Features    `json:"features"`
+	Cgroup    string          `json:"cgroup"`
+	PinDir    string          `json:"pin_dir"`
 	Attached  []string        `json:"attached"`
+	Conntrack ConntrackStatus `json:"conntrack"`
+	Config    []ConfigEntry   `json:"config,omitempty"`
 	Informers map[string]bool `json:"informers"`
 	Counters  []CounterStat   `json:"counters"`
 	Maps      []bpf.MapStat   `json:"maps"`
 	Pods      []PodStatus     `json:"pods"`
+}
+
+// ConntrackStatus says whether conntrack is used: without it "drained"
+// means only "no new SYN for quiet" (live connections are not counted) and
+// stale flows are not expired. Without timestamps
+// (net.netfilter.nf_conntrack_timestamp) flows of a reused pod IP are left
+// alone.
+type ConntrackStatus struct {
+	Enabled    bool   `json:"enabled"`
+	Timestamps bool   `json:"timestamps"`
+	Reason     string `json:"reason,omitempty"` // why it is off
+}
+
+// ConfigEntry is one setting of the running daemon (a `draind run` flag
+// with its effective value, after the environment and defaults).
+type ConfigEntry struct {
+	Name  string `json:"name"`
+	Value string `json:"value"`
 }
 
 // CounterStat is one datapath outcome counter.
@@ -57,28 +96,40 @@ type CounterStat struct {
 	IPv6    uint64 `json:"ipv6"`
 }
 
-// StatusSource supplies what only the caller of the daemon knows (kernel
-// features probed at start, attached programs).
+// StatusSource supplies what only the caller of the daemon knows: kernel
+// features probed at start, where the programs are attached and pinned,
+// whether conntrack could be opened, the effective flags, the start time.
 type StatusSource struct {
-	Features bpf.Features
-	Attached func() []string
+	Features  bpf.Features
+	Attached  func() []string
+	Cgroup    string
+	PinDir    string
+	Conntrack ConntrackStatus // Enabled is taken from the daemon itself
+	Config    []ConfigEntry
+	Started   time.Time
 }
 
-// Status assembles the current status.
+// Status assembles the current status. Problems and warnings come in a
+// fixed order (datapath, maps, informers by name, attachment, readiness,
+// sync age, conntrack), so two calls on the same state read the same.
 func (d *Daemon) Status(src StatusSource) Status {
 	st := Status{Node: d.cfg.Node, Version: d.cfg.Version, Time: d.clock.Now(), Features: src.Features,
+		Cgroup: src.Cgroup, PinDir: src.PinDir, Conntrack: src.Conntrack, Config: src.Config, Started: src.Started,
 		Informers: d.inf.Synced(), Pods: d.PodStatuses()}
+	if ns := d.lastSync.Load(); ns != 0 {
+		st.LastSync = time.Unix(0, ns).In(st.Time.Location())
+	}
 	if src.Attached != nil {
 		st.Attached = src.Attached()
 	}
-	if c, err := d.dp.Counters(); err == nil {
+	if c, err := d.datapath.Counters(); err == nil {
 		for o := bpf.Outcome(0); int(o) < bpf.NumOutcomes; o++ {
 			st.Counters = append(st.Counters, CounterStat{Outcome: o.String(), IPv4: c.Get(o, bpf.IPv4), IPv6: c.Get(o, bpf.IPv6)})
 		}
 	} else {
 		st.Problems = append(st.Problems, "reading counters: "+err.Error())
 	}
-	if ms, err := d.dp.MapStats(); err == nil {
+	if ms, err := d.datapath.MapStats(); err == nil {
 		st.Maps = ms
 		for _, m := range ms {
 			if m.Capacity > 0 && m.Entries >= m.Capacity && !m.FullIsNormal && m.Name != bpf.MapCounters {
@@ -88,8 +139,13 @@ func (d *Daemon) Status(src StatusSource) Status {
 	} else {
 		st.Problems = append(st.Problems, "reading maps: "+err.Error())
 	}
-	for name, ok := range st.Informers {
-		if !ok {
+	names := make([]string, 0, len(st.Informers))
+	for name := range st.Informers {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		if !st.Informers[name] {
 			st.Problems = append(st.Problems, "informer "+name+" not synced")
 		}
 	}
@@ -98,7 +154,28 @@ func (d *Daemon) Status(src StatusSource) Status {
 	}
 	if !d.Ready() {
 		st.Problems = append(st.Problems, "not ready")
+	} else if age := st.Time.Sub(st.LastSync); !st.LastSync.IsZero() && age > d.cfg.EntryTTL/2 {
+		// Passes refresh the entries every EntryTTL/4: steering is about to
+		// expire by itself.
+		st.Problems = append(st.Problems, fmt.Sprintf("no datapath pass for %v (steering entries expire after %v)", age.Round(time.Second), d.cfg.EntryTTL))
+	}
+	st.Conntrack.Enabled = d.conntrack != nil
+	if !st.Conntrack.Enabled {
+		st.Conntrack.Timestamps = false
+		reason := st.Conntrack.Reason
+		if reason == "" {
+			reason = "disabled"
+		}
+		st.Warnings = append(st.Warnings, "conntrack off ("+reason+"): drained means only no new SYN, live connections are not counted, stale flows are not expired")
 	}
 	st.Healthy = len(st.Problems) == 0
+	switch {
+	case !st.Healthy:
+		st.Health = HealthUnhealthy
+	case len(st.Warnings) > 0:
+		st.Health = HealthDegraded
+	default:
+		st.Health = HealthHealthy
+	}
 	return st
 }

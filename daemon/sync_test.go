@@ -24,9 +24,11 @@ import (
 func TestNothingAppliedBeforeSync(t *testing.T) {
 	client := fake.NewClientset(webService(), slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
 	var refuse atomic.Bool
+	var refused atomic.Int32
 	refuse.Store(true)
 	client.PrependReactor("list", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
 		if refuse.Load() {
+			refused.Add(1)
 			return true, nil, errors.New("the server is currently unable to handle the request")
 		}
 		return false, nil, nil
@@ -38,7 +40,11 @@ func TestNothingAppliedBeforeSync(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- d.Run(ctx) }()
-	time.Sleep(1500 * time.Millisecond) // give a broken sync every chance to write
+	// Every other informer holds its objects and the Lease list was refused
+	// (and retried): the moment a broken sync would write.
+	eventually(t, 20*time.Second, "the other informers to sync and the Lease list to be retried", func() bool {
+		return d.inf.Slices.HasSynced() && d.inf.Services.HasSynced() && d.inf.Pods.HasSynced() && refused.Load() >= 2
+	})
 	if n := dp.OpCount(); n != 0 {
 		t.Fatalf("%d datapath operations before every informer synced", n)
 	}
@@ -46,13 +52,7 @@ func TestNothingAppliedBeforeSync(t *testing.T) {
 		t.Fatal("ready before every informer synced")
 	}
 	refuse.Store(false) // the reflector retries with backoff
-	deadline := time.Now().Add(20 * time.Second)
-	for len(dp.DrainKeys()) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the drain was never applied after the informers synced")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	eventually(t, 20*time.Second, "the drain to be applied after the informers synced", func() bool { return len(dp.DrainKeys()) > 0 })
 	if !slices.Contains(dp.DrainKeys(), key("10.0.0.1:8080", bpf.TCP)) {
 		t.Errorf("drains %v", dp.DrainKeys())
 	}

@@ -3,6 +3,7 @@ package k8s
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -165,6 +166,16 @@ func (inf *Informers) Run(ctx context.Context) {
 	for _, i := range inf.All() {
 		go i.RunWithContext(ctx)
 	}
+}
+
+// RunAndWait runs the informers until ctx ends and returns once they all
+// stopped.
+func (inf *Informers) RunAndWait(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, i := range inf.All() {
+		wg.Go(func() { i.RunWithContext(ctx) })
+	}
+	wg.Wait()
 }
 
 // WaitForSync blocks until every informer has synced or ctx ends.

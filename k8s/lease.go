@@ -241,7 +241,60 @@ func (c *Leases) Delete(ctx context.Context, name string) error {
 // LeaseSelector selects drain Leases.
 func LeaseSelector() string { return LabelDrain + "=true" }
 
-// FormatProgress renders the progress annotation.
+// Progress is what the hosting node publishes about a drain in the
+// AnnProgress annotation: SYNs that reached the pod since the drain began
+// (and in the last 10 s), its live connections, and connections steered
+// away from it.
+type Progress struct {
+	SYNs        uint64
+	SYNsLast10s uint64
+	// HasLast10s is false for annotations written before syns_10s existed.
+	HasLast10s bool
+	Live       int
+	Steered    uint64
+}
+
+// String renders the annotation: "syns=N live=N steered=N syns_10s=N". The
+// first three keys are FormatProgress' format, in its order; syns_10s comes
+// last so that readers of the older format keep working.
+func (p Progress) String() string {
+	s := FormatProgress(p.SYNs, p.Live, p.Steered)
+	if p.HasLast10s {
+		s += " syns_10s=" + strconv.FormatUint(p.SYNsLast10s, 10)
+	}
+	return s
+}
+
+// FormatProgress renders the progress annotation without the 10 s window
+// (the format before syns_10s; Progress.String adds it).
 func FormatProgress(syns uint64, live int, steered uint64) string {
 	return "syns=" + strconv.FormatUint(syns, 10) + " live=" + strconv.Itoa(live) + " steered=" + strconv.FormatUint(steered, 10)
+}
+
+// ParseProgress reads an AnnProgress annotation of either format. Unknown
+// keys are ignored (newer writers); a malformed value is an error.
+func ParseProgress(s string) (Progress, error) {
+	var p Progress
+	for _, f := range strings.Fields(s) {
+		k, v, ok := strings.Cut(f, "=")
+		if !ok {
+			return Progress{}, fmt.Errorf("progress %q: %q is not key=value", s, f)
+		}
+		var err error
+		switch k {
+		case "syns":
+			p.SYNs, err = strconv.ParseUint(v, 10, 64)
+		case "syns_10s":
+			p.SYNsLast10s, err = strconv.ParseUint(v, 10, 64)
+			p.HasLast10s = err == nil
+		case "live":
+			p.Live, err = strconv.Atoi(v)
+		case "steered":
+			p.Steered, err = strconv.ParseUint(v, 10, 64)
+		}
+		if err != nil {
+			return Progress{}, fmt.Errorf("progress %q: %s: %w", s, k, err)
+		}
+	}
+	return p, nil
 }

@@ -13,6 +13,8 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/draind/draind/bpf"
 )
 
 // AnnotationPodIPSteering selects a Service's pod-IP policy.
@@ -27,21 +29,13 @@ const (
 	IPv6 Family = 6
 )
 
-// Protocol is a Service port protocol draind steers (SCTP is left alone).
-type Protocol uint8
-
-// Protocols (IANA numbers).
-const (
-	TCP Protocol = 6
-	UDP Protocol = 17
-)
-
-func protocolOf(p corev1.Protocol) (Protocol, bool) {
+// protocolOf maps a port's protocol to the datapath's (SCTP is left alone).
+func protocolOf(p corev1.Protocol) (bpf.Protocol, bool) {
 	switch p {
 	case corev1.ProtocolTCP, "":
-		return TCP, true
+		return bpf.TCP, true
 	case corev1.ProtocolUDP:
-		return UDP, true
+		return bpf.UDP, true
 	}
 	return 0, false
 }
@@ -67,7 +61,7 @@ type Service struct {
 type ServicePort struct {
 	Name     string
 	Port     uint16
-	Protocol Protocol
+	Protocol bpf.Protocol
 }
 
 // Endpoint condition bits.
@@ -90,7 +84,7 @@ type Slice struct {
 type SlicePort struct {
 	Name     string
 	Port     uint16
-	Protocol Protocol
+	Protocol bpf.Protocol
 }
 
 // Endpoint is one endpoint of a slice: kube-proxy reads only the first

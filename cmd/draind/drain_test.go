@@ -7,9 +7,12 @@ import (
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/draind/draind/daemon"
 	"github.com/draind/draind/k8s"
@@ -23,23 +26,26 @@ func TestDrainWaitsForTheNodesVerdict(t *testing.T) {
 		Status:     corev1.PodStatus{PodIPs: []corev1.PodIP{{IP: "10.244.0.11"}, {IP: "fd00::11"}}},
 	})
 	o := &drainOptions{leaseNamespace: "draind-system", duration: 30 * time.Second, wait: 20 * time.Second}
-	// The pod's node reports progress on the Lease, then "drained".
-	go func() {
-		for {
-			l, err := c.CoordinationV1().Leases("draind-system").Get(ctx, k8s.LeaseName("uid-a"), metav1.GetOptions{})
-			if err == nil {
-				l.Annotations[k8s.AnnState] = daemon.StateDraining
-				l.Annotations[k8s.AnnProgress] = k8s.FormatProgress(4, 1, 9)
-				c.CoordinationV1().Leases("draind-system").Update(ctx, l, metav1.UpdateOptions{})
-				time.Sleep(700 * time.Millisecond)
-				l.Annotations[k8s.AnnState] = daemon.StateDrained
-				l.Annotations[k8s.AnnProgress] = k8s.FormatProgress(4, 0, 12)
-				c.CoordinationV1().Leases("draind-system").Update(ctx, l, metav1.UpdateOptions{})
-				return
-			}
-			time.Sleep(10 * time.Millisecond)
+	// The pod's node reports progress on the Lease, then "drained": the
+	// drain command's first read of the Lease sees progress, its second
+	// the verdict (a reactor plays the node at each read, so the test
+	// does not depend on timing).
+	reads := 0
+	c.PrependReactor("get", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		obj, err := c.Tracker().Get(coordinationv1.SchemeGroupVersion.WithResource("leases"), "draind-system", k8s.LeaseName("uid-a"))
+		if err != nil {
+			return false, nil, nil
 		}
-	}()
+		l := obj.(*coordinationv1.Lease).DeepCopy()
+		reads++
+		l.Annotations[k8s.AnnState] = daemon.StateDraining
+		l.Annotations[k8s.AnnProgress] = k8s.FormatProgress(4, 1, 9)
+		if reads >= 2 {
+			l.Annotations[k8s.AnnState] = daemon.StateDrained
+			l.Annotations[k8s.AnnProgress] = k8s.FormatProgress(4, 0, 12)
+		}
+		return true, l, c.Tracker().Update(coordinationv1.SchemeGroupVersion.WithResource("leases"), l, "draind-system")
+	})
 	var out bytes.Buffer
 	if err := drain(ctx, &out, c, o, "shop", "cart-a"); err != nil {
 		t.Fatalf("drain: %v\n%s", err, out.String())

@@ -1,6 +1,7 @@
 // Command draind is the node-level connection drainer: the daemon (run), its
-// debugging tools (status, bpf dump), operator drains (drain, undrain) and a
-// self-contained demo.
+// debugging tools (status, bpf dump) and operator drains (drain, undrain).
+// The demo is its own command (cmd/draind-demo): this binary carries no
+// test code.
 package main
 
 import (
@@ -9,12 +10,9 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
-
-	"github.com/draind/draind/test/bed"
 )
 
 func main() {
-	bed.HelperMain() // the demo's pods run as re-executed helpers
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:]); err != nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"golang.org/x/sync/errgroup"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -37,9 +38,25 @@ type runOptions struct {
 	maxWaiters                  int
 	registryOnlyPolicy          string
 	conntrack                   bool
+	conntrackZone               uint16
 	logFormat, logLevel         string
 	apiQPS                      float32
 	apiBurst                    int
+
+	config []daemon.ConfigEntry // every flag's effective value, for status
+}
+
+// effectiveConfig lists every flag of fs with the value in force (given,
+// from the environment, or the default), sorted by name.
+func effectiveConfig(fs *pflag.FlagSet) []daemon.ConfigEntry {
+	var out []daemon.ConfigEntry
+	fs.VisitAll(func(f *pflag.Flag) {
+		if f.Name == "help" {
+			return
+		}
+		out = append(out, daemon.ConfigEntry{Name: f.Name, Value: f.Value.String()})
+	})
+	return out
 }
 
 func newRunCmd() *cobra.Command {
@@ -52,7 +69,10 @@ node's pods; steer new connections away from draining pods with the
 connect4/connect6 hooks; count what still reaches the pods of this node; answer
 their /v1/offline calls; expire stale conntrack flows; serve metrics and status.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return runDaemon(cmd.Context(), o) },
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.config = effectiveConfig(cmd.Flags())
+			return runDaemon(cmd.Context(), o)
+		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.node, "node-name", "", "name of this node (required; the downward API's spec.nodeName)")
@@ -76,6 +96,7 @@ their /v1/offline calls; expire stale conntrack flows; serve metrics and status.
 	f.DurationVar(&o.minSync, "min-sync-interval", 0, "bounded frequency: at most one datapath pass per interval (0: as events arrive)")
 	f.StringVar(&o.registryOnlyPolicy, "registry-only-policy", "refuse", "pod-IP policy for drained pods no EndpointSlice lists: refuse or off")
 	f.BoolVar(&o.conntrack, "conntrack", true, "expire stale conntrack flows and count live connections")
+	f.Uint16Var(&o.conntrackZone, "conntrack-zone", 0, "conntrack zone of the pods' flows: expiry and counting act only there")
 	f.StringVar(&o.logFormat, "log-format", "json", "log format: json or text")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	withEnv(cmd)
@@ -110,7 +131,12 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 	return cfg, nil
 }
 
+// runDaemon checks the node, binds every listener, loads and attaches the
+// datapath, then runs the daemon and its servers until ctx ends. Listeners
+// are bound before anything runs, and the maps are closed only after
+// everything that uses them has stopped.
 func runDaemon(ctx context.Context, o *runOptions) error {
+	started := time.Now()
 	log, err := newLogger(o.logFormat, o.logLevel)
 	if err != nil {
 		return err
@@ -134,17 +160,15 @@ func runDaemon(ctx context.Context, o *runOptions) error {
 			return err
 		}
 	}
-	cfg, err := restConfig(o.kubeconfig)
+	client, err := apiClient(o)
 	if err != nil {
-		return fmt.Errorf("loading the API client configuration: %w", err)
+		return err
 	}
-	cfg.QPS, cfg.Burst = o.apiQPS, o.apiBurst
-	cfg.UserAgent = "draind/" + version
-	client, err := kubernetes.NewForConfig(cfg)
+	ls, err := bindListeners(o)
 	if err != nil {
-		return fmt.Errorf("creating the API client: %w", err)
+		return err
 	}
-
+	defer ls.close()
 	dp, err := bpf.Load(bpf.Options{PinDir: o.pinDir})
 	if err != nil {
 		return err
@@ -156,18 +180,9 @@ func runDaemon(ctx context.Context, o *runOptions) error {
 	} else if n > 0 {
 		log.Info("pruned orphaned map entries", "entries", n)
 	}
-	var ct conntrack.Interface
-	if o.conntrack {
-		nl, err := conntrack.Open(conntrack.Options{})
-		if err != nil {
-			log.Warn("conntrack unavailable: no flow expiry, live connections not counted", "err", err)
-		} else {
-			defer nl.Close()
-			if !nl.Timestamps() {
-				log.Warn("conntrack timestamps are off (net.netfilter.nf_conntrack_timestamp): flows of a reused pod IP are then never expired")
-			}
-			ct = nl
-		}
+	ct, ctStatus := openConntrack(o, log)
+	if ct != nil {
+		defer ct.Close()
 	}
 	d := daemon.New(daemon.Config{
 		Node: o.node, Namespace: o.namespace, Version: version,
@@ -180,36 +195,98 @@ func runDaemon(ctx context.Context, o *runOptions) error {
 	}
 	d.SetAttached(true)
 	log.Info("programs attached", "cgroup", cgroup, "kernel", features.Kernel, "pin_dir", o.pinDir)
-
-	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return d.Run(gctx) })
-	if o.offlineAddr != "" {
-		l, err := net.Listen("tcp", o.offlineAddr)
-		if err != nil {
-			return fmt.Errorf("listening for the offline API on %s: %w", o.offlineAddr, err)
-		}
-		g.Go(func() error { return daemon.Serve(gctx, d.NewHTTPServer(o.offlineAddr), l) })
-	}
-	if o.metricsAddr != "" {
-		l, err := net.Listen("tcp", o.metricsAddr)
-		if err != nil {
-			return fmt.Errorf("listening for metrics on %s: %w", o.metricsAddr, err)
-		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(d.Metrics.Registry, promhttp.HandlerOpts{}))
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		g.Go(func() error { return daemon.Serve(gctx, srv, l) })
-	}
-	if o.statusSocket != "" {
-		src := daemon.StatusSource{Features: features, Attached: dp.Attached}
-		g.Go(func() error {
-			return daemon.ServeStatus(gctx, o.statusSocket, func() daemon.Status { return d.Status(src) })
-		})
-	}
-	err = g.Wait()
+	err = serve(ctx, o, d, ls, daemon.StatusSource{Features: features, Attached: dp.Attached, Cgroup: cgroup,
+		PinDir: o.pinDir, Conntrack: ctStatus, Config: o.config, Started: started})
 	if err != nil && !errors.Is(err, context.Canceled) {
 		return err
 	}
 	log.Info("stopped; pinned steering stays until its entries expire", "entry_ttl", o.entryTTL.String())
 	return nil
+}
+
+// apiClient builds the API client from the kubeconfig or the pod's
+// ServiceAccount.
+func apiClient(o *runOptions) (kubernetes.Interface, error) {
+	cfg, err := restConfig(o.kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("loading the API client configuration: %w", err)
+	}
+	cfg.QPS, cfg.Burst = o.apiQPS, o.apiBurst
+	cfg.UserAgent = "draind/" + version
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("creating the API client: %w", err)
+	}
+	return client, nil
+}
+
+// openConntrack opens conntrack in this network namespace, or returns nil
+// (with a warning, and the reason for status) when it is off or
+// unavailable.
+func openConntrack(o *runOptions, log *slog.Logger) (conntrack.Interface, daemon.ConntrackStatus) {
+	if !o.conntrack {
+		return nil, daemon.ConntrackStatus{Reason: "--conntrack=false"}
+	}
+	nl, err := conntrack.Open(conntrack.Options{Zone: o.conntrackZone})
+	if err != nil {
+		log.Warn("conntrack unavailable: no flow expiry, live connections not counted", "err", err)
+		return nil, daemon.ConntrackStatus{Reason: "unavailable: " + err.Error()}
+	}
+	if !nl.Timestamps() {
+		log.Warn("conntrack timestamps are off (net.netfilter.nf_conntrack_timestamp): flows of a reused pod IP are then never expired")
+	}
+	return nl, daemon.ConntrackStatus{Enabled: true, Timestamps: nl.Timestamps()}
+}
+
+// listeners are bound before anything runs: a port in use stops draind
+// before it touches the datapath.
+type listeners struct {
+	offline, metrics net.Listener // nil: off
+}
+
+func bindListeners(o *runOptions) (*listeners, error) {
+	ls := &listeners{}
+	var err error
+	if o.offlineAddr != "" {
+		if ls.offline, err = net.Listen("tcp", o.offlineAddr); err != nil {
+			return nil, fmt.Errorf("listening for the offline API on %s: %w", o.offlineAddr, err)
+		}
+	}
+	if o.metricsAddr != "" {
+		if ls.metrics, err = net.Listen("tcp", o.metricsAddr); err != nil {
+			ls.close()
+			return nil, fmt.Errorf("listening for metrics on %s: %w", o.metricsAddr, err)
+		}
+	}
+	return ls, nil
+}
+
+func (ls *listeners) close() {
+	for _, l := range []net.Listener{ls.offline, ls.metrics} {
+		if l != nil {
+			l.Close()
+		}
+	}
+}
+
+// serve runs the daemon and its servers until ctx ends or one fails, and
+// returns once all of them stopped.
+func serve(ctx context.Context, o *runOptions, d *daemon.Daemon, ls *listeners, src daemon.StatusSource) error {
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return d.Run(gctx) })
+	if ls.offline != nil {
+		g.Go(func() error { return daemon.Serve(gctx, d.NewHTTPServer(o.offlineAddr), ls.offline) })
+	}
+	if ls.metrics != nil {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(d.Metrics.Registry, promhttp.HandlerOpts{}))
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		g.Go(func() error { return daemon.Serve(gctx, srv, ls.metrics) })
+	}
+	if o.statusSocket != "" {
+		g.Go(func() error {
+			return daemon.ServeStatus(gctx, o.statusSocket, func() daemon.Status { return d.Status(src) })
+		})
+	}
+	return g.Wait()
 }

@@ -50,6 +50,52 @@ func yesNo(b bool) string {
 	return "no"
 }
 
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func conntrackLine(c daemon.ConntrackStatus) string {
+	if !c.Enabled {
+		reason := c.Reason
+		if reason == "" {
+			reason = "disabled"
+		}
+		return "OFF (" + reason + "): drained means only no new SYN; stale flows are not expired"
+	}
+	if !c.Timestamps {
+		return "on, timestamps OFF (net.netfilter.nf_conntrack_timestamp=0: flows of a reused pod IP are left alone)"
+	}
+	return "on, timestamps on"
+}
+
+// configLines lays the settings out as name=value, comma-separated, in
+// lines of at most width characters.
+func configLines(cfg []daemon.ConfigEntry, width int) []string {
+	var lines []string
+	var cur strings.Builder
+	for i, e := range cfg {
+		item := e.Name + "=" + e.Value
+		if i < len(cfg)-1 {
+			item += ","
+		}
+		if cur.Len() > 0 && cur.Len()+1+len(item) > width {
+			lines = append(lines, cur.String())
+			cur.Reset()
+		}
+		if cur.Len() > 0 {
+			cur.WriteByte(' ')
+		}
+		cur.WriteString(item)
+	}
+	if cur.Len() > 0 {
+		lines = append(lines, cur.String())
+	}
+	return lines
+}
+
 func age(now, t time.Time) string {
 	if t.IsZero() {
 		return "-"
@@ -86,19 +132,38 @@ func printStatus(w io.Writer, st *daemon.Status, output string) error {
 	wide := output == "wide"
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
 	health := "yes"
-	if !st.Healthy {
+	switch {
+	case !st.Healthy:
 		health = "NO: " + strings.Join(st.Problems, "; ")
+	case len(st.Warnings) > 0:
+		health = "DEGRADED: " + strings.Join(st.Warnings, "; ")
 	}
 	fmt.Fprintf(tw, "Node:\t%s\n", st.Node)
 	fmt.Fprintf(tw, "Version:\t%s\n", st.Version)
 	fmt.Fprintf(tw, "Healthy:\t%s\n", health)
+	if !st.Healthy && len(st.Warnings) > 0 {
+		fmt.Fprintf(tw, "Warnings:\t%s\n", strings.Join(st.Warnings, "; "))
+	}
+	uptime := "-"
+	if !st.Started.IsZero() {
+		uptime = fmt.Sprintf("%s (started %s)", shortDur(st.Time.Sub(st.Started)), st.Started.UTC().Format(time.RFC3339))
+	}
+	fmt.Fprintf(tw, "Uptime:\t%s\n", uptime)
+	lastSync := "never"
+	if !st.LastSync.IsZero() {
+		lastSync = age(st.Time, st.LastSync) + " ago"
+	}
+	fmt.Fprintf(tw, "Last sync:\t%s\n", lastSync)
 	f := st.Features
 	fmt.Fprintf(tw, "Kernel:\t%s (cgroup2 %s, BTF %s, set_retval %s)\n", f.Kernel, f.Cgroup2, yesNo(f.BTF), yesNo(f.HelperSetRetval))
+	fmt.Fprintf(tw, "Cgroup:\t%s\n", orDash(st.Cgroup))
+	fmt.Fprintf(tw, "Pin directory:\t%s\n", orDash(st.PinDir))
 	attached := "none"
 	if len(st.Attached) > 0 {
 		attached = strings.Join(st.Attached, ", ")
 	}
 	fmt.Fprintf(tw, "Programs:\t%s\n", attached)
+	fmt.Fprintf(tw, "Conntrack:\t%s\n", conntrackLine(st.Conntrack))
 	names := make([]string, 0, len(st.Informers))
 	for n := range st.Informers {
 		names = append(names, n)
@@ -132,6 +197,13 @@ func printStatus(w io.Writer, st *daemon.Status, output string) error {
 		ctr = []string{"none yet"}
 	}
 	fmt.Fprintf(tw, "Counters (v4/v6):\t%s\n", strings.Join(ctr, ", "))
+	for i, line := range configLines(st.Config, 90) {
+		label := ""
+		if i == 0 {
+			label = "Config:"
+		}
+		fmt.Fprintf(tw, "%s\t%s\n", label, line)
+	}
 	tw.Flush()
 
 	fmt.Fprintf(w, "\nDraining endpoints: %d\n", len(st.Pods))

@@ -9,6 +9,8 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,6 +18,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
 	testingclock "k8s.io/utils/clock/testing"
 
@@ -31,6 +34,12 @@ var update = flag.Bool("update", false, "rewrite the golden files")
 // one pod of this node drained by its offline call, one remote endpoint
 // terminating, and returns its status.
 func realStatus(t *testing.T) daemon.Status {
+	t.Helper()
+	return realStatusWith(t, true)
+}
+
+// realStatusWith is realStatus with conntrack on (withCT) or off.
+func realStatusWith(t *testing.T, withCT bool) daemon.Status {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -87,27 +96,43 @@ func realStatus(t *testing.T) daemon.Status {
 			t.Fatal(err)
 		}
 	}
+	var cti conntrack.Interface = ct
+	ctStatus := daemon.ConntrackStatus{Enabled: true, Timestamps: true}
+	runFlags := newRunCmd().Flags()
+	if !withCT {
+		cti, ctStatus = nil, daemon.ConntrackStatus{Reason: "--conntrack=false"}
+		if err := runFlags.Set("conntrack", "false"); err != nil {
+			t.Fatal(err)
+		}
+	}
 	d := daemon.New(daemon.Config{Node: node, Namespace: "draind-system", Version: "v0.1.0-test", Clock: clk,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), RegistryOnlyPolicy: bpf.PolicyRefuse}, client, dp, ct)
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), RegistryOnlyPolicy: bpf.PolicyRefuse}, client, dp, cti)
 	d.SetAttached(true)
 	go d.Run(ctx)
 	src := daemon.StatusSource{
 		Features: bpf.Features{Kernel: "6.18.0-test", Cgroup2: "/sys/fs/cgroup", BTF: true, CgroupSockAddr: true, CgroupSKB: true,
 			HelperSetRetval: true, HelperBootTime: true, HelperPrandom: true, BPFLink: true,
 			CgroupSendmsg: true, CgroupRecvmsg: true, SocketStorage: true},
-		Attached: func() []string { return []string{"connect4", "connect6", "observe_ingress"} },
+		Attached:  func() []string { return []string{"connect4", "connect6", "observe_ingress"} },
+		Cgroup:    "/sys/fs/cgroup/kubepods.slice",
+		PinDir:    "/sys/fs/bpf/draind",
+		Conntrack: ctStatus,
+		Config:    effectiveConfig(runFlags),
+		Started:   clk.Now().Add(-90 * time.Minute),
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		st := d.Status(src)
-		if st.Healthy && len(st.Pods) == 2 && st.Pods[0].Local && st.Pods[0].SYNs == 3 && st.Pods[0].LiveConnections == 1 {
-			return st
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("status never settled: %+v", st)
-		}
-		time.Sleep(5 * time.Millisecond)
+	live := 1
+	if !withCT {
+		live = 0
 	}
+	var st daemon.Status
+	settled := func(context.Context) (bool, error) {
+		st = d.Status(src)
+		return st.Healthy && len(st.Pods) == 2 && st.Pods[0].Local && st.Pods[0].SYNs == 3 && st.Pods[0].LiveConnections == live && !st.LastSync.IsZero(), nil
+	}
+	if err := wait.PollUntilContextTimeout(context.Background(), 5*time.Millisecond, 10*time.Second, true, settled); err != nil {
+		t.Fatalf("status never settled: %+v", st)
+	}
+	return st
 }
 
 func golden(t *testing.T, name string, got []byte) {
@@ -161,12 +186,10 @@ func TestStatusUnhealthyExitsNonZero(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go daemon.ServeStatus(ctx, sock, func() daemon.Status { return st })
-	for i := 0; i < 500; i++ {
-		if _, err := os.Stat(sock); err == nil {
-			break
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	wait.PollUntilContextTimeout(ctx, 2*time.Millisecond, time.Second, true, func(context.Context) (bool, error) {
+		_, err := os.Stat(sock)
+		return err == nil, nil
+	})
 	fi, err := os.Stat(sock)
 	if err != nil {
 		t.Fatal(err)
@@ -187,5 +210,51 @@ func TestStatusUnhealthyExitsNonZero(t *testing.T) {
 	cmd.SetArgs([]string{"status", "--socket", sock, "-o", "json"})
 	if err := cmd.ExecuteContext(ctx); err != nil {
 		t.Errorf("draind status on a healthy daemon: %v", err)
+	}
+}
+
+// TestStatusConntrackOffDegrades: without conntrack, status says so and
+// why, health is "degraded" (not healthy, not failing), and the text shows
+// it on the Healthy and Conntrack lines.
+func TestStatusConntrackOffDegrades(t *testing.T) {
+	st := realStatusWith(t, false)
+	if st.Health != daemon.HealthDegraded || !st.Healthy || len(st.Problems) != 0 {
+		t.Fatalf("health %q healthy=%v problems %v, want degraded, no problems", st.Health, st.Healthy, st.Problems)
+	}
+	if len(st.Warnings) != 1 || !strings.Contains(st.Warnings[0], "conntrack off (--conntrack=false)") {
+		t.Errorf("warnings %q, want conntrack off with its reason", st.Warnings)
+	}
+	if st.Conntrack.Enabled || st.Conntrack.Timestamps {
+		t.Errorf("conntrack %+v, want off", st.Conntrack)
+	}
+	var b bytes.Buffer
+	if err := printStatus(&b, &st, ""); err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "status-conntrack-off.txt", b.Bytes())
+	for _, want := range []string{"Healthy:           DEGRADED: conntrack off (--conntrack=false)", "Conntrack:         OFF (--conntrack=false)"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("status text lacks %q:\n%s", want, b.String())
+		}
+	}
+}
+
+// TestStatusProblemsInStableOrder: with several informers unsynced and the
+// programs detached, every call lists the problems in the same order
+// (informers by name), not in map order.
+func TestStatusProblemsInStableOrder(t *testing.T) {
+	clk := testingclock.NewFakeClock(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
+	d := daemon.New(daemon.Config{Node: "node-a", Namespace: "draind-system", Clock: clk,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, fake.NewClientset(), daemon.NewFakeDatapath(), nil)
+	want := []string{"informer endpointslices not synced", "informer leases not synced", "informer pods not synced",
+		"informer services not synced", "programs not attached", "not ready"}
+	for range 50 {
+		st := d.Status(daemon.StatusSource{})
+		if !slices.Equal(st.Problems, want) {
+			t.Fatalf("problems %q, want %q", st.Problems, want)
+		}
+		if st.Health != daemon.HealthUnhealthy || st.Healthy {
+			t.Fatalf("health %q healthy=%v with problems", st.Health, st.Healthy)
+		}
 	}
 }

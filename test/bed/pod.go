@@ -1,10 +1,14 @@
 package bed
 
 import (
+	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"net/netip"
+	"os/exec"
 	"sync"
+	"syscall"
 
 	"github.com/vishvananda/netlink"
 )
@@ -116,6 +120,32 @@ func (n *Node) AddPodIPs(name string, ip4, ip6 netip.Addr) (*Pod, error) {
 // Start runs a helper process inside the pod (its netns and cgroup).
 func (p *Pod) Start(args ...string) (*Proc, error) {
 	return StartProc(p.NS, p.Cgroup, args...)
+}
+
+// Exec runs a program inside the pod, as a container's process would run:
+// in the pod's network namespace and cgroup (so draind's hooks apply), with
+// env as its whole environment. It returns the combined output.
+func (p *Pod) Exec(ctx context.Context, env []string, name string, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Env = env
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if p.Cgroup != nil {
+		f, err := p.Cgroup.Open()
+		if err != nil {
+			return nil, fmt.Errorf("opening cgroup %s: %w", p.Cgroup.Path, err)
+		}
+		defer f.Close()
+		cmd.SysProcAttr.UseCgroupFD = true
+		cmd.SysProcAttr.CgroupFD = int(f.Fd())
+	}
+	// The child starts in the namespace of the thread that forks it.
+	if err := p.NS.Do(cmd.Start); err != nil {
+		return nil, fmt.Errorf("starting %s in pod %s: %w", name, p.Name, err)
+	}
+	err := cmd.Wait()
+	return out.Bytes(), err
 }
 
 // Delete removes the pod: its processes are killed, its namespace (and so

@@ -33,12 +33,7 @@ func StartProc(ns *NetNS, cg *Cgroup, args ...string) (*Proc, error) {
 	if err != nil {
 		return nil, fmt.Errorf("finding own executable: %w", err)
 	}
-	var cmd *exec.Cmd
-	if ns != nil {
-		cmd = ns.Command(self, args...)
-	} else {
-		cmd = exec.Command(self, args...)
-	}
+	cmd := exec.Command(self, args...)
 	cmd.Env = append(os.Environ(), envHelper+"=1")
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -59,7 +54,13 @@ func StartProc(ns *NetNS, cg *Cgroup, args ...string) (*Proc, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := cmd.Start(); err != nil {
+	// A child starts in the network namespace of the thread that forks it:
+	// start it from a thread inside ns (no `ip netns exec`, no iproute2).
+	start := cmd.Start
+	if ns != nil {
+		start = func() error { return ns.Do(cmd.Start) }
+	}
+	if err := start(); err != nil {
 		return nil, fmt.Errorf("starting helper %v: %w", args, err)
 	}
 	p := &Proc{cmd: cmd, stdin: stdin, out: bufio.NewReaderSize(stdout, 1<<16), waitCh: make(chan error, 1)}

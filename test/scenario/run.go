@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -195,6 +193,7 @@ type serverPod struct {
 	name string
 	node *bed.Node
 	bed  *bed.Pod
+	syns *bed.SYNCounter // SYNs reaching the pod's server port
 	srv  *bed.Proc
 	exec *bed.Proc // runs the offline preStop from inside the pod
 	addr netip.AddrPort
@@ -260,8 +259,8 @@ func (r *runner) startPod(ctx context.Context, idx int, node *bed.Node) (*server
 	r.mu.Lock()
 	r.pods = append(r.pods, p)
 	r.mu.Unlock()
-	if err := countSYNs(bp, r.cfg.TargetPort); err != nil {
-		return nil, err
+	if p.syns, err = bed.NewSYNCounter(bp.NS, "scenario_syns", r.cfg.TargetPort); err != nil {
+		return nil, fmt.Errorf("counting the SYNs of pod %s: %w", name, err)
 	}
 	if p.srv, err = bp.Start("serve", name, fmt.Sprintf("tcp:[::]:%d", r.cfg.TargetPort)); err != nil {
 		return nil, fmt.Errorf("starting the server of pod %s: %w", name, err)
@@ -352,7 +351,7 @@ func (r *runner) offlineHook(p *serverPod) func(context.Context) error {
 // goes. SYNs reaching the pod in between are counted.
 func (r *runner) stopHook(p *serverPod) func(context.Context) error {
 	return func(ctx context.Context) error {
-		c0, err := readSYNs(p.bed)
+		c0, err := p.syns.Count()
 		if err != nil {
 			return err
 		}
@@ -371,57 +370,14 @@ func (r *runner) stopHook(p *serverPod) func(context.Context) error {
 			return fmt.Errorf("reading server stats of pod %s: %w", p.name, err)
 		}
 		serr := sleepCtx(ctx, r.cfg.Teardown)
-		c1, err := readSYNs(p.bed)
+		c1, err := p.syns.Count()
 		if err != nil {
 			return err
 		}
 		// SYNs between the first count and the stop were accepted.
-		p.synsAfterStop = (c1 - c0) - (st1.Accepted - st0.Accepted)
+		p.synsAfterStop = int(c1-c0) - (st1.Accepted - st0.Accepted)
 		return errors.Join(serr, p.remove())
 	}
-}
-
-// synComment marks the counting rule in a pod's INPUT chain.
-const synComment = "draind-scenario-syns"
-
-// countSYNs installs a rule without a target in the pod's filter INPUT
-// chain: it only counts the SYNs that reach the pod on port.
-func countSYNs(p *bed.Pod, port uint16) error {
-	if _, err := p.NS.Run("iptables", "-w", "-I", "INPUT", "-p", "tcp", "--syn", "--dport", strconv.Itoa(int(port)),
-		"-m", "comment", "--comment", synComment); err != nil {
-		return fmt.Errorf("installing the SYN counter in pod %s: %w", p.Name, err)
-	}
-	return nil
-}
-
-func readSYNs(p *bed.Pod) (int, error) {
-	out, err := p.NS.Run("iptables-save", "-c", "-t", "filter")
-	if err != nil {
-		return 0, fmt.Errorf("reading the SYN counter of pod %s: %w", p.Name, err)
-	}
-	n, err := parseSYNCounter(out)
-	if err != nil {
-		return 0, fmt.Errorf("reading the SYN counter of pod %s: %w", p.Name, err)
-	}
-	return n, nil
-}
-
-// parseSYNCounter finds the counting rule's packet count in iptables-save
-// -c output: "[pkts:bytes] -A INPUT ... --comment draind-scenario-syns".
-func parseSYNCounter(save string) (int, error) {
-	for line := range strings.Lines(save) {
-		line = strings.TrimSpace(line)
-		if !strings.Contains(line, synComment) || !strings.HasPrefix(line, "[") {
-			continue
-		}
-		counts, _, ok := strings.Cut(line[1:], "]")
-		pkts, _, ok2 := strings.Cut(counts, ":")
-		if !ok || !ok2 {
-			break
-		}
-		return strconv.Atoi(pkts)
-	}
-	return 0, errors.New("no SYN counting rule in iptables-save output")
 }
 
 // --- clients ----------------------------------------------------------------------

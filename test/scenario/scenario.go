@@ -6,7 +6,7 @@
 // (test/bed).
 //
 // Who plays Kubernetes is behind ControlPlane: the embedded control plane of
-// `draind demo` (package embedded: an in-process fake API, stand-ins for the
+// `draind-demo` (package embedded: an in-process fake API, stand-ins for the
 // EndpointSlice controller, kube-proxy and the kubelet, the real daemon in
 // process) or the real kube-apiserver, EndpointSlice controller and
 // kube-proxy of test/cluster.

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
-	"strings"
 
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/test/scenario"
@@ -57,23 +55,13 @@ func demoVariant(ctx context.Context, opts DemoOptions, v scenario.Variant) (_ *
 	return scenario.Run(ctx, c, opts.Scenario, v)
 }
 
-// Tools are the programs the demo runs (iproute2 and iptables).
-var Tools = []string{"ip", "iptables", "iptables-save", "iptables-restore"}
-
-// Preflight says clearly what is missing for the demo: root, the tools,
-// cgroup v2, the kernel features of the datapath.
+// Preflight says clearly what is missing for the demo: root, cgroup v2, the
+// kernel features of the datapath. It needs no program on the PATH: links,
+// addresses, NAT rules (nftables), conntrack and BPF all go over netlink or
+// bpf(2).
 func Preflight() error {
 	if os.Geteuid() != 0 {
-		return errors.New("the demo must run as root: it creates network namespaces, cgroups, iptables rules and BPF programs (sudo go run ./cmd/draind demo)")
-	}
-	var missing []string
-	for _, t := range Tools {
-		if _, err := exec.LookPath(t); err != nil {
-			missing = append(missing, t)
-		}
-	}
-	if len(missing) > 0 {
-		return fmt.Errorf("the demo needs %s on the PATH (Debian/Ubuntu: apt-get install iproute2 iptables)", strings.Join(missing, ", "))
+		return errors.New("the demo must run as root: it creates network namespaces, cgroups, NAT rules and BPF programs (sudo -i, then go run ./cmd/draind-demo)")
 	}
 	if _, err := bpf.Cgroup2Mount(); err != nil {
 		return fmt.Errorf("the demo needs cgroup v2: %w", err)

@@ -11,12 +11,15 @@ import (
 	"github.com/draind/draind/test/scenario"
 )
 
-// TestPrivilegedDemo runs a shortened `draind demo` (5 s of traffic after
+// TestPrivilegedDemo runs a shortened `draind-demo` (5 s of traffic after
 // the rollout instead of 30 s) and checks what the demo claims: with
 // draind no client sees a failed connection, with preStop sleep the stale
 // registry client does, and draind's rollout is faster than sleep's.
 func TestPrivilegedDemo(t *testing.T) {
 	bed.RequirePrivileged(t)
+	// The demo needs no program on the PATH (no iptables, conntrack or ip):
+	// its helpers are this binary, everything else goes over netlink.
+	t.Setenv("PATH", t.TempDir())
 	if err := Preflight(); err != nil {
 		t.Skipf("SKIP: %v", err)
 	}

@@ -1,11 +1,12 @@
-// Package embedded is the control plane of `draind demo`: it starts in
-// seconds and needs no Kubernetes build. The API is client-go's fake
-// clientset in this process; stand-ins play the EndpointSlice controller,
-// kube-proxy (real iptables DNAT rules in every node's namespace, rewritten
-// from the EndpointSlices with kube-proxy's delays) and the kubelet; and in
-// draind variants the real draind daemon runs in this process, one per node,
-// with the real BPF datapath and conntrack. Nodes and pods are test/bed
-// network namespaces with real servers and clients.
+// Package embedded is the control plane of `draind-demo` (cmd/draind-demo):
+// it starts in seconds and needs no Kubernetes build and no installed
+// program. The API is client-go's fake clientset in this process; stand-ins
+// play the EndpointSlice controller, kube-proxy (real DNAT rules in every
+// node's namespace, nftables over netlink, rewritten from the EndpointSlices
+// with kube-proxy's delays) and the kubelet; and in draind variants the real
+// draind daemon runs in this process, one per node, with the real BPF
+// datapath and conntrack. Nodes and pods are test/bed network namespaces with
+// real servers and clients.
 package embedded
 
 import (
@@ -86,6 +87,7 @@ type Cluster struct {
 
 	mu      sync.Mutex
 	nextVIP int
+	daemons map[*bed.Node]*nodeDaemon // while a draind variant runs
 }
 
 var _ scenario.ControlPlane = (*Cluster)(nil)
@@ -180,7 +182,7 @@ func New(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 
 // Describe names the control plane and its delays.
 func (c *Cluster) Describe() string {
-	return fmt.Sprintf("embedded (fake API; EndpointSlice stand-in %v; kube-proxy stand-in: iptables, sync %v after a change, at most every %v; real draind in process)",
+	return fmt.Sprintf("embedded (fake API; EndpointSlice stand-in %v; kube-proxy stand-in: nftables DNAT, sync %v after a change, at most every %v; real draind in process)",
 		c.cfg.SliceDelay, c.cfg.ProxySyncDelay, c.cfg.ProxyMinSyncPeriod)
 }
 
@@ -201,6 +203,9 @@ func (c *Cluster) Prepare(ctx context.Context, v scenario.Variant) (func() error
 	}
 	var daemons []*nodeDaemon
 	stop := func() error {
+		c.mu.Lock()
+		c.daemons = nil
+		c.mu.Unlock()
 		var errs []error
 		for _, d := range daemons {
 			errs = append(errs, d.stop())
@@ -213,6 +218,12 @@ func (c *Cluster) Prepare(ctx context.Context, v scenario.Variant) (func() error
 			return nil, errors.Join(err, stop())
 		}
 		daemons = append(daemons, d)
+		c.mu.Lock()
+		if c.daemons == nil {
+			c.daemons = map[*bed.Node]*nodeDaemon{}
+		}
+		c.daemons[n] = d
+		c.mu.Unlock()
 	}
 	return stop, nil
 }

@@ -21,46 +21,41 @@ import (
 	"github.com/draind/draind/test/bed"
 )
 
-// servicesChain is the stand-in's KUBE-SERVICES: jumped to from PREROUTING
-// and OUTPUT of the node's nat table.
-const servicesChain = "DEMO-SERVICES"
-
 // proxy stands in for kube-proxy in iptables mode on one node: it turns
 // Services and EndpointSlices into the same DNAT structure (a chain per
-// service port spreading new connections with the statistic module) and
-// writes the whole table in one iptables-restore, like kube-proxy's sync.
-// Like kube-proxy with its default --iptables-min-sync-period it syncs at
-// most once per MinSyncPeriod, and a sync starts SyncDelay after the change
-// that triggers it (kube-proxy's processing and iptables-restore).
+// service port spreading new connections at random, see bed.NAT) and writes
+// the whole table in one netlink transaction, like kube-proxy's
+// iptables-restore. Like kube-proxy with its default
+// --iptables-min-sync-period it syncs at most once per MinSyncPeriod, and a
+// sync starts SyncDelay after the change that triggers it (kube-proxy's
+// processing and iptables-restore).
 type proxy struct {
 	node                 *bed.Node
+	nat                  *bed.NAT
 	services             corelisters.ServiceLister
 	slices               discoverylisters.EndpointSliceLister
 	syncDelay, minPeriod time.Duration
 	log                  *slog.Logger
 	kick                 chan struct{}
 
-	chains   map[string]bool // service chains in the table (sync goroutine)
-	lastSync time.Time
+	lastSync time.Time // sync goroutine
 
 	mu         sync.Mutex
 	programmed map[netip.AddrPort][]netip.AddrPort
 	changed    chan struct{} // closed and replaced after every sync
 }
 
+// natTable names the stand-in's table in each node namespace.
+const natTable = "demo_kube_proxy"
+
 func newProxy(node *bed.Node, services corelisters.ServiceLister, slices discoverylisters.EndpointSliceLister, syncDelay, minPeriod time.Duration, log *slog.Logger) (*proxy, error) {
-	p := &proxy{node: node, services: services, slices: slices, syncDelay: syncDelay, minPeriod: minPeriod,
-		log: log.With("node", node.Name), kick: make(chan struct{}, 1), chains: map[string]bool{},
-		programmed: map[netip.AddrPort][]netip.AddrPort{}, changed: make(chan struct{})}
-	if _, err := node.NS.Run("iptables", "-w", "-t", "nat", "-N", servicesChain); err != nil {
-		return nil, fmt.Errorf("creating the service chain on %s: %w", node.Name, err)
+	nat, err := bed.NewNAT(node.NS, natTable, false)
+	if err != nil {
+		return nil, fmt.Errorf("creating the service NAT table on %s: %w", node.Name, err)
 	}
-	for _, hook := range []string{"PREROUTING", "OUTPUT"} {
-		if _, err := node.NS.Run("iptables", "-w", "-t", "nat", "-A", hook, "-j", servicesChain); err != nil {
-			return nil, fmt.Errorf("jumping to the service chain from %s on %s: %w", hook, node.Name, err)
-		}
-	}
-	return p, nil
+	return &proxy{node: node, nat: nat, services: services, slices: slices, syncDelay: syncDelay, minPeriod: minPeriod,
+		log: log.With("node", node.Name), kick: make(chan struct{}, 1),
+		programmed: map[netip.AddrPort][]netip.AddrPort{}, changed: make(chan struct{})}, nil
 }
 
 func (p *proxy) changedEvent() {
@@ -106,13 +101,9 @@ func (p *proxy) sync(ctx context.Context) error {
 		return err
 	}
 	rules := proxyRules(svcs, sls)
-	text, chains := restoreText(rules, p.chains)
-	cmd := p.node.NS.Command("iptables-restore", "--noflush", "-w")
-	cmd.Stdin = strings.NewReader(text)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("iptables-restore on %s: %w: %s", p.node.Name, err, out)
+	if err := p.nat.Sync(natServices(rules)); err != nil {
+		return fmt.Errorf("kube-proxy stand-in sync on %s: %w", p.node.Name, err)
 	}
-	p.chains = chains
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.programmed = map[netip.AddrPort][]netip.AddrPort{}
@@ -145,7 +136,7 @@ func (p *proxy) waitProgrammed(ctx context.Context, vip netip.AddrPort, eps []ne
 }
 
 // serviceRule is one ClusterIP service port and where its new connections
-// go.
+// go; chain names it stably (sorting).
 type serviceRule struct {
 	chain     string
 	vip       netip.AddrPort
@@ -220,42 +211,12 @@ func proxyRules(svcs []*corev1.Service, sls []*discoveryv1.EndpointSlice) []serv
 	return out
 }
 
-// restoreText is the iptables-restore --noflush input that makes the nat
-// table hold exactly rules: declaring a chain flushes it, chains of rules
-// that went away (in prev) are flushed and deleted. It returns the chains
-// the table holds afterwards.
-func restoreText(rules []serviceRule, prev map[string]bool) (string, map[string]bool) {
-	var b strings.Builder
-	now := map[string]bool{}
-	b.WriteString("*nat\n:" + servicesChain + " - [0:0]\n")
+// natServices is what the NAT table must hold for rules: every service port
+// with its endpoints, in the rules' (sorted) order.
+func natServices(rules []serviceRule) []bed.NATService {
+	out := make([]bed.NATService, 0, len(rules))
 	for _, r := range rules {
-		now[r.chain] = true
-		fmt.Fprintf(&b, ":%s - [0:0]\n", r.chain)
+		out = append(out, bed.NATService{VIP: r.vip, Proto: "tcp", Endpoints: r.endpoints})
 	}
-	var gone []string
-	for c := range prev {
-		if !now[c] {
-			gone = append(gone, c)
-			fmt.Fprintf(&b, ":%s - [0:0]\n", c)
-		}
-	}
-	slices.Sort(gone)
-	for _, r := range rules {
-		if len(r.endpoints) == 0 {
-			continue // no endpoint: nothing to DNAT to (kube-proxy rejects in the filter table)
-		}
-		fmt.Fprintf(&b, "-A %s -d %s/32 -p tcp -m tcp --dport %d -j %s\n", servicesChain, r.vip.Addr(), r.vip.Port(), r.chain)
-		for i, ep := range r.endpoints {
-			fmt.Fprintf(&b, "-A %s -p tcp", r.chain)
-			if left := len(r.endpoints) - i; left > 1 {
-				fmt.Fprintf(&b, " -m statistic --mode random --probability %.10f", 1/float64(left))
-			}
-			fmt.Fprintf(&b, " -j DNAT --to-destination %s\n", ep)
-		}
-	}
-	for _, c := range gone {
-		fmt.Fprintf(&b, "-X %s\n", c)
-	}
-	b.WriteString("COMMIT\n")
-	return b.String(), now
+	return out
 }

@@ -111,27 +111,15 @@ func TestProxyRulesUseServingTerminatingOnlyWithoutReady(t *testing.T) {
 	}
 }
 
-func TestRestoreTextFlushesAndDeletesGoneChains(t *testing.T) {
-	r := serviceRule{chain: "DEMO-SVC-A", vip: netip.MustParseAddrPort("10.96.0.11:80"),
-		endpoints: []netip.AddrPort{netip.MustParseAddrPort("10.0.0.1:8080"), netip.MustParseAddrPort("10.0.0.2:8080")}}
-	text, chains := restoreText([]serviceRule{r, {chain: "DEMO-SVC-EMPTY", vip: netip.MustParseAddrPort("10.96.0.12:80")}},
-		map[string]bool{"DEMO-SVC-A": true, "DEMO-SVC-OLD": true})
-	want := `*nat
-:DEMO-SERVICES - [0:0]
-:DEMO-SVC-A - [0:0]
-:DEMO-SVC-EMPTY - [0:0]
-:DEMO-SVC-OLD - [0:0]
--A DEMO-SERVICES -d 10.96.0.11/32 -p tcp -m tcp --dport 80 -j DEMO-SVC-A
--A DEMO-SVC-A -p tcp -m statistic --mode random --probability 0.5000000000 -j DNAT --to-destination 10.0.0.1:8080
--A DEMO-SVC-A -p tcp -j DNAT --to-destination 10.0.0.2:8080
--X DEMO-SVC-OLD
-COMMIT
-`
-	if text != want {
-		t.Errorf("restore input:\n%s\nwant:\n%s", text, want)
-	}
-	if len(chains) != 2 || !chains["DEMO-SVC-A"] || !chains["DEMO-SVC-EMPTY"] {
-		t.Errorf("chains after: %v", chains)
+func TestNATServicesKeepEveryServicePort(t *testing.T) {
+	eps := []netip.AddrPort{netip.MustParseAddrPort("10.0.0.1:8080"), netip.MustParseAddrPort("10.0.0.2:8080")}
+	got := natServices([]serviceRule{{chain: "DEMO-SVC-A", vip: netip.MustParseAddrPort("10.96.0.11:80"), endpoints: eps},
+		{chain: "DEMO-SVC-EMPTY", vip: netip.MustParseAddrPort("10.96.0.12:80")}})
+	// A port without endpoints stays in the list: bed.NAT gives it no rule
+	// (TestPrivilegedNATSyncReplacesTable checks the kernel's table).
+	if len(got) != 2 || got[0].VIP.String() != "10.96.0.11:80" || !slices.Equal(got[0].Endpoints, eps) || got[0].Proto != "tcp" ||
+		got[1].VIP.String() != "10.96.0.12:80" || len(got[1].Endpoints) != 0 {
+		t.Errorf("NAT services %+v", got)
 	}
 }
 

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"fmt"
 	"net/netip"
 	"testing"
 	"time"
@@ -36,33 +37,30 @@ func (h *harness) offline(ip netip.Addr, wait, quiet time.Duration) *offlineCall
 	h.t.Helper()
 	c := &offlineCall{done: make(chan OfflineResult, 1)}
 	waiters := func() int { // queued, not merely reserved
-		h.d.local.mu.Lock()
-		defer h.d.local.mu.Unlock()
+		h.d.hosted.mu.Lock()
+		defer h.d.hosted.mu.Unlock()
 		n := 0
-		for _, ld := range h.d.local.pods {
+		for _, ld := range h.d.hosted.pods {
 			n += len(ld.waiters)
 		}
 		return n
 	}
 	before := waiters()
-	go func() { c.done <- h.d.local.offline(h.ctx, ip, wait, quiet) }()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if wait > 0 && waiters() > before {
-			break
-		}
+	go func() { c.done <- h.d.hosted.offline(h.ctx, ip, wait, quiet) }()
+	answered := false
+	eventually(h.t, 10*time.Second, "the offline call to register", func() bool {
 		select {
 		case r := <-c.done: // answered at once (403, no wait, ...)
 			c.done <- r
-			return c
+			answered = true
+			return true
 		default:
 		}
-		if time.Now().After(deadline) {
-			h.t.Fatal("offline call never registered")
-		}
-		time.Sleep(time.Millisecond)
+		return wait > 0 && waiters() > before
+	})
+	if !answered {
+		h.waitLeases(1)
 	}
-	h.waitLeases(1)
 	return c
 }
 
@@ -78,13 +76,7 @@ func (c *offlineCall) result(t *testing.T) (OfflineResult, bool) {
 // waitLeases waits until the informer holds n drain Leases.
 func (h *harness) waitLeases(n int) {
 	h.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for len(h.d.state.DrainLeases()) != n {
-		if time.Now().After(deadline) {
-			h.t.Fatalf("want %d drain leases in the cache, have %d", n, len(h.d.state.DrainLeases()))
-		}
-		time.Sleep(time.Millisecond)
-	}
+	eventually(h.t, 10*time.Second, fmt.Sprintf("%d drain leases in the cache", n), func() bool { return len(h.d.state.DrainLeases()) == n })
 }
 
 // tick advances the fake clock and runs a model pass and a local pass,
@@ -93,41 +85,33 @@ func (h *harness) waitLeases(n int) {
 func (h *harness) tick(d time.Duration) {
 	h.clock.Step(d)
 	h.pass()
-	h.d.local.reconcile(h.ctx)
-	h.d.local.writer.flush(h.ctx)
+	h.d.hosted.reconcile(h.ctx)
+	h.d.hosted.writer.flush(h.ctx)
 	h.syncLeases()
 }
 
 // syncLeases waits until the Lease cache matches the API.
 func (h *harness) syncLeases() {
 	h.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	eventually(h.t, 10*time.Second, "the Lease cache to match the API", func() bool {
 		l, err := h.client.CoordinationV1().Leases(testNS).List(h.ctx, metav1.ListOptions{})
 		if err != nil {
-			h.t.Fatal(err)
-		}
-		want := map[string]time.Time{}
-		for _, x := range l.Items {
-			if x.Spec.RenewTime != nil {
-				want[x.Name] = x.Spec.RenewTime.Time
-			}
+			return false // an outage the test simulates: nothing to match
 		}
 		have := map[string]time.Time{}
 		for _, x := range h.d.state.DrainLeases() {
 			have[x.Name] = x.Renewed
 		}
-		same := len(want) == len(have)
-		for n, t := range want {
-			if !have[n].Equal(t) {
-				same = false
+		if len(l.Items) != len(have) {
+			return false
+		}
+		for _, x := range l.Items {
+			if x.Spec.RenewTime == nil || !have[x.Name].Equal(x.Spec.RenewTime.Time) {
+				return false
 			}
 		}
-		if same || time.Now().After(deadline) {
-			return
-		}
-		time.Sleep(time.Millisecond)
-	}
+		return true
+	})
 }
 
 func (h *harness) setSYNs(n uint64) {
@@ -152,20 +136,19 @@ func (h *harness) closeConns() {
 // asynchronously; wait for at least min).
 func (h *harness) events(reason string, min int) []corev1.Event {
 	h.t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	var out []corev1.Event
+	list := func() bool {
+		out = nil
 		l, _ := h.client.CoreV1().Events("default").List(h.ctx, metav1.ListOptions{})
-		var out []corev1.Event
 		for _, e := range l.Items {
 			if e.Reason == reason {
 				out = append(out, e)
 			}
 		}
-		if len(out) >= min || time.Now().After(deadline) {
-			return out
-		}
-		time.Sleep(5 * time.Millisecond)
+		return len(out) >= min
 	}
+	poll(5*time.Second, list) // fewer than min: the caller's assertion says so
+	return out
 }
 
 func TestOfflineReturnsWhenDrained(t *testing.T) {
@@ -337,21 +320,11 @@ func TestRestartDuringDrain(t *testing.T) {
 	h.tick(0)
 	h.setSYNs(4)
 	// A new daemon (upgrade) over the same API and maps.
-	h2 := &harness{t: t, client: h.client, dp: h.dp, ct: h.ct, clock: h.clock, ctx: h.ctx}
-	h2.d = New(h.d.cfg, h.client, h.dp, h.ct)
-	dump, _ := h.dp.Dump()
-	h2.d.rec.adopt(dump)
-	h2.d.inf.Run(h.ctx)
-	if err := h2.d.inf.WaitForSync(h.ctx); err != nil {
-		t.Fatal(err)
-	}
-	h2.d.synced.Store(true)
-	h2.d.SetAttached(true)
-	h2.d.claims.setLocalPods(h2.d.state.LocalPods())
+	h2 := h.restart()
 	h2.tick(0)
-	h2.d.local.mu.Lock()
-	ld := h2.d.local.pods["p0"]
-	h2.d.local.mu.Unlock()
+	h2.d.hosted.mu.Lock()
+	ld := h2.d.hosted.pods["p0"]
+	h2.d.hosted.mu.Unlock()
 	if ld == nil || ld.state != StateDraining || ld.reason != k8s.ReasonOffline {
 		t.Fatalf("the Lease did not carry the drain across the restart: %+v", ld)
 	}
@@ -367,11 +340,7 @@ func TestRestartDuringDrain(t *testing.T) {
 	// It keeps renewing the Lease it adopted.
 	before := h.d.state.DrainLeases()[0].Renewed
 	h2.tick(11 * time.Second)
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) && !h2.d.state.DrainLeases()[0].Renewed.After(before) {
-		time.Sleep(time.Millisecond)
-	}
-	if !h2.d.state.DrainLeases()[0].Renewed.After(before) {
+	if !poll(5*time.Second, func() bool { return h2.d.state.DrainLeases()[0].Renewed.After(before) }) {
 		t.Error("the adopted Lease is not renewed")
 	}
 }
@@ -381,7 +350,7 @@ func TestOnlineUndoesOffline(t *testing.T) {
 	call := h.offline(podIP, time.Minute, 2*time.Second)
 	h.openConn()
 	h.tick(0)
-	if r := h.d.local.online(h.ctx, podIP); r.code != 200 {
+	if r := h.d.hosted.online(h.ctx, podIP); r.code != 200 {
 		t.Fatalf("online: %+v", r)
 	}
 	r, ok := call.result(t)
@@ -391,7 +360,7 @@ func TestOnlineUndoesOffline(t *testing.T) {
 	h.waitLeases(0)
 	h.tick(0)
 	h.check(expect{})
-	if r := h.d.local.online(h.ctx, netip.MustParseAddr("192.0.2.1")); r.code != 403 {
+	if r := h.d.hosted.online(h.ctx, netip.MustParseAddr("192.0.2.1")); r.code != 403 {
 		t.Errorf("online from a foreign caller: %+v", r)
 	}
 }
@@ -444,9 +413,9 @@ func TestOfflineAPIUnreachable(t *testing.T) {
 	if !ok || r.code != 503 || r.Error == "" {
 		t.Fatalf("want 503 with an error, got %+v", r)
 	}
-	h.d.local.mu.Lock()
-	n := len(h.d.local.pods)
-	h.d.local.mu.Unlock()
+	h.d.hosted.mu.Lock()
+	n := len(h.d.hosted.pods)
+	h.d.hosted.mu.Unlock()
 	if n != 0 {
 		t.Errorf("a drain that could not be published is kept locally")
 	}

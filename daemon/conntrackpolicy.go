@@ -2,15 +2,18 @@ package daemon
 
 import (
 	"context"
+	"log/slog"
 	"net/netip"
 	"sync"
 	"time"
+
+	"k8s.io/utils/clock"
 
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/conntrack"
 )
 
-// ctWorker owns draind's conntrack policy, off the reconciler's goroutine
+// conntrackPolicy owns draind's conntrack policy, off the reconciler's goroutine
 // (a full or busy table must never stall steering):
 //
 //   - UDP flows of a draining endpoint are expired when its drain starts and
@@ -29,15 +32,33 @@ import (
 // draining pod, which this second pass removes instead of the periodic one.
 const udpFollowUp = 2 * time.Second
 
+// expiryBackoff is the wait after the nth failed expiry in a row: 200 ms
+// doubling up to 30 s.
+func expiryBackoff(n int) time.Duration {
+	return min(100*time.Millisecond<<min(n, 9), 30*time.Second)
+}
+
 // udpDue is when a draining UDP endpoint's flows are expired next.
 type udpDue struct {
 	at     time.Time
 	passes int // expiries done
 }
 
-type ctWorker struct {
-	d    *Daemon
+// conntrackPolicyConfig is what the conntrack policy depends on.
+type conntrackPolicyConfig struct {
+	Conntrack   conntrack.Interface // nil: no expiry at all
+	Claims      *claims
+	Clock       clock.WithTicker
+	Metrics     *Metrics
+	Log         *slog.Logger
+	GoneGrace   time.Duration
+	UDPReexpire time.Duration
+}
+
+type conntrackPolicy struct {
+	cfg  conntrackPolicyConfig
 	wake chan struct{}
+	loop loopRunner
 
 	mu        sync.Mutex
 	udp       map[bpf.EndpointKey]udpDue // draining UDP keys -> next expiry
@@ -46,11 +67,21 @@ type ctWorker struct {
 	nextRetry time.Time
 }
 
-func newCTWorker(d *Daemon) *ctWorker {
-	return &ctWorker{d: d, wake: make(chan struct{}, 1), udp: map[bpf.EndpointKey]udpDue{}}
+func newConntrackPolicy(cfg conntrackPolicyConfig) *conntrackPolicy {
+	return &conntrackPolicy{cfg: cfg, wake: make(chan struct{}, 1), udp: map[bpf.EndpointKey]udpDue{}}
 }
 
-func (w *ctWorker) kick() {
+// Start runs the expiry loop (nothing without conntrack); Stop ends it.
+func (w *conntrackPolicy) Start(ctx context.Context) {
+	if w.cfg.Conntrack != nil {
+		w.loop.start(ctx, w.run)
+	}
+}
+
+// Stop stops what Start began.
+func (w *conntrackPolicy) Stop() { w.loop.stop() }
+
+func (w *conntrackPolicy) kick() {
 	select {
 	case w.wake <- struct{}{}:
 	default:
@@ -59,8 +90,8 @@ func (w *ctWorker) kick() {
 
 // udpDrain is told when a drain entry appears or goes: UDP ones are
 // expired at once, then periodically while they stay.
-func (w *ctWorker) udpDrain(k bpf.EndpointKey, present bool, now time.Time) {
-	if w.d.ct == nil || k.Proto != bpf.UDP {
+func (w *conntrackPolicy) udpDrain(k bpf.EndpointKey, present bool, now time.Time) {
+	if w.cfg.Conntrack == nil || k.Proto != bpf.UDP {
 		return
 	}
 	w.mu.Lock()
@@ -78,8 +109,8 @@ func (w *ctWorker) udpDrain(k bpf.EndpointKey, present bool, now time.Time) {
 }
 
 // departed queues the TCP expiry of an endpoint that left every slice.
-func (w *ctWorker) departed(dep departure) {
-	if w.d.ct == nil || dep.Key.Proto != bpf.TCP {
+func (w *conntrackPolicy) departed(dep departure) {
+	if w.cfg.Conntrack == nil || dep.Key.Proto != bpf.TCP {
 		return
 	}
 	w.mu.Lock()
@@ -88,12 +119,8 @@ func (w *ctWorker) departed(dep departure) {
 	w.kick()
 }
 
-func (w *ctWorker) loop(ctx context.Context) {
-	if w.d.ct == nil {
-		<-ctx.Done()
-		return
-	}
-	t := w.d.clock.NewTicker(time.Second)
+func (w *conntrackPolicy) run(ctx context.Context) {
+	t := w.cfg.Clock.NewTicker(time.Second)
 	defer t.Stop()
 	for {
 		select {
@@ -107,8 +134,8 @@ func (w *ctWorker) loop(ctx context.Context) {
 }
 
 // pass runs every expiry that is due, as one batched call.
-func (w *ctWorker) pass(ctx context.Context) {
-	now := w.d.clock.Now()
+func (w *conntrackPolicy) pass(ctx context.Context) {
+	now := w.cfg.Clock.Now()
 	w.mu.Lock()
 	if now.Before(w.nextRetry) {
 		w.mu.Unlock()
@@ -125,21 +152,18 @@ func (w *ctWorker) pass(ctx context.Context) {
 	var goneDue, goneLater []departure
 	nGone := len(w.gone)
 	for _, g := range w.gone {
-		if now.Sub(g.GoneAt) >= w.d.cfg.GoneGrace {
+		if now.Sub(g.GoneAt) >= w.cfg.GoneGrace {
 			goneDue = append(goneDue, g)
 		} else {
 			goneLater = append(goneLater, g)
 		}
 	}
 	w.mu.Unlock()
-	ts := true
-	if tsr, ok := w.d.ct.(interface{ Timestamps() bool }); ok {
-		ts = tsr.Timestamps()
-	}
+	ts := w.cfg.Conntrack.Timestamps()
 	for _, g := range goneDue {
 		// Without timestamps the age of a flow is unknown: if the IP
 		// already belongs to a new pod, leave its flows alone.
-		if !ts && w.d.claims.claimedByOther(g.Key.Addr, g.UID) {
+		if !ts && w.cfg.Claims.claimedByOther(g.Key.Addr, g.UID) {
 			continue
 		}
 		filters = append(filters, conntrack.Filter{Proto: conntrack.TCP, ReplySrc: netip.AddrPortFrom(g.Key.Addr, g.Key.Port), CreatedBefore: g.GoneAt})
@@ -151,33 +175,36 @@ func (w *ctWorker) pass(ctx context.Context) {
 		return
 	}
 	start := time.Now()
-	res, err := w.d.ct.Expire(ctx, filters)
-	w.d.Metrics.CTExpiryDuration.Observe(time.Since(start).Seconds())
+	res, err := w.cfg.Conntrack.Expire(ctx, filters)
+	w.cfg.Metrics.CTExpiryDuration.Observe(time.Since(start).Seconds())
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if err != nil && ctx.Err() != nil {
+		return // stopping: not a failure
+	}
 	if err != nil {
 		w.failures++
-		backoff := min(time.Duration(1<<min(w.failures, 6))*100*time.Millisecond, 30*time.Second)
+		backoff := expiryBackoff(w.failures)
 		w.nextRetry = now.Add(backoff)
-		w.d.Metrics.CTErrors.Inc()
-		w.d.log.Error("conntrack expiry failed, will retry", logKeyErr, err, "filters", len(filters), "retry_in", backoff)
+		w.cfg.Metrics.CTErrors.Inc()
+		w.cfg.Log.Error("conntrack expiry failed, will retry", logKeyErr, err, "filters", len(filters), "retry_in", backoff)
 		// Keep everything queued; due UDP keys stay due.
 		return
 	}
 	w.failures = 0
 	for i, n := range res.PerFilter {
 		if i < len(udpKeys) {
-			w.d.Metrics.CTExpired.WithLabelValues("udp").Add(float64(n))
+			w.cfg.Metrics.CTExpired.WithLabelValues("udp").Add(float64(n))
 		} else {
-			w.d.Metrics.CTExpired.WithLabelValues("tcp").Add(float64(n))
+			w.cfg.Metrics.CTExpired.WithLabelValues("tcp").Add(float64(n))
 		}
 	}
 	for _, k := range udpKeys {
 		if due, ok := w.udp[k]; ok {
 			due.passes++
-			due.at = now.Add(w.d.cfg.UDPReexpire)
+			due.at = now.Add(w.cfg.UDPReexpire)
 			if due.passes == 1 {
-				due.at = now.Add(min(udpFollowUp, w.d.cfg.UDPReexpire))
+				due.at = now.Add(min(udpFollowUp, w.cfg.UDPReexpire))
 			}
 			w.udp[k] = due
 		}

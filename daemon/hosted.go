@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"slices"
 	"sync"
@@ -14,8 +15,10 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/clock"
 
 	"github.com/draind/draind/bpf"
+	"github.com/draind/draind/conntrack"
 	"github.com/draind/draind/k8s"
 )
 
@@ -26,13 +29,13 @@ const (
 	EventDrainTimedOut = "DrainTimedOut"
 )
 
-// localDrain is the drain of a pod hosted on this node: the node that can
+// hostedDrain is the drain of a pod hosted on this node: the node that can
 // see whether anything still reaches it, owns its drain Lease, and answers
 // its offline call.
 //
 //	draining -> drained | timed-out -> gone -> forgotten (after Linger)
 //	any state before gone -> cancelled (/v1/online, undrain, Lease expiry)
-type localDrain struct {
+type hostedDrain struct {
 	uid             types.UID
 	namespace, name string
 	ips             []netip.Addr
@@ -63,7 +66,7 @@ type synSample struct {
 
 // synsSince returns the SYNs counted in the last d. The counters start with
 // the drain, so with no sample older than d every SYN is recent.
-func (ld *localDrain) synsSince(now time.Time, d time.Duration) uint64 {
+func (ld *hostedDrain) synsSince(now time.Time, d time.Duration) uint64 {
 	cutoff := now.Add(-d)
 	var base uint64
 	for _, s := range ld.synSamples {
@@ -96,47 +99,92 @@ type OfflineResult struct {
 	code            int
 }
 
-type localDrains struct {
-	d           *Daemon
-	writer      *leaseWriter
-	wakeCh      chan struct{}
-	recorder    record.EventRecorder
-	broadcaster record.EventBroadcaster
+// hostedDrainsConfig is what the hosted drains depend on.
+type hostedDrainsConfig struct {
+	Node          string
+	Linger        time.Duration // a gone pod's drain (and Lease) stays this long
+	LeaseDuration time.Duration
+	Quiet         time.Duration // drained = no SYN for this long and no live connection
+	PollEvery     time.Duration // measure and settle this often
+	MaxWaiters    int
+
+	State       State
+	Claims      *claims
+	Datapath    Datapath            // SYN and steering counters
+	Conntrack   conntrack.Interface // live connections; nil: not counted
+	Leases      *k8s.Leases
+	Events      typedcorev1.EventInterface
+	Metrics     *Metrics
+	Log         *slog.Logger
+	Clock       clock.WithTicker
+	RequestPass func() // asks the runner for a pass (new keys to learn)
+}
+
+// hostedDrains are the drains of the pods this node hosts.
+type hostedDrains struct {
+	cfg    hostedDrainsConfig
+	writer *leaseWriter
+	wakeCh chan struct{}
+
+	broadcaster   record.EventBroadcaster // between startEvents and stopEvents
+	recorder      record.EventRecorder
+	loop, writing loopRunner
 
 	mu      sync.Mutex
-	pods    map[types.UID]*localDrain
+	pods    map[types.UID]*hostedDrain
 	nwait   int
 	keysFor map[types.UID][]bpf.EndpointKey // from the last pass
 }
 
-func newLocalDrains(d *Daemon) *localDrains {
-	b := record.NewBroadcaster()
-	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: d.client.CoreV1().Events("")})
-	l := &localDrains{
-		d: d, wakeCh: make(chan struct{}, 1), broadcaster: b,
-		recorder: b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "draind", Host: d.cfg.Node}),
-		pods:     map[types.UID]*localDrain{},
-		keysFor:  map[types.UID][]bpf.EndpointKey{},
-	}
-	l.writer = newLeaseWriter(d.leases, d.cfg.LeaseDuration, d.clock, d.log, l.leaseWritten)
+func newHostedDrains(cfg hostedDrainsConfig) *hostedDrains {
+	l := &hostedDrains{cfg: cfg, wakeCh: make(chan struct{}, 1),
+		pods: map[types.UID]*hostedDrain{}, keysFor: map[types.UID][]bpf.EndpointKey{}}
+	l.writer = newLeaseWriter(cfg.Leases, cfg.LeaseDuration, cfg.Clock, cfg.Log, l.leaseWritten)
 	return l
 }
 
-func (l *localDrains) wake() {
+// Start starts sending Events, the Lease writer and the loop that measures
+// and settles drains.
+func (l *hostedDrains) Start(ctx context.Context) {
+	l.startEvents()
+	l.writing.start(ctx, l.writer.run)
+	l.loop.start(ctx, l.run)
+}
+
+// Stop stops what Start began: waiters are answered with why (503), and
+// queued Events are flushed.
+func (l *hostedDrains) Stop(why string) {
+	l.loop.stop()
+	l.cancelAll(why)
+	l.writing.stop()
+	l.stopEvents()
+}
+
+func (l *hostedDrains) startEvents() {
+	l.broadcaster = record.NewBroadcaster()
+	l.broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: l.cfg.Events})
+	l.recorder = l.broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "draind", Host: l.cfg.Node})
+}
+
+func (l *hostedDrains) stopEvents() {
+	if l.broadcaster != nil {
+		l.broadcaster.Shutdown() // flushes queued Events, ends its goroutines
+	}
+}
+
+func (l *hostedDrains) wake() {
 	select {
 	case l.wakeCh <- struct{}{}:
 	default:
 	}
 }
 
-func (l *localDrains) loop(ctx context.Context) {
-	t := l.d.clock.NewTicker(l.d.cfg.PollEvery)
+func (l *hostedDrains) run(ctx context.Context) {
+	t := l.cfg.Clock.NewTicker(l.cfg.PollEvery)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			l.cancelAll("draind is stopping")
-			l.broadcaster.Shutdown() // flushes queued Events, ends its goroutines
 			return
 		case <-l.wakeCh:
 		case <-t.C():
@@ -145,7 +193,7 @@ func (l *localDrains) loop(ctx context.Context) {
 	}
 }
 
-func (l *localDrains) event(ld *localDrain, typ, reason, msg string) {
+func (l *hostedDrains) event(ld *hostedDrain, typ, reason, msg string) {
 	if ld.told[reason] {
 		return
 	}
@@ -154,13 +202,15 @@ func (l *localDrains) event(ld *localDrain, typ, reason, msg string) {
 	}
 	ld.told[reason] = true
 	ref := &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: ld.namespace, Name: ld.name, UID: ld.uid}
-	l.recorder.Event(ref, typ, reason, msg)
+	if l.recorder != nil {
+		l.recorder.Event(ref, typ, reason, msg)
+	}
 }
 
 // podDrains returns this node's drains as the model takes them: no
 // deadline (this node renews nothing to itself), and a gone pod's drain
 // lasts its linger.
-func (l *localDrains) podDrains() []*podDrain {
+func (l *hostedDrains) podDrains() []*podDrain {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	out := make([]*podDrain, 0, len(l.pods))
@@ -169,9 +219,9 @@ func (l *localDrains) podDrains() []*podDrain {
 			continue
 		}
 		pd := &podDrain{UID: ld.uid, Namespace: ld.namespace, Name: ld.name, IPs: ld.ips, Reason: ld.reason,
-			Since: ld.started, Holder: l.d.cfg.Node, Lease: ld.published}
+			Since: ld.started, Holder: l.cfg.Node, Lease: ld.published}
 		if ld.state == StateGone {
-			pd.Expires = ld.goneAt.Add(l.d.cfg.Linger)
+			pd.Expires = ld.goneAt.Add(l.cfg.Linger)
 		}
 		out = append(out, pd)
 	}
@@ -179,7 +229,7 @@ func (l *localDrains) podDrains() []*podDrain {
 }
 
 // uids returns the pods drained on this node.
-func (l *localDrains) uids() []types.UID {
+func (l *hostedDrains) uids() []types.UID {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	out := make([]types.UID, 0, len(l.pods))
@@ -191,7 +241,7 @@ func (l *localDrains) uids() []types.UID {
 
 // setKeys records the entry keys of this node's drained pods (runner
 // goroutine): their SYN counters are read under them.
-func (l *localDrains) setKeys(keys map[types.UID][]bpf.EndpointKey) {
+func (l *hostedDrains) setKeys(keys map[types.UID][]bpf.EndpointKey) {
 	l.mu.Lock()
 	changed := len(keys) != len(l.keysFor)
 	for uid, k := range keys {
@@ -207,7 +257,7 @@ func (l *localDrains) setKeys(keys map[types.UID][]bpf.EndpointKey) {
 }
 
 // annotate fills a status row with what this node measured.
-func (l *localDrains) annotate(ps *PodStatus) {
+func (l *hostedDrains) annotate(ps *PodStatus) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	ld := l.pods[types.UID(ps.UID)]
@@ -217,13 +267,13 @@ func (l *localDrains) annotate(ps *PodStatus) {
 	ps.Local = true
 	ps.State = ld.state
 	ps.SYNs, ps.LiveConnections, ps.Steered = ld.syns, ld.live, ld.steered
-	ps.SYNsLast10s = ld.synsSince(l.d.clock.Now(), 10*time.Second)
+	ps.SYNsLast10s = ld.synsSince(l.cfg.Clock.Now(), 10*time.Second)
 }
 
 // podByIP finds the local pod (not host-network) owning ip.
-func (l *localDrains) podByIP(ip netip.Addr) *k8s.Pod {
+func (l *hostedDrains) podByIP(ip netip.Addr) *k8s.Pod {
 	ip = ip.Unmap()
-	for _, p := range l.d.state.LocalPods() {
+	for _, p := range l.cfg.State.LocalPods() {
 		if p.HostNetwork {
 			continue
 		}
@@ -235,27 +285,20 @@ func (l *localDrains) podByIP(ip netip.Addr) *k8s.Pod {
 }
 
 // reconcile is one pass over this node's drains.
-func (l *localDrains) reconcile(ctx context.Context) {
-	now := l.d.clock.Now()
+func (l *hostedDrains) reconcile(ctx context.Context) {
+	now := l.cfg.Clock.Now()
 	pods := map[types.UID]*k8s.Pod{}
-	for _, p := range l.d.state.LocalPods() {
+	for _, p := range l.cfg.State.LocalPods() {
 		pods[p.UID] = p
 	}
 	leases := map[types.UID]*k8s.DrainLease{}
-	for _, dl := range l.d.state.DrainLeases() {
+	for _, dl := range l.cfg.State.DrainLeases() {
 		leases[dl.PodUID] = dl
 	}
 
 	l.mu.Lock()
 	known := len(l.pods)
-	// Local pods being deleted drain even without an offline call.
-	for _, p := range pods {
-		if p.Deleting() && !p.HostNetwork && len(p.IPs) > 0 {
-			if ld := l.pods[p.UID]; ld == nil || ld.state == StateCancelled {
-				l.start(p, k8s.ReasonPodDeleting, now, true)
-			}
-		}
-	}
+	l.drainDeleting(pods, now)
 	// Drain Leases of local pods (an operator drain, or ours before a
 	// restart): this node holds them now. An expired one is adopted too:
 	// the pod asked to go offline and nobody undid it; only the renewals
@@ -277,7 +320,7 @@ func (l *localDrains) reconcile(ctx context.Context) {
 	l.cleanStaleLeases(leases, pods, now)
 	if len(l.pods) > known {
 		// New drains here: the next pass tells us their entry keys.
-		defer l.d.runner.Run()
+		defer l.cfg.RequestPass()
 	}
 	for uid, ld := range l.pods {
 		name := k8s.LeaseName(uid)
@@ -291,7 +334,7 @@ func (l *localDrains) reconcile(ctx context.Context) {
 			ld.state = StateGone
 			ld.goneAt = now
 			l.finishWaiters(ld, now, StateGone, 200)
-			l.d.Metrics.DrainOutcomes.WithLabelValues("gone").Inc()
+			l.cfg.Metrics.DrainOutcomes.WithLabelValues("gone").Inc()
 		case p != nil && ld.leaseSeen && dl == nil:
 			// The Lease was deleted: /v1/online or draind undrain. A
 			// pod being deleted drains all the same: publish it again.
@@ -301,24 +344,51 @@ func (l *localDrains) reconcile(ctx context.Context) {
 			}
 			ld.state = StateCancelled
 			l.finishWaiters(ld, now, StateCancelled, 409)
-			l.d.Metrics.DrainOutcomes.WithLabelValues("cancelled").Inc()
+			l.cfg.Metrics.DrainOutcomes.WithLabelValues("cancelled").Inc()
 			l.forget(uid, false)
 			continue
 		}
-		if ld.state == StateGone && now.Sub(ld.goneAt) >= l.d.cfg.Linger {
+		if ld.state == StateGone && now.Sub(ld.goneAt) >= l.cfg.Linger {
 			l.forget(uid, ld.published || ld.leaseSeen)
 			continue
 		}
 		switch {
 		case !ld.published:
 			l.writer.want(name, leaseWrite{kind: leasePublish, req: l.request(ld)})
-		case now.Sub(ld.lastRenew) >= l.d.cfg.LeaseDuration/3:
-			ann := map[string]string{k8s.AnnState: ld.state, k8s.AnnProgress: k8s.FormatProgress(ld.syns, ld.live, ld.steered)}
+		case now.Sub(ld.lastRenew) >= l.cfg.LeaseDuration/3:
+			progress := k8s.Progress{SYNs: ld.syns, SYNsLast10s: ld.synsSince(now, 10*time.Second), HasLast10s: true,
+				Live: ld.live, Steered: ld.steered}.String()
+			ann := map[string]string{k8s.AnnState: ld.state, k8s.AnnProgress: progress}
 			l.writer.want(name, leaseWrite{kind: leaseRenew, req: l.request(ld), ann: ann})
 		}
 	}
 	l.mu.Unlock()
 	l.measure(ctx, now)
+}
+
+// observeLocalPods starts the drains of local pods being deleted: they
+// drain even without an offline call. The runner calls it at the start of
+// every pass, so a deletion reaches the datapath in that same pass.
+func (l *hostedDrains) observeLocalPods(now time.Time) {
+	pods := map[types.UID]*k8s.Pod{}
+	for _, p := range l.cfg.State.LocalPods() {
+		pods[p.UID] = p
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.drainDeleting(pods, now)
+}
+
+// drainDeleting is the one place that decides that a deleting local pod
+// drains (l.mu held).
+func (l *hostedDrains) drainDeleting(pods map[types.UID]*k8s.Pod, now time.Time) {
+	for _, p := range pods {
+		if p.Deleting() && !p.HostNetwork && len(p.IPs) > 0 {
+			if ld := l.pods[p.UID]; ld == nil || ld.state == StateCancelled {
+				l.start(p, k8s.ReasonPodDeleting, now, true)
+			}
+		}
+	}
 }
 
 // cleanStaleLeases deletes the drain Leases that are over (l.mu held):
@@ -327,17 +397,17 @@ func (l *localDrains) reconcile(ctx context.Context) {
 //     node to stop steering the old pod's IP at once;
 //   - a Lease this node holds whose pod is gone and that expired (left by
 //     a draind that stopped before its cleanup).
-func (l *localDrains) cleanStaleLeases(leases map[types.UID]*k8s.DrainLease, pods map[types.UID]*k8s.Pod, now time.Time) {
+func (l *hostedDrains) cleanStaleLeases(leases map[types.UID]*k8s.DrainLease, pods map[types.UID]*k8s.Pod, now time.Time) {
 	for uid, dl := range leases {
 		if pods[uid] != nil {
 			continue
 		}
-		stale := dl.Holder == l.d.cfg.Node && l.pods[uid] == nil && !dl.Expires().After(now)
+		stale := dl.Holder == l.cfg.Node && l.pods[uid] == nil && !dl.Expires().After(now)
 		for _, ip := range dl.IPs {
-			if owner, ok := l.d.claims.localOwner(ip); ok && owner != uid {
+			if owner, ok := l.cfg.Claims.localOwner(ip); ok && owner != uid {
 				stale = true
 				if ld := l.pods[uid]; ld != nil {
-					ld.goneAt = now.Add(-l.d.cfg.Linger) // forget at once
+					ld.goneAt = now.Add(-l.cfg.Linger) // forget at once
 				}
 				break
 			}
@@ -349,7 +419,7 @@ func (l *localDrains) cleanStaleLeases(leases map[types.UID]*k8s.DrainLease, pod
 }
 
 // forget drops a drain (l.mu held); deleteLease also deletes its Lease.
-func (l *localDrains) forget(uid types.UID, deleteLease bool) {
+func (l *hostedDrains) forget(uid types.UID, deleteLease bool) {
 	delete(l.pods, uid)
 	if deleteLease {
 		l.writer.want(k8s.LeaseName(uid), leaseWrite{kind: leaseDelete})
@@ -359,18 +429,18 @@ func (l *localDrains) forget(uid types.UID, deleteLease bool) {
 }
 
 // request is the Lease a drain publishes (l.mu held).
-func (l *localDrains) request(ld *localDrain) k8s.DrainRequest {
+func (l *hostedDrains) request(ld *hostedDrain) k8s.DrainRequest {
 	return k8s.DrainRequest{PodNamespace: ld.namespace, PodName: ld.name, PodUID: ld.uid, IPs: ld.ips,
-		Node: l.d.cfg.Node, Reason: ld.reason, Duration: l.d.cfg.LeaseDuration}
+		Node: l.cfg.Node, Reason: ld.reason, Duration: l.cfg.LeaseDuration}
 }
 
 // leaseWritten records a Lease write that landed or failed (the writer's
 // goroutine).
-func (l *localDrains) leaseWritten(r leaseResult) {
+func (l *hostedDrains) leaseWritten(r leaseResult) {
 	op := r.kind.String()
-	l.d.Metrics.LeaseOps.WithLabelValues(op, result(r.err)).Inc()
+	l.cfg.Metrics.LeaseOps.WithLabelValues(op, result(r.err)).Inc()
 	if r.err != nil {
-		l.d.log.Error("writing drain lease, will retry", "lease", r.name, "op", op, logKeyErr, r.err)
+		l.cfg.Log.Error("writing drain lease, will retry", "lease", r.name, "op", op, logKeyErr, r.err)
 	}
 	if r.kind == leaseDelete {
 		return
@@ -399,36 +469,36 @@ func result(err error) string {
 
 // start records a drain of a local pod (l.mu held); announce is false
 // when adopting a drain already in progress (a Lease found at start-up).
-func (l *localDrains) start(p *k8s.Pod, reason string, since time.Time, announce bool) *localDrain {
-	ld := &localDrain{uid: p.UID, namespace: p.Namespace, name: p.Name, ips: slices.Clone(p.IPs),
+func (l *hostedDrains) start(p *k8s.Pod, reason string, since time.Time, announce bool) *hostedDrain {
+	ld := &hostedDrain{uid: p.UID, namespace: p.Namespace, name: p.Name, ips: slices.Clone(p.IPs),
 		reason: reason, started: since, state: StateDraining}
 	l.pods[p.UID] = ld
 	if !announce {
-		l.d.log.Info("drain adopted", logKeyPod, p.Namespace+"/"+p.Name, logKeyReason, reason)
+		l.cfg.Log.Info("drain adopted", logKeyPod, p.Namespace+"/"+p.Name, logKeyReason, reason)
 		return ld
 	}
-	l.d.Metrics.DrainStarts.WithLabelValues(reason).Inc()
-	l.d.log.Info("drain started", logKeyPod, p.Namespace+"/"+p.Name, logKeyReason, reason)
-	l.event(ld, corev1.EventTypeNormal, EventDrainStarted, fmt.Sprintf("draind started draining the pod (reason %s, node %s)", reason, l.d.cfg.Node))
+	l.cfg.Metrics.DrainStarts.WithLabelValues(reason).Inc()
+	l.cfg.Log.Info("drain started", logKeyPod, p.Namespace+"/"+p.Name, logKeyReason, reason)
+	l.event(ld, corev1.EventTypeNormal, EventDrainStarted, fmt.Sprintf("draind started draining the pod (reason %s, node %s)", reason, l.cfg.Node))
 	return ld
 }
 
 // publish creates (or joins) the pod's drain Lease now, for an offline
 // call that answers only once the drain is announced cluster-wide.
-func (l *localDrains) publish(ctx context.Context, ld *localDrain, now time.Time) error {
+func (l *hostedDrains) publish(ctx context.Context, ld *hostedDrain, now time.Time) error {
 	l.mu.Lock()
 	req := l.request(ld)
 	l.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, leaseCallTimeout)
 	defer cancel()
-	_, created, err := l.d.leases.Publish(ctx, req, now)
+	_, created, err := l.cfg.Leases.Publish(ctx, req, now)
 	op := "renew"
 	if created {
 		op = "create"
 	}
-	l.d.Metrics.LeaseOps.WithLabelValues(op, result(err)).Inc()
+	l.cfg.Metrics.LeaseOps.WithLabelValues(op, result(err)).Inc()
 	if err != nil {
-		l.d.log.Error("publishing drain lease", logKeyPod, ld.namespace+"/"+ld.name, logKeyErr, err)
+		l.cfg.Log.Error("publishing drain lease", logKeyPod, ld.namespace+"/"+ld.name, logKeyErr, err)
 		return err
 	}
 	l.mu.Lock()
@@ -440,9 +510,9 @@ func (l *localDrains) publish(ctx context.Context, ld *localDrain, now time.Time
 
 // measure reads SYNs and live connections of draining pods and settles
 // waiters.
-func (l *localDrains) measure(ctx context.Context, now time.Time) {
+func (l *hostedDrains) measure(ctx context.Context, now time.Time) {
 	type job struct {
-		ld   *localDrain
+		ld   *hostedDrain
 		keys []bpf.EndpointKey
 		ips  []netip.Addr
 	}
@@ -468,7 +538,7 @@ func (l *localDrains) measure(ctx context.Context, now time.Time) {
 		var syns, steered uint64
 		var last time.Time
 		for _, k := range j.keys {
-			st, err := l.d.dp.DrainStats(k)
+			st, err := l.cfg.Datapath.DrainStats(k)
 			if err != nil {
 				continue
 			}
@@ -479,12 +549,12 @@ func (l *localDrains) measure(ctx context.Context, now time.Time) {
 			}
 		}
 		live, checked := 0, true
-		if l.d.ct != nil {
+		if l.cfg.Conntrack != nil {
 			for _, ip := range j.ips {
-				c, err := l.d.ct.Count(ctx, ip)
+				c, err := l.cfg.Conntrack.Count(ctx, ip)
 				if err != nil {
 					checked = false
-					l.d.Metrics.CTErrors.Inc()
+					l.cfg.Metrics.CTErrors.Inc()
 					continue
 				}
 				live += c.LiveTCP()
@@ -515,7 +585,7 @@ func (l *localDrains) measure(ctx context.Context, now time.Time) {
 
 // isDrained applies the definition: no new SYN for quiet and no live
 // connection left (l.mu held).
-func (l *localDrains) isDrained(ld *localDrain, now time.Time, quiet time.Duration) bool {
+func (l *hostedDrains) isDrained(ld *hostedDrain, now time.Time, quiet time.Duration) bool {
 	from := ld.started
 	if ld.lastSYN.After(from) {
 		from = ld.lastSYN
@@ -524,16 +594,16 @@ func (l *localDrains) isDrained(ld *localDrain, now time.Time, quiet time.Durati
 }
 
 // settle updates the drain's state and answers waiters (l.mu held).
-func (l *localDrains) settle(ld *localDrain, now time.Time) {
+func (l *hostedDrains) settle(ld *hostedDrain, now time.Time) {
 	if ld.state == StateDraining || ld.state == StateTimedOut {
-		if l.isDrained(ld, now, l.d.cfg.Quiet) {
+		if l.isDrained(ld, now, l.cfg.Quiet) {
 			ld.state = StateDrained
 			dur := now.Sub(ld.started)
-			l.d.Metrics.DrainOutcomes.WithLabelValues("drained").Inc()
-			l.d.Metrics.DrainDuration.Observe(dur.Seconds())
+			l.cfg.Metrics.DrainOutcomes.WithLabelValues("drained").Inc()
+			l.cfg.Metrics.DrainDuration.Observe(dur.Seconds())
 			l.event(ld, corev1.EventTypeNormal, EventDrained, fmt.Sprintf("drained after %.1fs: %d SYNs seen, %d connections left, %d steered away on this node",
 				dur.Seconds(), ld.syns, ld.live, ld.steered))
-			l.d.log.Info("pod drained", logKeyPod, ld.namespace+"/"+ld.name, "seconds", dur.Seconds(), "syns", ld.syns)
+			l.cfg.Log.Info("pod drained", logKeyPod, ld.namespace+"/"+ld.name, "seconds", dur.Seconds(), "syns", ld.syns)
 		}
 	}
 	kept := ld.waiters[:0]
@@ -548,8 +618,8 @@ func (l *localDrains) settle(ld *localDrain, now time.Time) {
 				if ld.state != StateDrained {
 					ld.state = StateTimedOut
 				}
-				l.d.Metrics.DrainOutcomes.WithLabelValues("timed_out").Inc()
-				l.d.Metrics.DrainDuration.Observe(now.Sub(ld.started).Seconds())
+				l.cfg.Metrics.DrainOutcomes.WithLabelValues("timed_out").Inc()
+				l.cfg.Metrics.DrainDuration.Observe(now.Sub(ld.started).Seconds())
 				l.event(ld, corev1.EventTypeWarning, EventDrainTimedOut, fmt.Sprintf("not drained after %.1fs: %d live connections, last SYN %s ago",
 					now.Sub(ld.started).Seconds(), ld.live, ago(now, ld.lastSYN)))
 			}
@@ -569,7 +639,7 @@ func ago(now, t time.Time) string {
 	return now.Sub(t).Round(100 * time.Millisecond).String()
 }
 
-func (l *localDrains) resultOf(ld *localDrain, now time.Time, w *waiter, state string, code int) OfflineResult {
+func (l *hostedDrains) resultOf(ld *hostedDrain, now time.Time, w *waiter, state string, code int) OfflineResult {
 	r := OfflineResult{Pod: ld.namespace + "/" + ld.name, State: state, Drained: state == StateDrained,
 		SYNs: ld.syns, LiveConnections: ld.live, Steered: ld.steered, code: code}
 	if w != nil {
@@ -578,7 +648,7 @@ func (l *localDrains) resultOf(ld *localDrain, now time.Time, w *waiter, state s
 	return r
 }
 
-func (l *localDrains) finishWaiters(ld *localDrain, now time.Time, state string, code int) {
+func (l *hostedDrains) finishWaiters(ld *hostedDrain, now time.Time, state string, code int) {
 	for _, w := range ld.waiters {
 		w.done <- l.resultOf(ld, now, w, state, code)
 		l.nwait--
@@ -586,12 +656,12 @@ func (l *localDrains) finishWaiters(ld *localDrain, now time.Time, state string,
 	ld.waiters = nil
 }
 
-func (l *localDrains) cancelAll(why string) {
+func (l *hostedDrains) cancelAll(why string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, ld := range l.pods {
 		for _, w := range ld.waiters {
-			r := l.resultOf(ld, l.d.clock.Now(), w, ld.state, 503)
+			r := l.resultOf(ld, l.cfg.Clock.Now(), w, ld.state, 503)
 			r.Error = why
 			w.done <- r
 			l.nwait--

@@ -1,15 +1,37 @@
+// Command draind-demo builds a small test bed of network-namespace "nodes"
+// and "pods" on this machine and shows a rolling update with preStop sleep
+// and with draind, side by side, from real connections. It is its own
+// command so that the daemon's binary carries no test bed, fake API server
+// or demo.
 package main
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/draind/draind/test/bed"
 	"github.com/draind/draind/test/scenario"
 	"github.com/draind/draind/test/scenario/embedded"
 )
+
+func main() {
+	bed.HelperMain() // the demo's pods and clients run as re-executed helpers
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	cmd := newDemoCmd()
+	cmd.SetArgs(os.Args[1:])
+	if err := cmd.ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "draind-demo:", err)
+		os.Exit(1)
+	}
+}
 
 func newDemoCmd() *cobra.Command {
 	var (
@@ -18,8 +40,10 @@ func newDemoCmd() *cobra.Command {
 		verbose  bool
 	)
 	cmd := &cobra.Command{
-		Use:   "demo",
-		Short: "Build a small test bed and show a rolling drain with and without draind",
+		Use:           "draind-demo",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Short:         "Build a small test bed and show a rolling drain with and without draind",
 		Long: `Build three network-namespace "nodes" on this machine, run a Service of 3 pods
 on two of them and clients on the third (a ClusterIP client, a client that keeps
 dialing an old pod IP from a stale registry cache, a keep-alive client), replace
@@ -28,8 +52,9 @@ once with draind (preStop calls /v1/offline?wait=30s).
 
 The control plane is embedded (a fake API in this process, stand-ins for the
 EndpointSlice controller, kube-proxy and the kubelet); draind is the real daemon
-with the real BPF datapath and conntrack, one per node. Needs root, iproute2 and
-iptables. Everything is removed at the end, also on Ctrl-C.`,
+with the real BPF datapath and conntrack, one per node. Needs root and nothing
+installed: network namespaces, links, NAT rules (nftables) and conntrack are all
+programmed over netlink. Everything is removed at the end, also on Ctrl-C.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			vs, err := scenario.ParseVariants(variants)

@@ -1,0 +1,151 @@
+package daemon
+
+import (
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/draind/draind/bpf"
+	"github.com/draind/draind/k8s"
+)
+
+// catEndpoint builds a slim endpoint for categorisation tables.
+func catEndpoint(ip, uid, node string, conds uint8) k8s.Endpoint {
+	return k8s.Endpoint{Addr: netip.MustParseAddr(ip), Conds: conds, Node: node, PodUID: types.UID(uid), PodName: "pod-" + uid}
+}
+
+const (
+	condReady       = k8s.CondReady | k8s.CondServing
+	condTerminating = k8s.CondServing | k8s.CondTerminating
+	condNotReady    = uint8(0)
+)
+
+func catSlice(fam k8s.Family, port uint16, proto bpf.Protocol, eps ...k8s.Endpoint) *k8s.Slice {
+	return &k8s.Slice{Service: "web", Family: fam, Ports: []k8s.SlicePort{{Name: "http", Port: port, Protocol: proto}}, Endpoints: eps}
+}
+
+func catService(mod ...func(*k8s.Service)) *k8s.Service {
+	s := &k8s.Service{ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
+		Ports: []k8s.ServicePort{{Name: "http", Port: 80, Protocol: bpf.TCP}}}
+	s.Namespace, s.Name = "default", "web"
+	for _, m := range mod {
+		m(s)
+	}
+	return s
+}
+
+// TestCategorize tables the pure categorisation: which endpoints are
+// selectable, which drain and why, per service-port and family.
+func TestCategorize(t *testing.T) {
+	leaseExp := time.Date(2026, 11, 29, 12, 0, 30, 0, time.UTC)
+	drains := map[types.UID]*podDrain{"d": {UID: "d", Reason: k8s.ReasonOffline, Expires: leaseExp}}
+	type want struct {
+		selectable []string
+		draining   map[string]string // endpoint -> reason
+		frontends  []string
+		expires    map[string]time.Time
+	}
+	for _, tc := range []struct {
+		name   string
+		svc    *k8s.Service
+		slices []*k8s.Slice
+		want   []want // per service-port, in order (v4 before v6)
+	}{
+		{"all ready", catService(), []*k8s.Slice{catSlice(k8s.IPv4, 8080, bpf.TCP,
+			catEndpoint("10.0.0.1", "a", "n1", condReady), catEndpoint("10.0.0.2", "b", "n1", condReady))},
+			[]want{{selectable: []string{"10.0.0.1:8080", "10.0.0.2:8080"}, frontends: []string{"10.96.0.10:80"}}}},
+		{"terminating and not ready drain with their reason", catService(), []*k8s.Slice{catSlice(k8s.IPv4, 8080, bpf.TCP,
+			catEndpoint("10.0.0.1", "a", "n1", condTerminating), catEndpoint("10.0.0.2", "b", "n1", condNotReady),
+			catEndpoint("10.0.0.3", "c", "n1", condReady))},
+			[]want{{selectable: []string{"10.0.0.3:8080"}, frontends: []string{"10.96.0.10:80"},
+				draining: map[string]string{"10.0.0.1:8080": ReasonTerminating, "10.0.0.2:8080": ReasonNotReady}}}},
+		{"ready with terminating set is not ready (kube-proxy)", catService(), []*k8s.Slice{catSlice(k8s.IPv4, 8080, bpf.TCP,
+			catEndpoint("10.0.0.1", "a", "n1", condReady|k8s.CondTerminating), catEndpoint("10.0.0.2", "b", "n1", condReady))},
+			[]want{{selectable: []string{"10.0.0.2:8080"}, frontends: []string{"10.96.0.10:80"},
+				draining: map[string]string{"10.0.0.1:8080": ReasonTerminating}}}},
+		{"a pod drain drains a ready endpoint until the Lease expires", catService(), []*k8s.Slice{catSlice(k8s.IPv4, 8080, bpf.TCP,
+			catEndpoint("10.0.0.1", "d", "n1", condReady), catEndpoint("10.0.0.2", "b", "n1", condReady))},
+			[]want{{selectable: []string{"10.0.0.2:8080"}, frontends: []string{"10.96.0.10:80"},
+				draining: map[string]string{"10.0.0.1:8080": k8s.ReasonOffline},
+				expires:  map[string]time.Time{"10.0.0.1:8080": leaseExp}}}},
+		{"a pod drain of a terminating endpoint has no Lease deadline", catService(), []*k8s.Slice{catSlice(k8s.IPv4, 8080, bpf.TCP,
+			catEndpoint("10.0.0.1", "d", "n1", condTerminating), catEndpoint("10.0.0.2", "b", "n1", condReady))},
+			[]want{{selectable: []string{"10.0.0.2:8080"}, frontends: []string{"10.96.0.10:80"},
+				draining: map[string]string{"10.0.0.1:8080": k8s.ReasonOffline}, expires: map[string]time.Time{"10.0.0.1:8080": {}}}}},
+		{"internalTrafficPolicy Local: only this node's endpoints are selectable",
+			catService(func(s *k8s.Service) { s.InternalLocal = true }), []*k8s.Slice{catSlice(k8s.IPv4, 8080, bpf.TCP,
+				catEndpoint("10.0.0.1", "a", "this-node", condReady), catEndpoint("10.0.0.2", "b", "n2", condReady),
+				catEndpoint("10.0.0.3", "c", "this-node", condTerminating))},
+			[]want{{selectable: []string{"10.0.0.1:8080"}, frontends: []string{"10.96.0.10:80"},
+				draining: map[string]string{"10.0.0.3:8080": ReasonTerminating}}}},
+		{"an endpoint in two slices drains if either says so", catService(), []*k8s.Slice{
+			catSlice(k8s.IPv4, 8080, bpf.TCP, catEndpoint("10.0.0.1", "a", "n1", condReady), catEndpoint("10.0.0.2", "b", "n1", condReady)),
+			catSlice(k8s.IPv4, 8080, bpf.TCP, catEndpoint("10.0.0.1", "a", "n1", condTerminating))},
+			[]want{{selectable: []string{"10.0.0.2:8080"}, frontends: []string{"10.96.0.10:80"},
+				draining: map[string]string{"10.0.0.1:8080": ReasonTerminating}}}},
+		{"families are separate service-ports; a VIP only fronts its family",
+			catService(func(s *k8s.Service) {
+				s.ClusterIPs = append(s.ClusterIPs, netip.MustParseAddr("fd00:96::10"))
+			}), []*k8s.Slice{catSlice(k8s.IPv4, 8080, bpf.TCP, catEndpoint("10.0.0.1", "a", "n1", condTerminating)),
+				catSlice(k8s.IPv6, 8080, bpf.TCP, catEndpoint("fd00::1", "a", "n1", condReady))},
+			[]want{{frontends: []string{"10.96.0.10:80"}, draining: map[string]string{"10.0.0.1:8080": ReasonTerminating}},
+				{selectable: []string{"[fd00::1]:8080"}, frontends: []string{"[fd00:96::10]:80"}}}},
+		{"a slice port of another protocol or name is not this service-port", catService(), []*k8s.Slice{
+			catSlice(k8s.IPv4, 8080, bpf.UDP, catEndpoint("10.0.0.1", "a", "n1", condTerminating)),
+			{Service: "web", Family: k8s.IPv4, Ports: []k8s.SlicePort{{Name: "metrics", Port: 9090, Protocol: bpf.TCP}},
+				Endpoints: []k8s.Endpoint{catEndpoint("10.0.0.2", "b", "n1", condTerminating)}}},
+			nil},
+		{"headless: no frontends", catService(func(s *k8s.Service) { s.ClusterIPs, s.Headless = nil, true }),
+			[]*k8s.Slice{catSlice(k8s.IPv4, 8080, bpf.TCP, catEndpoint("10.0.0.1", "a", "n1", condTerminating), catEndpoint("10.0.0.2", "b", "n1", condReady))},
+			[]want{{selectable: []string{"10.0.0.2:8080"}, draining: map[string]string{"10.0.0.1:8080": ReasonTerminating}}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := categorize(tc.svc, tc.slices, drains, "this-node")
+			if len(got.servicePorts) != len(tc.want) {
+				t.Fatalf("%d service-ports, want %d: %+v", len(got.servicePorts), len(tc.want), got.servicePorts)
+			}
+			for i, w := range tc.want {
+				sp := got.servicePorts[i]
+				var sel, fes []string
+				for _, ap := range sp.selectable {
+					sel = append(sel, ap.String())
+				}
+				for _, k := range sp.frontends {
+					fes = append(fes, netip.AddrPortFrom(k.Addr, k.Port).String())
+				}
+				if !slices.Equal(sel, w.selectable) || !slices.Equal(fes, w.frontends) {
+					t.Errorf("service-port %v: selectable %v frontends %v, want %v %v", sp.key, sel, fes, w.selectable, w.frontends)
+				}
+				if len(sp.draining) != len(w.draining) {
+					t.Errorf("service-port %v: draining %+v, want %v", sp.key, sp.draining, w.draining)
+				}
+				for _, e := range sp.draining {
+					ap := netip.AddrPortFrom(e.key.Addr, e.key.Port).String()
+					if w.draining[ap] != e.reason {
+						t.Errorf("%s: reason %q, want %q", ap, e.reason, w.draining[ap])
+					}
+					if exp, ok := w.expires[ap]; ok && !e.expires.Equal(exp) {
+						t.Errorf("%s: expires %v, want %v", ap, e.expires, exp)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestCategorizeListed: every listed endpoint is recorded with its pod
+// (departure detection), and drained pods are reported.
+func TestCategorizeListed(t *testing.T) {
+	drains := map[types.UID]*podDrain{"d": {UID: "d", Reason: k8s.ReasonOffline}}
+	got := categorize(catService(), []*k8s.Slice{catSlice(k8s.IPv4, 8080, bpf.TCP,
+		catEndpoint("10.0.0.1", "d", "n1", condReady), catEndpoint("10.0.0.2", "b", "n1", condReady))}, drains, "n1")
+	if len(got.listed) != 2 || got.listed[key("10.0.0.1:8080", bpf.TCP)] != "d" || got.listed[key("10.0.0.2:8080", bpf.TCP)] != "b" {
+		t.Errorf("listed %v", got.listed)
+	}
+	if _, ok := got.drainedPods["d"]; !ok || len(got.drainedPods) != 1 {
+		t.Errorf("drained pods %v", got.drainedPods)
+	}
+}

@@ -1,0 +1,200 @@
+package daemon
+
+import (
+	"cmp"
+	"net/netip"
+	"slices"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/draind/draind/bpf"
+)
+
+// What the kernel gets: the model's contributions merged into one drain
+// entry per key, and the frontends and backends of active service-ports.
+
+// desiredDrain merges the contributions of one key: the most cautious
+// policy wins, the entry lives as long as its longest-lived contribution.
+func (m *model) desiredDrain(k bpf.EndpointKey, now time.Time) (bpf.Drain, bool) {
+	d := bpf.Drain{Key: k, Policy: bpf.PolicyRewrite}
+	found := false
+	for _, c := range m.contributions[k] {
+		if m.suppressed(c, k.Addr) {
+			continue
+		}
+		p, rewriteTo := m.effectivePolicy(c)
+		if rewriteTo != 0 && (d.Service == 0 || rewriteTo < d.Service) {
+			d.Service = rewriteTo // kept for accounting when another policy wins
+		}
+		if !found || p > d.Policy {
+			d.Policy = p
+		}
+		if e := m.entryExpiry(k, c, now); e.After(d.Expires) {
+			d.Expires = e
+		}
+		found = true
+	}
+	return d, found
+}
+
+// effectivePolicy is what one contribution asks for, given whether its
+// service-port has somewhere to rewrite to, and the service-port it would
+// rewrite to (0: none).
+func (m *model) effectivePolicy(c contribution) (bpf.Policy, bpf.ServicePortID) {
+	p := c.policy
+	if c.servicePort == 0 {
+		if p == bpf.PolicyRewrite {
+			return bpf.PolicyRefuse, 0 // nothing to rewrite to
+		}
+		return p, 0
+	}
+	if p == bpf.PolicyOff {
+		return p, 0
+	}
+	sp := m.servicePorts[c.servicePort]
+	hasAlternative := sp != nil && len(sp.selectable) > 0
+	switch {
+	case hasAlternative && p == bpf.PolicyRewrite:
+		return p, c.servicePort
+	case !hasAlternative && c.kind == fromLinger:
+		// The pod is gone and nothing can take its place: failing fast
+		// beats a connect into a dead address.
+		return bpf.PolicyRefuse, 0
+	case !hasAlternative:
+		// Never take away the last serving endpoints.
+		return bpf.PolicyOff, 0
+	}
+	return p, 0
+}
+
+// entryExpiry bounds the entry one contribution asks for: EntryTTL from now
+// (refreshed while it lasts), the end of a linger, or a Lease's expiry.
+func (m *model) entryExpiry(k bpf.EndpointKey, c contribution, now time.Time) time.Time {
+	e := now.Add(m.cfg.EntryTTL)
+	if c.kind == fromLinger {
+		if l := m.lingering[k]; l != nil && l.until.Before(e) {
+			e = l.until
+		}
+	}
+	if !c.expires.IsZero() && c.expires.Before(e) {
+		e = c.expires
+	}
+	return e
+}
+
+// desiredServicePort returns the frontends and backends of an active
+// service-port (nil backends: the service-port is not active).
+func (m *model) desiredServicePort(id bpf.ServicePortID, now time.Time) (fes []bpf.Frontend, be *bpf.Backends) {
+	sp := m.servicePorts[id]
+	if sp == nil || sp.refs == 0 {
+		return nil, nil
+	}
+	exp := now.Add(m.cfg.EntryTTL)
+	if len(sp.selectable) == 0 {
+		return nil, &bpf.Backends{Service: id, Expires: exp}
+	}
+	for _, k := range sp.frontends {
+		fes = append(fes, bpf.Frontend{Key: k, Service: id, NoSteer: sp.noSteer, Expires: exp})
+	}
+	return fes, &bpf.Backends{Service: id, Backends: sp.selectable, Expires: exp}
+}
+
+// keysOf returns the entry keys contributed for each of the given pods,
+// found through their IPs (a drained pod's Lease or endpoints name them).
+func (m *model) keysOf(uids []types.UID) map[types.UID][]bpf.EndpointKey {
+	out := make(map[types.UID][]bpf.EndpointKey, len(uids))
+	for _, uid := range uids {
+		var keys []bpf.EndpointKey
+		var ips []netip.Addr
+		if d := m.podDrains[uid]; d != nil {
+			ips = d.IPs
+		}
+		for _, ip := range ips {
+			for k := range m.byIP[ip] {
+				for _, c := range m.contributions[k] {
+					if c.uid == uid && !slices.Contains(keys, k) {
+						keys = append(keys, k)
+					}
+				}
+			}
+		}
+		slices.SortFunc(keys, bpf.EndpointKey.Compare)
+		out[uid] = keys
+	}
+	return out
+}
+
+// podStatuses groups the live contributions by pod into status rows
+// (without this node's measurements), sorted by pod name.
+func (m *model) podStatuses() []PodStatus {
+	type row struct {
+		PodStatus
+		keys           []bpf.EndpointKey
+		ips            []netip.Addr
+		ports, lingers int // per-port contributions, and of those lingering
+	}
+	by := map[types.UID]*row{}
+	for k, cs := range m.contributions {
+		for _, c := range cs {
+			if m.suppressed(c, k.Addr) {
+				continue
+			}
+			id := c.uid
+			if id == "" {
+				id = types.UID("ip:" + k.Addr.String())
+			}
+			r := by[id]
+			if r == nil {
+				r = &row{PodStatus: PodStatus{UID: string(c.uid), Reason: c.reason, Since: c.since, State: StateDraining}}
+				r.Namespace, r.Name = splitPod(c.pod)
+				by[id] = r
+			}
+			if c.since.Before(r.Since) {
+				r.Since = c.since
+			}
+			if c.kind == fromServicePort && r.Reason == ReasonDeparted {
+				r.Reason = c.reason
+			}
+			if k.Port != 0 {
+				r.ports++
+				if c.kind == fromLinger {
+					r.lingers++
+				}
+			}
+			if !slices.Contains(r.keys, k) {
+				r.keys = append(r.keys, k)
+			}
+			if !slices.Contains(r.ips, k.Addr) {
+				r.ips = append(r.ips, k.Addr)
+			}
+		}
+	}
+	out := make([]PodStatus, 0, len(by))
+	for uid, r := range by {
+		departed := r.Reason == ReasonDeparted || (r.ports > 0 && r.lingers == r.ports)
+		if d := m.podDrains[uid]; d != nil {
+			r.Reason, r.Deadline = d.Reason, d.Expires
+			if d.Since.Before(r.Since) {
+				r.Since = d.Since
+			}
+			departed = departed || d.State == StateGone
+		}
+		if departed {
+			r.State = StateLingering
+		}
+		slices.SortFunc(r.keys, bpf.EndpointKey.Compare)
+		slices.SortFunc(r.ips, netip.Addr.Compare)
+		for _, ip := range r.ips {
+			r.IPs = append(r.IPs, ip.String())
+		}
+		for _, k := range r.keys {
+			r.Entries = append(r.Entries, k.String())
+		}
+		out = append(out, r.PodStatus)
+	}
+	slices.SortFunc(out, func(a, b PodStatus) int {
+		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name), cmp.Compare(a.UID, b.UID))
+	})
+	return out
+}

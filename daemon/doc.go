@@ -1,0 +1,43 @@
+// Package daemon is draind's node agent. Its files are cut by decision:
+//
+//   - what is draining: categorize.go (a Service's endpoints, a pure
+//     function), model.go, contributions.go and ids.go (the incremental
+//     model), desired.go (the entries the kernel should hold);
+//   - what the kernel gets: reconcile.go (the minimal, ordered diff),
+//     datapath.go (the interface and its fake);
+//   - drains hosted here and the offline API: hosted.go (this node's
+//     drains: measure, settle, Events), hostedleases.go (their drain
+//     Leases), leasewriter.go (Lease writes off the loop), offline.go (the
+//     HTTP API);
+//   - what is expired: conntrackpolicy.go;
+//   - wiring: daemon.go (configuration and lifecycle), intake.go (informer
+//     events), pass.go (one reconciler pass), runner.go; status and metrics.
+//
+// Glossary (one name per concept):
+//
+//   - endpoint: an (address, port, protocol) of a pod, as an EndpointSlice
+//     lists it (bpf.EndpointKey); port 0 means every port of the address.
+//   - service-port: one port of one Service in one IP family; the unit that
+//     owns a selectable backend set and a numeric id in the maps
+//     (servicePortKey, bpf.ServicePortID).
+//   - frontend: a ClusterIP:port of a service-port (bpf.Frontend).
+//   - selectable: a ready, non-draining endpoint a connection may be sent to.
+//   - pod drain: the cluster-wide fact that a pod takes no new connections,
+//     from its drain Lease or from this node's own knowledge of a pod it
+//     hosts (podDrain). A draining endpoint is an endpoint of a drained pod
+//     or one its slice marks terminating or not ready.
+//   - drain Lease: the API object that carries a pod drain to every node
+//     (k8s.DrainLease); its holder is the node that hosts the pod.
+//   - hosted drain: this node's part of a drain of a pod it hosts: the
+//     Lease, SYN and connection counts, the offline waiters, the Events
+//     (hostedDrain).
+//   - drain entry: one datapath entry for a draining endpoint, with its
+//     policy (bpf.Drain); contributions are the reasons for it (a
+//     service-port, a pod drain's all-ports entry, a linger), merged with the
+//     most cautious policy winning.
+//   - departure: a draining endpoint that left every slice; it lingers
+//     (stays steered) for --linger unless another pod claims its IP.
+//   - claim: a pod's ownership of an IP (a ready listing, or a pod on this
+//     node); identity is the pod UID, never the IP.
+//   - pod status: the status view of one drained pod (PodStatus).
+package daemon

@@ -1,0 +1,183 @@
+package daemon
+
+import (
+	"net/netip"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/draind/draind/k8s"
+)
+
+// Event intake: informer handlers only record what changed (tracker) and
+// ask for a pass; they never compute or write anything themselves.
+
+// tracker records what changed since the last pass; informer handlers only
+// write here and return.
+type tracker struct {
+	mu       sync.Mutex
+	services map[string]time.Time // dirty Service -> earliest event
+	ips      map[netip.Addr]struct{}
+	pods     time.Time // zero: no change
+	leases   time.Time
+	// leasesGone are the pods whose drain Lease was deleted.
+	leasesGone []types.UID
+}
+
+func (t *tracker) init() {
+	t.services = map[string]time.Time{}
+	t.ips = map[netip.Addr]struct{}{}
+}
+
+type dirtySet struct {
+	services   map[string]time.Time
+	ips        map[netip.Addr]struct{}
+	pods       time.Time
+	leases     time.Time
+	leasesGone []types.UID
+}
+
+func (t *tracker) take() dirtySet {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := dirtySet{services: t.services, ips: t.ips, pods: t.pods, leases: t.leases, leasesGone: t.leasesGone}
+	t.init()
+	t.pods, t.leases, t.leasesGone = time.Time{}, time.Time{}, nil
+	return out
+}
+
+func (t *tracker) markService(key string, at time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if old, ok := t.services[key]; !ok || at.Before(old) {
+		t.services[key] = at
+	}
+}
+
+func (t *tracker) markIPs(ips []netip.Addr) {
+	if len(ips) == 0 {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, ip := range ips {
+		t.ips[ip] = struct{}{}
+	}
+}
+
+func earliest(cur *time.Time, at time.Time) {
+	if cur.IsZero() || at.Before(*cur) {
+		*cur = at
+	}
+}
+
+func (t *tracker) markPods(at time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	earliest(&t.pods, at)
+}
+
+func (t *tracker) markLeases(at time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	earliest(&t.leases, at)
+}
+
+func (t *tracker) markLeaseGone(uid types.UID) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.leasesGone = append(t.leasesGone, uid)
+}
+
+func tombstone[T any](obj any) (T, bool) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	v, ok := obj.(T)
+	return v, ok
+}
+
+func sameVersion(a, b any) bool {
+	type rv interface{ GetResourceVersion() string }
+	x, ok1 := a.(rv)
+	y, ok2 := b.(rv)
+	return ok1 && ok2 && x.GetResourceVersion() != "" && x.GetResourceVersion() == y.GetResourceVersion()
+}
+
+// onChange calls fn with the old and new object of every add (old nil),
+// real update and delete (new nil). Resyncs, which repeat a
+// resourceVersion, are dropped.
+func onChange(inf cache.SharedIndexInformer, fn func(old, new any)) {
+	inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) { fn(nil, obj) },
+		UpdateFunc: func(o, n any) {
+			if !sameVersion(o, n) {
+				fn(o, n)
+			}
+		},
+		DeleteFunc: func(obj any) {
+			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = t.Obj
+			}
+			fn(obj, nil)
+		},
+	})
+}
+
+func (d *Daemon) registerHandlers() {
+	onChange(d.inf.Slices, d.sliceEvent)
+	onChange(d.inf.Services, d.serviceEvent)
+	onChange(d.inf.Leases, d.leaseEvent)
+	onChange(d.inf.Pods, d.podEvent)
+}
+
+// sliceEvent: the slice's Service must be recomputed, and the IPs whose
+// ready listings changed hands re-merged.
+func (d *Daemon) sliceEvent(oldObj, newObj any) {
+	defer d.events.slices.Add(1)
+	old, _ := oldObj.(*k8s.Slice)
+	cur, _ := newObj.(*k8s.Slice)
+	now := d.clock.Now()
+	d.tracker.markIPs(d.claims.updateSlice(old, cur))
+	for _, s := range []*k8s.Slice{old, cur} {
+		if s != nil && s.Service != "" {
+			d.tracker.markService(s.Namespace+"/"+s.Service, now)
+		}
+	}
+	d.runner.Run()
+}
+
+func (d *Daemon) serviceEvent(oldObj, newObj any) {
+	defer d.events.services.Add(1)
+	s, ok := newObj.(*k8s.Service)
+	if !ok {
+		s, ok = oldObj.(*k8s.Service)
+	}
+	if ok {
+		d.tracker.markService(s.Namespace+"/"+s.Name, d.clock.Now())
+		d.runner.Run()
+	}
+}
+
+// leaseEvent: pod drains changed. A deleted Lease also ends its pod's
+// lingering entries (see model.endLingersOf).
+func (d *Daemon) leaseEvent(oldObj, newObj any) {
+	defer d.events.leases.Add(1)
+	if l, ok := oldObj.(*k8s.DrainLease); ok && newObj == nil {
+		d.tracker.markLeaseGone(l.PodUID)
+	}
+	d.tracker.markLeases(d.clock.Now())
+	d.runner.Run()
+	d.hosted.wake()
+}
+
+// podEvent: this node's pods changed: local claims, and maybe a deletion.
+func (d *Daemon) podEvent(_, _ any) {
+	defer d.events.pods.Add(1)
+	d.tracker.markIPs(d.claims.setLocalPods(d.state.LocalPods()))
+	d.tracker.markPods(d.clock.Now())
+	d.runner.Run()
+	d.hosted.wake()
+}

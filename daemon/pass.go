@@ -1,0 +1,128 @@
+package daemon
+
+import (
+	"runtime/debug"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// One reconciler pass, run by the runner: take what changed, update the
+// model, write the difference, hand departures to the conntrack policy.
+
+// sync is one pass. It returns the next instant the model changes by
+// itself (a Lease or linger ending, a retry).
+func (d *Daemon) sync() time.Time {
+	d.modelMu.Lock()
+	defer d.modelMu.Unlock()
+	now := d.clock.Now()
+	dirty := d.tracker.take()
+	m := d.model
+
+	d.hosted.observeLocalPods(now)
+	podAt := dirty.podEventAt(now)
+	changedDrains := m.setPodDrains(d.podDrains(now))
+	podViaServices := false
+	for _, pd := range changedDrains {
+		for _, svc := range m.servicesListing(pd.UID, pd.Namespace) {
+			podViaServices = true
+			if t, ok := dirty.services[svc]; !ok || podAt.Before(t) {
+				dirty.services[svc] = podAt
+			}
+		}
+	}
+	var changedAt []time.Time
+	for svc, at := range dirty.services {
+		if m.recomputeService(svc, now) {
+			changedAt = append(changedAt, at)
+		}
+	}
+	if len(changedDrains) > 0 && !podViaServices {
+		changedAt = append(changedAt, podAt) // a registry-only pod: no Service carried it
+	}
+	for ip := range dirty.ips {
+		m.claimsChanged(ip)
+	}
+	for _, uid := range dirty.leasesGone {
+		m.endLingersOf(uid)
+	}
+	m.expireLingering(now)
+	d.apply(now, changedAt)
+	d.hosted.setKeys(m.keysOf(d.hosted.uids()))
+	for _, dep := range m.takeDepartures() {
+		d.conntrackPolicy.departed(dep)
+	}
+	next := m.nextDeadline()
+	if d.reconciler.pending() {
+		if retry := now.Add(time.Second); next.IsZero() || retry.Before(next) {
+			next = retry
+		}
+	}
+	return next
+}
+
+// apply writes the model's difference to the datapath (everything every
+// quarter of the entry TTL, to refresh deadlines) and records how long the
+// events in changedAt took to reach it.
+func (d *Daemon) apply(now time.Time, changedAt []time.Time) {
+	first := !d.firstDone.Load()
+	full := first || now.Sub(d.lastFull) >= d.cfg.EntryTTL/4
+	if full {
+		d.lastFull = now
+	}
+	res := d.reconciler.apply(d.model, now, full)
+	done := d.clock.Now()
+	d.Metrics.DatapathOps.Add(float64(res.Ops))
+	if res.Ops > 0 {
+		for _, at := range changedAt {
+			lat := done.Sub(at)
+			d.Metrics.SignalToDatapath.Observe(lat.Seconds())
+			if d.cfg.OnLatency != nil {
+				d.cfg.OnLatency(lat)
+			}
+		}
+	}
+	d.lastSync.Store(done.UnixNano())
+	if first {
+		d.model.ids.forgetPinned() // adopted or replaced by now
+		d.log.Info("first datapath pass done", logKeyOps, res.Ops)
+		// The initial lists decoded the whole cluster once; hand that
+		// garbage back to the node now rather than whenever the
+		// scavenger gets to it.
+		defer debug.FreeOSMemory()
+		d.firstDone.Store(true)
+	}
+}
+
+// podDrains derives the pod drains from the drain Leases and this node's
+// hosted drains. An expired Lease ends its drain (fail open: its hosting
+// node may be gone for good); a hosted drain holds whatever its Lease says
+// (this node knows its pod is draining even when the API server could not
+// be reached to renew the Lease).
+func (d *Daemon) podDrains(now time.Time) map[types.UID]*podDrain {
+	out := map[types.UID]*podDrain{}
+	for _, l := range d.state.DrainLeases() {
+		if !l.Expires().After(now) {
+			continue
+		}
+		out[l.PodUID] = &podDrain{UID: l.PodUID, Namespace: l.PodNamespace, Name: l.PodName, IPs: l.IPs,
+			Reason: l.Reason, Since: l.Acquired, Expires: l.Expires(), Holder: l.Holder, Lease: true, State: l.State}
+	}
+	for _, pd := range d.hosted.podDrains() {
+		out[pd.UID] = pd
+	}
+	return out
+}
+
+// podEventAt is the earliest Lease or local pod event of the pass, or now
+// when none (a deadline passed).
+func (s dirtySet) podEventAt(now time.Time) time.Time {
+	at := s.leases
+	if at.IsZero() || (!s.pods.IsZero() && s.pods.Before(at)) {
+		at = s.pods
+	}
+	if at.IsZero() {
+		return now
+	}
+	return at
+}

@@ -1,0 +1,120 @@
+package k8s
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+)
+
+var t0 = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+
+func request() DrainRequest {
+	return DrainRequest{PodNamespace: "shop", PodName: "cart-a", PodUID: "uid-a",
+		IPs:  []netip.Addr{netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("fd00::1")},
+		Node: "node-a", Reason: ReasonOffline, Duration: 30 * time.Second}
+}
+
+// TestLeaseProtocol: the first publisher creates the Lease (holder = the
+// hosting node, named after the pod UID), a second joins it keeping the
+// reason and acquire time, renewals move the renew time and carry
+// progress, delete is idempotent.
+func TestLeaseProtocol(t *testing.T) {
+	ctx := context.Background()
+	c := &Leases{Client: fake.NewClientset(), Namespace: "draind-system"}
+	l, created, err := c.Publish(ctx, request(), t0)
+	if err != nil || !created {
+		t.Fatalf("publish: %v created=%v", err, created)
+	}
+	if l.Name != "drain-uid-a" || l.Holder != "node-a" || l.Reason != ReasonOffline || len(l.IPs) != 2 ||
+		!l.Expires().Equal(t0.Add(30*time.Second)) || !l.Acquired.Equal(t0) {
+		t.Fatalf("lease %+v", l)
+	}
+	// An operator's drain of the same pod joins it.
+	op := request()
+	op.Reason = ReasonOperator
+	l, created, err = c.Publish(ctx, op, t0.Add(5*time.Second))
+	if err != nil || created || l.Reason != ReasonOffline || !l.Acquired.Equal(t0) || !l.Renewed.Equal(t0.Add(5*time.Second)) {
+		t.Fatalf("join: %+v created=%v err=%v", l, created, err)
+	}
+	l, err = c.Renew(ctx, l.Name, 20*time.Second, t0.Add(10*time.Second), map[string]string{AnnState: "drained", AnnProgress: FormatProgress(3, 0, 7)})
+	if err != nil || l.State != "drained" || l.Progress != "syns=3 live=0 steered=7" || !l.Expires().Equal(t0.Add(30*time.Second)) {
+		t.Fatalf("renew: %+v %v", l, err)
+	}
+	if err := c.Delete(ctx, l.Name); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Delete(ctx, l.Name); err != nil {
+		t.Errorf("deleting an absent Lease: %v", err)
+	}
+	if _, err := c.Renew(ctx, l.Name, 0, t0, nil); !apierrors.IsNotFound(err) {
+		t.Errorf("renewing a deleted Lease: %v, want not found", err)
+	}
+	if _, _, err := c.Publish(ctx, DrainRequest{PodUID: "x"}, t0); err == nil {
+		t.Error("a drain without IPs was published")
+	}
+}
+
+// TestLeaseRenewRetriesConflicts: a concurrent writer (the node updating
+// progress while an operator joins) costs a retry, not an error.
+func TestLeaseRenewRetriesConflicts(t *testing.T) {
+	ctx := context.Background()
+	client := fake.NewClientset()
+	c := &Leases{Client: client, Namespace: "draind-system"}
+	if _, _, err := c.Publish(ctx, request(), t0); err != nil {
+		t.Fatal(err)
+	}
+	conflicts := 2
+	client.PrependReactor("update", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if conflicts > 0 {
+			conflicts--
+			return true, nil, apierrors.NewConflict(schema.GroupResource{Resource: "leases"}, "drain-uid-a", errors.New("stale"))
+		}
+		return false, nil, nil
+	})
+	if _, err := c.Renew(ctx, "drain-uid-a", 0, t0.Add(time.Second), nil); err != nil || conflicts != 0 {
+		t.Fatalf("renew after conflicts: %v (%d left)", err, conflicts)
+	}
+}
+
+func TestParseLeaseRejectsMalformed(t *testing.T) {
+	req := request()
+	good := req.build("draind-system", t0)
+	if _, err := ParseLease(good); err != nil {
+		t.Fatalf("good lease: %v", err)
+	}
+	for name, mod := range map[string]func(*coordinationv1.Lease){
+		"no uid":           func(l *coordinationv1.Lease) { delete(l.Annotations, AnnPodUID) },
+		"name mismatch":    func(l *coordinationv1.Lease) { l.Name = "drain-someone-else" },
+		"bad IP":           func(l *coordinationv1.Lease) { l.Annotations[AnnPodIPs] = "10.0.0.1,nope" },
+		"no IPs":           func(l *coordinationv1.Lease) { l.Annotations[AnnPodIPs] = " , " },
+		"no duration":      func(l *coordinationv1.Lease) { l.Spec.LeaseDurationSeconds = nil },
+		"zero duration":    func(l *coordinationv1.Lease) { l.Spec.LeaseDurationSeconds = new(int32) },
+		"no renew/acquire": func(l *coordinationv1.Lease) { l.Spec.RenewTime, l.Spec.AcquireTime = nil, nil },
+	} {
+		l := good.DeepCopy()
+		mod(l)
+		if _, err := ParseLease(l); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	// Long names do not make invalid labels: they are left out.
+	long := request()
+	long.PodName = strings.Repeat("a", 100)
+	l := long.build("draind-system", t0)
+	if _, ok := l.Labels[LabelPodName]; ok {
+		t.Error("a 100-character label value was written")
+	}
+	if _, err := ParseLease(l); err != nil {
+		t.Errorf("long pod name: %v", err)
+	}
+}

@@ -1,0 +1,125 @@
+package k8s
+
+import (
+	"net/netip"
+	"slices"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/draind/draind/bpf"
+)
+
+func ptr[T any](v T) *T { return &v }
+
+func TestSliceFrom(t *testing.T) {
+	s := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: "web-1", Namespace: "shop", ResourceVersion: "7", Labels: map[string]string{discoveryv1.LabelServiceName: "web"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports: []discoveryv1.EndpointPort{
+			{Name: ptr("http"), Port: ptr(int32(8080))}, // protocol unset: TCP
+			{Name: ptr("dns"), Port: ptr(int32(53)), Protocol: ptr(corev1.ProtocolUDP)},
+			{Name: ptr("sctp"), Port: ptr(int32(9)), Protocol: ptr(corev1.ProtocolSCTP)}, // left alone
+			{Name: ptr("bad"), Port: ptr(int32(70000))},                                  // skipped, counted
+		},
+		Endpoints: []discoveryv1.Endpoint{
+			// nil conditions: ready and serving (API semantics).
+			{Addresses: []string{"10.0.0.1"}, NodeName: ptr("node-a"), TargetRef: &corev1.ObjectReference{Kind: "Pod", Name: "p1", UID: "u1"}},
+			{Addresses: []string{"10.0.0.2"}, Conditions: discoveryv1.EndpointConditions{Ready: ptr(false), Serving: ptr(true), Terminating: ptr(true)}},
+			{Addresses: []string{"fd00::1"}}, // wrong family: skipped
+			{Addresses: []string{"bogus"}},   // skipped
+			{},                               // no address: skipped
+			{Addresses: []string{"10.0.0.3"}, TargetRef: &corev1.ObjectReference{Kind: "Node", Name: "n", UID: "n1"}}, // not a pod
+		},
+	}
+	sl, skipped := SliceFrom(s)
+	if skipped != 4 {
+		t.Errorf("skipped %d, want 4 (a bad port, three bad endpoints)", skipped)
+	}
+	if sl.Service != "web" || sl.Family != IPv4 || sl.Name != "web-1" || sl.ResourceVersion != "7" || sl.Labels != nil {
+		t.Errorf("slim slice %+v", sl.ObjectMeta)
+	}
+	wantPorts := []SlicePort{{"http", 8080, bpf.TCP}, {"dns", 53, bpf.UDP}}
+	if !slices.Equal(sl.Ports, wantPorts) {
+		t.Errorf("ports %v, want %v", sl.Ports, wantPorts)
+	}
+	if len(sl.Endpoints) != 3 {
+		t.Fatalf("endpoints %+v", sl.Endpoints)
+	}
+	e := sl.Endpoints[0]
+	if !e.Ready() || !e.Serving() || e.Terminating() || e.Node != "node-a" || e.PodUID != "u1" || e.PodName != "p1" {
+		t.Errorf("endpoint 0 %+v", e)
+	}
+	e = sl.Endpoints[1]
+	if e.Ready() || !e.Serving() || !e.Terminating() {
+		t.Errorf("endpoint 1 %+v", e)
+	}
+	if e := sl.Endpoints[2]; e.PodUID != "" || e.Addr != netip.MustParseAddr("10.0.0.3") {
+		t.Errorf("a non-pod target is not a pod: %+v", e)
+	}
+	// FQDN slices carry nothing draind steers.
+	fq, _ := SliceFrom(&discoveryv1.EndpointSlice{AddressType: discoveryv1.AddressTypeFQDN,
+		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"example.com"}}}})
+	if fq.Family != 0 || len(fq.Endpoints) != 0 {
+		t.Errorf("FQDN slice %+v", fq)
+	}
+}
+
+func TestServiceFrom(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		spec     corev1.ServiceSpec
+		ann      string
+		ips      []string
+		headless bool
+		ports    int
+		skipped  int
+	}{
+		{"dual-stack", corev1.ServiceSpec{ClusterIP: "10.96.0.1", ClusterIPs: []string{"10.96.0.1", "fd00:96::1"},
+			Ports: []corev1.ServicePort{{Name: "http", Port: 80}}}, "", []string{"10.96.0.1", "fd00:96::1"}, false, 1, 0},
+		{"clusterIP only (old objects)", corev1.ServiceSpec{ClusterIP: "10.96.0.2",
+			Ports: []corev1.ServicePort{{Port: 80}, {Port: 90, Protocol: corev1.ProtocolSCTP}}}, "", []string{"10.96.0.2"}, false, 1, 0},
+		{"headless", corev1.ServiceSpec{ClusterIP: "None", ClusterIPs: []string{"None"}}, "off", nil, true, 0, 0},
+		{"ExternalName has no VIP", corev1.ServiceSpec{Type: corev1.ServiceTypeExternalName, ExternalName: "x.example"}, "", nil, false, 0, 0},
+		{"bad VIP skipped", corev1.ServiceSpec{ClusterIPs: []string{"nope"}}, "", nil, false, 0, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "s", Namespace: "n", Annotations: map[string]string{AnnotationPodIPSteering: tc.ann}}, Spec: tc.spec}
+			got, skipped := ServiceFrom(s)
+			var ips []string
+			for _, ip := range got.ClusterIPs {
+				ips = append(ips, ip.String())
+			}
+			if !slices.Equal(ips, tc.ips) || got.Headless != tc.headless || len(got.Ports) != tc.ports || skipped != tc.skipped || got.PodIPSteering != tc.ann {
+				t.Errorf("got %+v skipped %d", got, skipped)
+			}
+		})
+	}
+	affinity := &corev1.Service{Spec: corev1.ServiceSpec{SessionAffinity: corev1.ServiceAffinityClientIP,
+		InternalTrafficPolicy: ptr(corev1.ServiceInternalTrafficPolicyLocal)}}
+	if got, _ := ServiceFrom(affinity); !got.AffinityClientIP || !got.InternalLocal {
+		t.Errorf("traffic semantics lost: %+v", got)
+	}
+}
+
+func TestPodFrom(t *testing.T) {
+	now := metav1.Now()
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "n", UID: "u", DeletionTimestamp: &now, Labels: map[string]string{"a": "b"}},
+		Spec:       corev1.PodSpec{NodeName: "node-a", HostNetwork: true},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.0.0.1",
+			PodIPs:     []corev1.PodIP{{IP: "10.0.0.1"}, {IP: "fd00::1"}, {IP: "junk"}},
+			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}},
+	}
+	got := PodFrom(p)
+	if got.Node != "node-a" || !got.HostNetwork || !got.Ready || got.Phase != corev1.PodRunning || !got.Deleting() ||
+		len(got.IPs) != 2 || got.Labels != nil {
+		t.Errorf("slim pod %+v", got)
+	}
+	// Only status.podIP (old kubelets): still known.
+	if got := PodFrom(&corev1.Pod{Status: corev1.PodStatus{PodIP: "10.0.0.2"}}); len(got.IPs) != 1 {
+		t.Errorf("podIP only: %+v", got.IPs)
+	}
+}
