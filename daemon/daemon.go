@@ -115,6 +115,8 @@ type Daemon struct {
 
 	conntrackPolicy *conntrackPolicy
 	hosted          *hostedDrains
+	gone            *gonePeers   // sockets_gone.go
+	vanished        vanishIntake // sockets_vanish.go
 
 	synced    atomic.Bool
 	attached  atomic.Bool
@@ -132,6 +134,7 @@ func New(cfg Config, client kubernetes.Interface, dp Datapath, ct conntrack.Inte
 	d := &Daemon{cfg: cfg, inf: inf, state: inf, datapath: dp, conntrack: ct,
 		log: cfg.Logger, clock: cfg.Clock, claims: newClaims()}
 	d.Metrics = NewMetrics(cfg.Version, dp, inf, d.PodStatuses)
+	d.Metrics.Registry.MustRegister(&socketCollector{d: d})
 	d.model = newModel(ModelConfig{
 		Node: cfg.Node, EntryTTL: cfg.EntryTTL, Linger: cfg.Linger, RegistryOnlyPolicy: cfg.RegistryOnlyPolicy,
 		OnPolicyWarning: func(svc, value string) {
@@ -153,6 +156,7 @@ func New(cfg Config, client kubernetes.Interface, dp Datapath, ct conntrack.Inte
 		Events: client.CoreV1().Events(""), Metrics: d.Metrics, Log: cfg.Logger, Clock: cfg.Clock,
 		RequestPass: d.runner.Run,
 	})
+	d.gone = d.newGonePeers()
 	d.registerHandlers()
 	return d
 }
@@ -193,12 +197,14 @@ func (d *Daemon) Run(ctx context.Context) error {
 	// Started in dependency order, stopped in reverse: the hosted drains
 	// answer their waiters before the loop that feeds them stops.
 	d.conntrackPolicy.Start(ctx)
+	d.gone.Start(ctx)
 	d.hosted.Start(ctx)
 	d.runner.Start(ctx)
 	d.runner.Run()
 	<-ctx.Done()
 	d.runner.Stop()
 	d.hosted.Stop("draind is stopping")
+	d.gone.Stop()
 	d.conntrackPolicy.Stop()
 	return nil
 }
@@ -212,6 +218,9 @@ func (d *Daemon) adoptDatapath() error {
 	}
 	d.reconciler.adopt(dump)
 	d.model.ids.adopt(dump)
+	if err := d.gone.adopt(); err != nil {
+		return fmt.Errorf("reading pinned gone peers: %w", err)
+	}
 	return nil
 }
 

@@ -140,6 +140,7 @@ func (d *Daemon) sliceEvent(oldObj, newObj any) {
 	old, _ := oldObj.(*k8s.Slice)
 	cur, _ := newObj.(*k8s.Slice)
 	now := d.clock.Now()
+	d.vanished.observe(old, cur, now)
 	d.tracker.markIPs(d.claims.updateSlice(old, cur))
 	for _, s := range []*k8s.Slice{old, cur} {
 		if s != nil && s.Service != "" {

@@ -20,6 +20,10 @@ import (
 // AnnotationPodIPSteering selects a Service's pod-IP policy.
 const AnnotationPodIPSteering = "draind.io/pod-ip-steering"
 
+// AnnotationEndDeadConnections set to "false" on a Service keeps draind from
+// ending client sockets to its pods once they are gone.
+const AnnotationEndDeadConnections = "draind.io/end-dead-connections"
+
 // Family is an IP family.
 type Family uint8
 
@@ -55,6 +59,8 @@ type Service struct {
 	InternalLocal bool
 	// PodIPSteering is the raw annotation value ("" if absent).
 	PodIPSteering string
+	// EndDeadConnections is the raw draind.io/end-dead-connections value.
+	EndDeadConnections string
 }
 
 // ServicePort is one port of a Service.
@@ -236,6 +242,8 @@ func ServiceFrom(s *corev1.Service) (*Service, int) {
 		AffinityClientIP: s.Spec.SessionAffinity == corev1.ServiceAffinityClientIP,
 		InternalLocal:    s.Spec.InternalTrafficPolicy != nil && *s.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal,
 		PodIPSteering:    s.Annotations[AnnotationPodIPSteering],
+
+		EndDeadConnections: s.Annotations[AnnotationEndDeadConnections],
 	}
 	skipped := 0
 	if s.Spec.Type != corev1.ServiceTypeExternalName {
@@ -274,6 +282,9 @@ func PodFrom(p *corev1.Pod) *Pod {
 		HostNetwork: p.Spec.HostNetwork,
 		Phase:       p.Status.Phase,
 	}
+	// When the pod was created: its connections were all seen by draind's
+	// socket counting if that started earlier.
+	out.CreationTimestamp = p.CreationTimestamp
 	ips := p.Status.PodIPs
 	if len(ips) == 0 && p.Status.PodIP != "" {
 		ips = []corev1.PodIP{{IP: p.Status.PodIP}}
