@@ -98,6 +98,7 @@ type gonePeers struct {
 	services  map[types.UID]map[string]struct{} // Services seen listing the pod
 	applied   map[netip.Addr]bpf.GonePeer
 	warned    map[string]string
+	lastPrune time.Time
 
 	flows goneFlows
 }
@@ -263,6 +264,7 @@ func (g *gonePeers) pass(m *model, now time.Time) {
 		g.flows.want(ip, p) // listed, or refreshed with the peer
 		g.applied[ip] = p
 	}
+	g.pruneConnections(now)
 	for ip := range g.applied {
 		if _, ok := want[ip]; ok {
 			continue
@@ -274,6 +276,31 @@ func (g *gonePeers) pass(m *model, now time.Time) {
 		}
 		delete(g.applied, ip)
 		g.flows.drop(ip)
+	}
+}
+
+// pruneInterval is how often the connection counts of addresses no local
+// pod holds any more are dropped (the map is bounded by the node's pod
+// ranges; this keeps it small where addresses are not reused).
+const pruneInterval = 10 * time.Minute
+
+// pruneConnections drops idle counts of addresses no local pod holds.
+func (g *gonePeers) pruneConnections(now time.Time) {
+	if now.Sub(g.lastPrune) < pruneInterval {
+		return
+	}
+	g.lastPrune = now
+	held := map[netip.Addr]bool{}
+	for _, p := range g.cfg.State.LocalPods() {
+		for _, ip := range p.IPs {
+			held[ip] = true
+		}
+	}
+	n, err := g.cfg.Sockets.PruneConnections(func(a netip.Addr) bool { return held[a] })
+	if err != nil {
+		g.cfg.Log.Warn("pruning connection counts", logKeyErr, err)
+	} else if n > 0 {
+		g.cfg.Log.Debug("pruned connection counts of addresses no local pod holds", "addresses", n)
 	}
 }
 

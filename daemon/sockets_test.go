@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -454,5 +455,30 @@ func TestOfflineWaitsForSocketsWithoutConntrack(t *testing.T) {
 	if !done || !r.Drained || r.LiveSource != LiveFromSockets || r.LiveSockets == nil || *r.LiveSockets != 0 ||
 		r.LiveConntrack == nil || *r.LiveConntrack != 0 || r.LiveSocketsPartial {
 		t.Fatalf("after the connection closed: done %v %+v", done, r)
+	}
+}
+
+// TestSocketStatus: status says what the socket hooks do on the node.
+func TestSocketStatus(t *testing.T) {
+	h, sd := newSocketHarness(t)
+	h.pass()
+	must(t, sd.UpsertGonePeer(bpf.GonePeer{Addr: netip.MustParseAddr("10.0.0.9"), GoneAt: h.clock.Now()}))
+	st := h.d.Status(StatusSource{Features: bpf.Features{Sockets: true, UserTimeoutFromBPF: true, SocketIterators: "not loadable: needs CAP_PERFMON"}})
+	s := st.Sockets
+	if !s.Loaded || !s.EndTCP || !s.EndUDP || !slices.Equal(s.LiveFrom, []string{LiveFromSockets, LiveFromConntrack}) ||
+		s.GonePeers != 1 || !s.CountingSince.Equal(sd.since) || s.Iterators == "" || len(s.Events) != bpf.NumSocketEvents {
+		t.Errorf("socket status %+v", s)
+	}
+	// Without the hooks: said, and no warning of its own.
+	h2 := newHarness(t)
+	h2.pass()
+	st = h2.d.Status(StatusSource{Features: bpf.Features{SocketsMissing: "sock_ops programs"}})
+	if st.Sockets.Loaded || !strings.Contains(st.Sockets.Reason, "sock_ops programs") || !slices.Equal(st.Sockets.LiveFrom, []string{LiveFromConntrack}) {
+		t.Errorf("socket status without hooks %+v", st.Sockets)
+	}
+	for _, w := range st.Warnings {
+		if strings.Contains(w, "socket") {
+			t.Errorf("warning %q", w)
+		}
 	}
 }
