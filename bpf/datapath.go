@@ -208,6 +208,14 @@ func Load(opts Options) (*Datapath, error) {
 		d.closeObjects()
 		return nil, err
 	}
+	if !opts.Sockets {
+		// Gone entries a draind with the socket hooks left would keep the
+		// gone flag up, and the connect hooks looking, for nothing.
+		if err := d.clearGone(); err != nil {
+			d.closeObjects()
+			return nil, err
+		}
+	}
 	return d, nil
 }
 

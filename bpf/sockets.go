@@ -396,3 +396,22 @@ func (d *Datapath) SocketCounters() (SocketCounters, error) {
 	}
 	return c, nil
 }
+
+// clearGone deletes every gone entry and lowers the gone flag.
+func (d *Datapath) clearGone() error {
+	d.entries.Lock()
+	defer d.entries.Unlock()
+	for k := range d.entries.gonePeers {
+		if err := d.del(MapGonePeers, d.steer.DraindGonePeers, &k); err != nil {
+			return fmt.Errorf("clearing gone peers: %w", err)
+		}
+		delete(d.entries.gonePeers, k)
+	}
+	for k := range d.entries.goneFlows {
+		if err := d.del(MapGoneFlows, d.steer.DraindGoneFlows, &k); err != nil {
+			return fmt.Errorf("clearing gone flows: %w", err)
+		}
+		delete(d.entries.goneFlows, k)
+	}
+	return d.afterGoneChange()
+}

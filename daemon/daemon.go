@@ -42,6 +42,10 @@ type Config struct {
 	MinSyncInterval    time.Duration // bounded frequency: at most one pass per interval
 	RegistryOnlyPolicy bpf.Policy
 	UDPReexpire        time.Duration // UDP flows of draining endpoints are expired again this often
+	// FlowLister lists a gone pod's client flows (sockets_gone.go); nil: the
+	// conntrack handle New is given, shared with expiry and counting. Its
+	// own handle keeps a long expiry pass from delaying it.
+	FlowLister conntrack.FlowLister
 
 	// Offline API.
 	Quiet       time.Duration // drained = no SYN for this long and no live connection

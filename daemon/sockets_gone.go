@@ -43,10 +43,28 @@ import (
 const ReasonVanished = "vanished"
 
 // drainVanished gives local pods that disappeared without a drain (a force
-// delete: ready, then gone) a hosted drain that is gone from the start, so
-// that its drain Lease tells every node at once; and makes the Lease of a
-// drained pod that just went say so at once too (l.mu held).
+// delete: ready, then gone) or are being deleted with no grace (killed now)
+// a hosted drain that is gone from the start, so that its drain Lease tells
+// every node at once; and makes the Lease of a drained pod that just went
+// say so at once too (l.mu held).
 func (l *hostedDrains) drainVanished(pods map[types.UID]*k8s.Pod, now time.Time) {
+	for uid, p := range pods {
+		if !p.KilledWithoutGrace() || p.HostNetwork || len(p.IPs) == 0 {
+			continue
+		}
+		ld := l.pods[uid]
+		if ld != nil && ld.state == StateGone {
+			continue
+		}
+		if ld == nil || ld.state == StateCancelled {
+			ld = l.start(p, ReasonVanished, now, false)
+			l.cfg.Metrics.DrainStarts.WithLabelValues(ReasonVanished).Inc()
+		}
+		ld.state, ld.goneAt, ld.lastRenew = StateGone, now, time.Time{}
+		l.finishWaiters(ld, now, StateGone, 200)
+		l.cfg.Metrics.DrainOutcomes.WithLabelValues("gone").Inc()
+		l.cfg.Log.Info("pod killed without grace: gone", logKeyPod, p.Namespace+"/"+p.Name)
+	}
 	for uid, p := range l.seen {
 		if pods[uid] != nil || p.HostNetwork || len(p.IPs) == 0 {
 			continue
@@ -261,7 +279,7 @@ func (g *gonePeers) pass(m *model, now time.Time) {
 		if !ok {
 			g.cfg.Log.Info("pod gone: ending client sockets to it", logKeyIP, ip)
 		}
-		g.flows.want(ip, p) // listed, or refreshed with the peer
+		g.flows.want(ip, p, !ok) // listed, or refreshed with the peer
 		g.applied[ip] = p
 	}
 	g.pruneConnections(now)
@@ -311,16 +329,19 @@ func errorKind(err error) string {
 	return "other"
 }
 
-// goneFlows lists, for each gone peer, the client flows this node's
+// goneFlows lists, for each new gone peer, the client flows this node's
 // conntrack translated to it (a Service VIP's flows), and lists them gone
-// too; they go with their peer.
+// too; they are refreshed and go with their peer. Listing happens once per
+// peer (a flow that reaches a gone address later belongs to whoever holds
+// it then), newest peers first, so a refresh of older ones never delays it.
 type goneFlows struct {
 	cfg  goneConfig
 	loop loopRunner
 	kick chan struct{}
 
 	mu      sync.Mutex
-	queue   map[netip.Addr]bpf.GonePeer   // peers whose flows are to be listed
+	fresh   map[netip.Addr]bpf.GonePeer   // new peers: flows to be listed
+	refresh map[netip.Addr]bpf.GonePeer   // listed peers with a new expiry
 	byPeer  map[netip.Addr][]bpf.GoneFlow // listed flows
 	dropped map[netip.Addr]struct{}       // peers whose flows are to be unlisted
 }
@@ -328,17 +349,26 @@ type goneFlows struct {
 func (f *goneFlows) init(cfg goneConfig) {
 	f.cfg = cfg
 	f.kick = make(chan struct{}, 1)
-	f.queue = map[netip.Addr]bpf.GonePeer{}
+	f.fresh = map[netip.Addr]bpf.GonePeer{}
+	f.refresh = map[netip.Addr]bpf.GonePeer{}
 	f.byPeer = map[netip.Addr][]bpf.GoneFlow{}
 	f.dropped = map[netip.Addr]struct{}{}
 }
 
-func (f *goneFlows) want(ip netip.Addr, p bpf.GonePeer) {
+// want asks for a new peer's flows to be listed, or a known one's to be
+// refreshed.
+func (f *goneFlows) want(ip netip.Addr, p bpf.GonePeer, isNew bool) {
 	if f.cfg.Flows == nil {
 		return
 	}
 	f.mu.Lock()
-	f.queue[ip] = p
+	if isNew {
+		f.fresh[ip] = p
+	} else if _, queued := f.fresh[ip]; queued {
+		f.fresh[ip] = p
+	} else {
+		f.refresh[ip] = p
+	}
 	delete(f.dropped, ip)
 	f.mu.Unlock()
 	f.wake()
@@ -349,7 +379,8 @@ func (f *goneFlows) drop(ip netip.Addr) {
 		return
 	}
 	f.mu.Lock()
-	delete(f.queue, ip)
+	delete(f.fresh, ip)
+	delete(f.refresh, ip)
 	f.dropped[ip] = struct{}{}
 	f.mu.Unlock()
 	f.wake()
@@ -373,13 +404,38 @@ func (f *goneFlows) run(ctx context.Context) {
 	}
 }
 
-// work lists the queued peers' flows (again: a refresh keeps those listed
-// before, with the peer's new expiry) and unlists the dropped peers' ones.
+// work lists the new peers' flows (IPv4 first: most clients are), then
+// refreshes and unlists the others'.
 func (f *goneFlows) work(ctx context.Context) {
 	f.mu.Lock()
-	queue, dropped := f.queue, f.dropped
-	f.queue, f.dropped = map[netip.Addr]bpf.GonePeer{}, map[netip.Addr]struct{}{}
+	fresh, refresh, dropped := f.fresh, f.refresh, f.dropped
+	f.fresh, f.refresh, f.dropped = map[netip.Addr]bpf.GonePeer{}, map[netip.Addr]bpf.GonePeer{}, map[netip.Addr]struct{}{}
 	f.mu.Unlock()
+	ips := make([]netip.Addr, 0, len(fresh))
+	for ip := range fresh {
+		ips = append(ips, ip)
+	}
+	slices.SortFunc(ips, netip.Addr.Compare)
+	for _, ip := range ips {
+		if !f.list(ctx, ip, fresh[ip]) {
+			if ctx.Err() != nil {
+				return // stopping
+			}
+			f.want(ip, fresh[ip], true) // retried at the next kick
+			time.AfterFunc(500*time.Millisecond, f.wake)
+		}
+	}
+	for ip, p := range refresh {
+		f.mu.Lock()
+		listed := slices.Clone(f.byPeer[ip])
+		f.mu.Unlock()
+		for i := range listed {
+			listed[i].Expires = p.Expires
+			if err := f.cfg.Sockets.UpsertGoneFlow(listed[i]); err != nil {
+				f.cfg.Log.Error("refreshing a gone flow", logKeyIP, ip, logKeyErr, err)
+			}
+		}
+	}
 	for ip := range dropped {
 		f.mu.Lock()
 		flows := f.byPeer[ip]
@@ -391,55 +447,54 @@ func (f *goneFlows) work(ctx context.Context) {
 			}
 		}
 	}
-	for ip, p := range queue {
-		flows, err := f.cfg.Flows.EndpointFlows(ctx, ip, conntrack.TCP)
-		if err != nil {
+}
+
+// list lists one new peer's flows; false if conntrack could not be read.
+func (f *goneFlows) list(ctx context.Context, ip netip.Addr, p bpf.GonePeer) bool {
+	start := time.Now()
+	flows, err := f.cfg.Flows.EndpointFlows(ctx, ip, conntrack.TCP)
+	if err != nil {
+		if ctx.Err() == nil {
 			f.cfg.Metrics.CTErrors.Inc()
-			f.cfg.Log.Error("listing the flows of a gone pod", logKeyIP, ip, logKeyErr, err)
+			f.cfg.Log.Error("listing the flows of a gone pod, will retry", logKeyIP, ip, logKeyErr, err)
 		}
-		f.mu.Lock()
-		listed := slices.Clone(f.byPeer[ip])
-		f.mu.Unlock()
-		for i := range listed {
-			listed[i].Expires = p.Expires
-			if err := f.cfg.Sockets.UpsertGoneFlow(listed[i]); err != nil {
-				f.cfg.Log.Error("refreshing a gone flow", logKeyIP, ip, logKeyErr, err)
-			}
+		return false
+	}
+	var listed []bpf.GoneFlow
+	for _, fl := range flows {
+		// Only flows the node translated: a socket connected to the pod IP
+		// itself is covered by the peer entry.
+		if fl.Orig.Dst.Addr().Unmap() == ip || !fl.Orig.Src.IsValid() || !fl.Orig.Dst.IsValid() {
+			continue
 		}
-		for _, fl := range flows {
-			// Only flows the node translated: a socket connected to the
-			// pod IP itself is covered by the peer entry.
-			if fl.Orig.Dst.Addr().Unmap() == ip || !fl.Orig.Src.IsValid() || !fl.Orig.Dst.IsValid() {
-				continue
-			}
-			// A flow younger than the departure belongs to whoever holds
-			// the address now.
-			if !fl.Start.IsZero() && !fl.Start.Before(p.GoneAt) {
-				continue
-			}
-			gf := bpf.GoneFlow{Local: unmapPort(fl.Orig.Src), Remote: unmapPort(fl.Orig.Dst), GoneAt: p.GoneAt, Expires: p.Expires}
-			if slices.ContainsFunc(listed, func(x bpf.GoneFlow) bool { return x.Local == gf.Local && x.Remote == gf.Remote }) {
-				continue
-			}
-			if err := f.cfg.Sockets.UpsertGoneFlow(gf); err != nil {
-				f.cfg.Metrics.DatapathErrors.WithLabelValues(errorKind(err)).Inc()
-				f.cfg.Log.Error("listing a gone flow", logKeyIP, ip, logKeyErr, err)
-				continue
-			}
-			listed = append(listed, gf)
+		// A flow younger than the departure belongs to whoever holds the
+		// address now.
+		if !fl.Start.IsZero() && !fl.Start.Before(p.GoneAt) {
+			continue
 		}
-		f.mu.Lock()
-		_, gone := f.dropped[ip]
-		if !gone {
-			f.byPeer[ip] = listed
+		gf := bpf.GoneFlow{Local: unmapPort(fl.Orig.Src), Remote: unmapPort(fl.Orig.Dst), GoneAt: p.GoneAt, Expires: p.Expires}
+		if err := f.cfg.Sockets.UpsertGoneFlow(gf); err != nil {
+			f.cfg.Metrics.DatapathErrors.WithLabelValues(errorKind(err)).Inc()
+			f.cfg.Log.Error("listing a gone flow", logKeyIP, ip, logKeyErr, err)
+			continue
 		}
-		f.mu.Unlock()
-		if gone { // unlisted while its flows were being listed
-			for _, fl := range listed {
-				f.cfg.Sockets.DeleteGoneFlow(fl.Local, fl.Remote)
-			}
+		listed = append(listed, gf)
+	}
+	if len(listed) > 0 {
+		f.cfg.Log.Info("gone pod's client flows listed", logKeyIP, ip, "flows", len(listed), "took", time.Since(start))
+	}
+	f.mu.Lock()
+	_, gone := f.dropped[ip]
+	if !gone {
+		f.byPeer[ip] = listed
+	}
+	f.mu.Unlock()
+	if gone { // unlisted while its flows were being listed
+		for _, fl := range listed {
+			f.cfg.Sockets.DeleteGoneFlow(fl.Local, fl.Remote)
 		}
 	}
+	return true
 }
 
 func unmapPort(ap netip.AddrPort) netip.AddrPort {
@@ -455,6 +510,9 @@ func (d *Daemon) newGonePeers() *gonePeers {
 		}}
 	if fl, ok := d.conntrack.(conntrack.FlowLister); ok && d.conntrack != nil {
 		cfg.Flows = fl
+	}
+	if d.cfg.FlowLister != nil && d.conntrack != nil {
+		cfg.Flows = d.cfg.FlowLister
 	}
 	return newGonePeers(cfg)
 }

@@ -482,3 +482,38 @@ func TestSocketStatus(t *testing.T) {
 		}
 	}
 }
+
+// TestKilledWithoutGraceIsGone: a local pod deleted with a grace period of
+// 0 is killed at once: it is gone (its clients' sockets end) as soon as its
+// deletion is seen, before its object disappears.
+func TestKilledWithoutGraceIsGone(t *testing.T) {
+	h, sd := newSocketHarness(t)
+	h.addService(webService())
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.1", "p0"), onNode(ready("10.0.0.2", "p1"), "node-b")))
+	p := pod("pod-p0", "p0", "10.0.0.1")
+	h.putPod(p)
+	h.pass()
+	// A graceful deletion is not gone.
+	grace := int64(30)
+	now := metav1.NewTime(h.clock.Now())
+	p.DeletionTimestamp, p.DeletionGracePeriodSeconds = &now, &grace
+	h.putPod(p)
+	h.pass()
+	if got := sd.gonePeers(); len(got) != 0 {
+		t.Fatalf("a graceful deletion made the pod gone: %v", got)
+	}
+	zero := int64(0)
+	p.DeletionGracePeriodSeconds = &zero
+	h.putPod(p)
+	h.pass()
+	if _, ok := sd.peer("10.0.0.1"); !ok {
+		t.Fatalf("a pod killed without grace is no gone peer: %v", sd.gonePeers())
+	}
+	h.d.hosted.reconcile(h.ctx)
+	flush(h)
+	h.waitLeases(1)
+	eventually(t, 5*time.Second, "the Lease to say gone", func() bool {
+		ls := h.d.state.DrainLeases()
+		return len(ls) == 1 && ls[0].State == StateGone
+	})
+}

@@ -127,6 +127,12 @@ type Pod struct {
 // Deleting reports whether the pod has been asked to stop.
 func (p *Pod) Deleting() bool { return p.DeletionTimestamp != nil }
 
+// KilledWithoutGrace reports whether the pod is being deleted with a grace
+// period of 0: its containers are killed at once, no preStop runs.
+func (p *Pod) KilledWithoutGrace() bool {
+	return p.DeletionTimestamp != nil && p.DeletionGracePeriodSeconds != nil && *p.DeletionGracePeriodSeconds == 0
+}
+
 // slimMeta keeps the identity of an object and nothing else.
 func slimMeta(m *metav1.ObjectMeta) metav1.ObjectMeta {
 	return metav1.ObjectMeta{
@@ -285,6 +291,8 @@ func PodFrom(p *corev1.Pod) *Pod {
 	// When the pod was created: its connections were all seen by draind's
 	// socket counting if that started earlier.
 	out.CreationTimestamp = p.CreationTimestamp
+	// A deletion with no grace (0 s): the pod is killed now, gone.
+	out.DeletionGracePeriodSeconds = p.DeletionGracePeriodSeconds
 	ips := p.Status.PodIPs
 	if len(ips) == 0 && p.Status.PodIP != "" {
 		ips = []corev1.PodIP{{IP: p.Status.PodIP}}

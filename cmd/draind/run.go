@@ -187,14 +187,21 @@ func runDaemon(ctx context.Context, o *runOptions) error {
 		log.Info("pruned orphaned map entries", "entries", n)
 	}
 	ct, ctStatus := openConntrack(o, log)
+	var flows conntrack.FlowLister
 	if ct != nil {
 		defer ct.Close()
+		// A handle of its own for listing a gone pod's client flows: an
+		// expiry pass on the shared one never delays ending their sockets.
+		if fl, err := conntrack.Open(conntrack.Options{Zone: o.conntrackZone}); err == nil {
+			defer fl.Close()
+			flows = fl
+		}
 	}
 	d := daemon.New(daemon.Config{
 		Node: o.node, Namespace: o.namespace, Version: version,
 		EntryTTL: o.entryTTL, Linger: o.linger, LeaseDuration: o.leaseDur, GoneGrace: o.goneGrace,
 		UDPReexpire: o.udpReexpire, MinSyncInterval: o.minSync, RegistryOnlyPolicy: regPolicy,
-		Quiet: o.quiet, MaxWait: o.maxWait, MaxWaiters: o.maxWaiters, Logger: log,
+		Quiet: o.quiet, MaxWait: o.maxWait, MaxWaiters: o.maxWaiters, Logger: log, FlowLister: flows,
 	}, client, dp, ct)
 	if err := dp.Attach(cgroup); err != nil {
 		return err
