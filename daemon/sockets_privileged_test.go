@@ -90,8 +90,9 @@ func TestPrivilegedSocketOfflineWithoutConntrack(t *testing.T) {
 				inflightDone <- err
 			}()
 			// While it runs, the status says the pod is live, and from where.
-			seen := LiveFromNone
+			seenCh := make(chan string, 1)
 			go func() {
+				seen := LiveFromNone
 				for i := 0; i < 100; i++ {
 					for _, p := range e.d.PodStatuses() {
 						if p.Name == "web-0" && p.LiveConnections > 0 {
@@ -100,6 +101,7 @@ func TestPrivilegedSocketOfflineWithoutConntrack(t *testing.T) {
 					}
 					time.Sleep(20 * time.Millisecond)
 				}
+				seenCh <- seen
 			}()
 			code, res, took := e.offlineFrom(e.pods[0], "wait=30s&quiet=1s")
 			answered := time.Now()
@@ -122,7 +124,7 @@ func TestPrivilegedSocketOfflineWithoutConntrack(t *testing.T) {
 			if code != 200 || !res.Drained || res.LiveSource != LiveFromSockets || res.LiveSockets == nil || *res.LiveSockets != 0 {
 				t.Errorf("offline: %d %+v", code, res)
 			}
-			if seen != LiveFromSockets {
+			if seen := <-seenCh; seen != LiveFromSockets {
 				t.Errorf("while the request ran, status said live from %q, want sockets", seen)
 			}
 		})
