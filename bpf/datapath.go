@@ -340,8 +340,8 @@ type attachment struct {
 }
 
 // AttachmentNames names what Attach attaches, in order (status, tests).
-func AttachmentNames() []string {
-	var d Datapath
+func AttachmentNames(o Options) []string {
+	d := Datapath{sockets: o.Sockets}
 	var out []string
 	for _, a := range d.attachments() {
 		out = append(out, a.name)
@@ -351,8 +351,8 @@ func AttachmentNames() []string {
 
 // AttachTypes are the cgroup attach points Attach uses, in order (tests
 // that ask the kernel what is attached).
-func AttachTypes() []ebpf.AttachType {
-	var d Datapath
+func AttachTypes(o Options) []ebpf.AttachType {
+	d := Datapath{sockets: o.Sockets}
 	var out []ebpf.AttachType
 	for _, a := range d.attachments() {
 		out = append(out, a.typ)
