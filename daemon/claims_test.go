@@ -1,0 +1,136 @@
+package daemon
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"slices"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/draind/draind/k8s"
+)
+
+// claimsReference answers the claims' questions from scratch, from the
+// slices applied: what claims must keep answering however it indexes them.
+type claimsReference map[string]*k8s.Slice
+
+// ready returns the pods listed ready at ip.
+func (r claimsReference) ready(ip netip.Addr) []types.UID {
+	var out []types.UID
+	for _, s := range r {
+		for _, e := range s.Endpoints {
+			if e.Addr == ip && e.PodUID != "" && e.Ready() && !slices.Contains(out, e.PodUID) {
+				out = append(out, e.PodUID)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// nodes returns whether uid is listed at ip and the nodes it is listed on.
+func (r claimsReference) nodes(ip netip.Addr, uid types.UID) (listed bool, nodes []string) {
+	for _, s := range r {
+		for _, e := range s.Endpoints {
+			if e.Addr == ip && e.PodUID == uid {
+				listed = true
+				if e.Node != "" {
+					nodes = append(nodes, e.Node)
+				}
+			}
+		}
+	}
+	return listed, nodes
+}
+
+// TestClaimsMatchReference applies random slice states (shared IPs, a pod
+// listed by several slices, pods listed twice in one slice, endpoints
+// without a pod, IPv4 and IPv6) and checks every answer, and the IPs each
+// change reports, against the reference.
+func TestClaimsMatchReference(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	ips := []netip.Addr{netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("10.0.0.3"),
+		netip.MustParseAddr("fd00::1"), netip.MustParseAddr("fd00::2"), netip.MustParseAddr("::ffff:10.0.0.1")}
+	uids := []types.UID{"", "pod-a", "pod-b", "pod-c"}
+	nodes := []string{"", "node-1", "node-2"}
+	keys := []string{"ns/s1", "ns/s2", "ns/s3", "ns/s4"}
+	c := newClaims()
+	ref := claimsReference{}
+	for step := 0; step < 20000; step++ {
+		key := keys[rng.IntN(len(keys))]
+		var s *k8s.Slice
+		if rng.IntN(5) > 0 {
+			s = &k8s.Slice{}
+			for range rng.IntN(5) {
+				e := k8s.Endpoint{Addr: ips[rng.IntN(len(ips))], PodUID: uids[rng.IntN(len(uids))], Node: nodes[rng.IntN(len(nodes))]}
+				e.Conds = uint8(rng.IntN(8))
+				s.Endpoints = append(s.Endpoints, e)
+			}
+		}
+		before := map[netip.Addr][]types.UID{}
+		for _, ip := range ips {
+			before[ip] = ref.ready(ip)
+		}
+		changed := c.setSlice(key, s)
+		if s == nil {
+			delete(ref, key)
+		} else {
+			ref[key] = s
+		}
+		var want []netip.Addr
+		for _, ip := range ips {
+			if !slices.Equal(before[ip], ref.ready(ip)) {
+				want = append(want, ip)
+			}
+		}
+		slices.SortFunc(changed, netip.Addr.Compare)
+		changed = slices.Compact(changed)
+		slices.SortFunc(want, netip.Addr.Compare)
+		if !slices.Equal(changed, want) {
+			t.Fatalf("step %d: setSlice(%s) reported %v changed, want %v", step, key, changed, want)
+		}
+		for _, ip := range ips {
+			ready := ref.ready(ip)
+			for _, uid := range uids[1:] {
+				other := slices.ContainsFunc(ready, func(u types.UID) bool { return u != uid })
+				if got := c.claimedByOther(ip, uid); got != other {
+					t.Fatalf("step %d: claimedByOther(%v, %s) = %v, want %v (ready: %v)", step, ip, uid, got, other, ready)
+				}
+				listed, ns := ref.nodes(ip, uid)
+				node, gotListed := c.hostOf(ip, uid)
+				if gotListed != listed || (len(ns) == 0 && node != "") || (len(ns) > 0 && !slices.Contains(ns, node)) {
+					t.Fatalf("step %d: hostOf(%v, %s) = %q, %v; want listed %v on one of %v", step, ip, uid, node, gotListed, listed, ns)
+				}
+			}
+		}
+	}
+	// Everything removed: nothing is left in the index.
+	for _, key := range keys {
+		c.setSlice(key, nil)
+	}
+	if n := len(c.byIP.v4) + len(c.byIP.other) + len(c.byIP.more) + len(c.slices); n != 0 {
+		t.Fatalf("%d index entries left after every slice went", n)
+	}
+}
+
+// TestClaimsSameStateTwice: re-applying a slice (a Service event re-applies
+// its slices) reports nothing and counts nothing twice.
+func TestClaimsSameStateTwice(t *testing.T) {
+	c := newClaims()
+	ip := netip.MustParseAddr("10.0.0.1")
+	s := &k8s.Slice{Endpoints: []k8s.Endpoint{{Addr: ip, PodUID: "a", Node: "n1", Conds: k8s.CondReady}}}
+	if got := c.setSlice("ns/s", s); !slices.Equal(got, []netip.Addr{ip}) {
+		t.Fatalf("first apply reported %v, want [%v]", got, ip)
+	}
+	if got := c.setSlice("ns/s", s); len(got) != 0 {
+		t.Fatalf("second apply reported %v, want nothing", got)
+	}
+	if got := c.setSlice("ns/s", nil); !slices.Equal(got, []netip.Addr{ip}) {
+		t.Fatalf("removal reported %v, want [%v]", got, ip)
+	}
+	if c.claimedByOther(ip, "b") {
+		t.Fatal(fmt.Sprintf("%v still claimed after its slice went", ip))
+	}
+}
