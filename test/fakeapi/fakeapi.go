@@ -5,7 +5,11 @@
 //
 // It serves any path of the form /api/v1/<resource>, /apis/<group>/<version>
 // /<resource> and their /namespaces/<ns>/ forms; lists ignore selectors and
-// paging; watches stream every change after the requested resourceVersion.
+// paging; watches stream every change after the requested resourceVersion,
+// or, asked for initial events (sendInitialEvents=true, the streaming lists
+// client-go uses by default against API servers >= 1.34), every object as
+// ADDED, a bookmark that marks the end of the initial events, then every
+// change.
 package fakeapi
 
 import (
@@ -162,14 +166,38 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	bw.Flush()
 }
 
+// initialEventsEnd is the annotation of the bookmark that ends a streaming
+// list's initial events (metav1.InitialEventsAnnotationKey).
+const initialEventsEnd = "k8s.io/initial-events-end"
+
 func (s *Server) watch(w http.ResponseWriter, r *http.Request, res Resource, ns string) {
-	from, _ := strconv.ParseInt(r.URL.Query().Get("resourceVersion"), 10, 64)
+	q := r.URL.Query()
+	from, _ := strconv.ParseInt(q.Get("resourceVersion"), 10, 64)
+	initial := q.Get("sendInitialEvents") == "true"
 	ch := make(chan event, 65536)
 	s.mu.Lock()
 	var backlog []event
-	for _, e := range s.log {
-		if e.res == res && e.rv > from {
-			backlog = append(backlog, e)
+	if initial {
+		// The state now as ADDED events (in key order), then the
+		// bookmark; the watch goes on from the state's resourceVersion.
+		keys := make([]string, 0, len(s.objects[res]))
+		for k := range s.objects[res] {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			backlog = append(backlog, event{rv: s.rv, typ: "ADDED", res: res, body: s.objects[res][k]})
+		}
+		kind := s.kinds[res]
+		mark, _ := json.Marshal(map[string]any{"kind": strings.TrimSuffix(kind[1], "List"), "apiVersion": kind[0],
+			"metadata": map[string]any{"resourceVersion": strconv.FormatInt(s.rv, 10),
+				"annotations": map[string]string{initialEventsEnd: "true"}}})
+		backlog = append(backlog, event{rv: s.rv, typ: "BOOKMARK", res: res, body: mark})
+	} else {
+		for _, e := range s.log {
+			if e.res == res && e.rv > from {
+				backlog = append(backlog, e)
+			}
 		}
 	}
 	s.watchers[res][ch] = struct{}{}
@@ -182,20 +210,26 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request, res Resource, ns 
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusOK)
 	fl, _ := w.(http.Flusher)
-	write := func(e event) bool {
-		if ns != "" && !strings.Contains(string(e.body[:min(len(e.body), 512)]), `"namespace":"`+ns+`"`) {
+	bw := bufio.NewWriterSize(w, 1<<16)
+	write := func(e event, flush bool) bool {
+		if ns != "" && e.typ != "BOOKMARK" && !strings.Contains(string(e.body[:min(len(e.body), 512)]), `"namespace":"`+ns+`"`) {
 			return true
 		}
-		if _, err := fmt.Fprintf(w, `{"type":%q,"object":%s}`+"\n", e.typ, e.body); err != nil {
+		if _, err := fmt.Fprintf(bw, `{"type":%q,"object":%s}`+"\n", e.typ, e.body); err != nil {
 			return false
 		}
-		if fl != nil {
-			fl.Flush()
+		if flush {
+			if bw.Flush() != nil {
+				return false
+			}
+			if fl != nil {
+				fl.Flush()
+			}
 		}
 		return true
 	}
-	for _, e := range backlog {
-		if !write(e) {
+	for i, e := range backlog {
+		if !write(e, i == len(backlog)-1) {
 			return
 		}
 	}
@@ -212,7 +246,7 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request, res Resource, ns 
 		case <-tm.C:
 			return
 		case e, ok := <-ch:
-			if !ok || !write(e) {
+			if !ok || !write(e, true) {
 				return
 			}
 		}
