@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"net/netip"
-	"runtime/debug"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -89,10 +88,6 @@ func (d *Daemon) apply(now time.Time, changedAt []time.Time) {
 	if first {
 		d.model.ids.forgetPinned() // adopted or replaced by now
 		d.log.Info("first datapath pass done", logKeyOps, res.Ops)
-		// The initial lists decoded the whole cluster once; hand that
-		// garbage back to the node now rather than whenever the
-		// scavenger gets to it.
-		defer debug.FreeOSMemory()
 		d.firstDone.Store(true)
 	}
 }
