@@ -7,6 +7,7 @@ package k8s
 
 import (
 	"net/netip"
+	"strings"
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
@@ -215,6 +216,23 @@ func SliceFrom(s *discoveryv1.EndpointSlice) (sl *Slice, skipped int) {
 		out.Ports = append(out.Ports, SlicePort{Name: name, Port: uint16(*p.Port), Protocol: pr})
 	}
 	out.Endpoints = make([]Endpoint, 0, len(s.Endpoints))
+	// The pods' UIDs and names of the slice share one allocation: the
+	// informer keeps every endpoint of the cluster, and 2 small strings per
+	// endpoint, each rounded up to its size class and each an object for
+	// the GC to mark, cost more than the endpoint itself.
+	size := 0
+	for i := range s.Endpoints {
+		if r := s.Endpoints[i].TargetRef; r != nil {
+			size += len(r.UID) + len(r.Name)
+		}
+	}
+	var strs strings.Builder
+	strs.Grow(size)
+	keep := func(v string) string {
+		start := strs.Len()
+		strs.WriteString(v) // within the capacity grown: never moves
+		return strs.String()[start:]
+	}
 	for i := range s.Endpoints {
 		e := &s.Endpoints[i]
 		if len(e.Addresses) == 0 {
@@ -250,8 +268,8 @@ func SliceFrom(s *discoveryv1.EndpointSlice) (sl *Slice, skipped int) {
 		// the endpoint is kept (kube-proxy routes to it), its identity
 		// is not.
 		if r := e.TargetRef; r != nil && (r.Kind == "Pod" || r.Kind == "") && (r.Namespace == "" || r.Namespace == s.Namespace) {
-			ep.PodUID = r.UID
-			ep.PodName = r.Name
+			ep.PodUID = types.UID(keep(string(r.UID)))
+			ep.PodName = keep(r.Name)
 		}
 		out.Endpoints = append(out.Endpoints, ep)
 	}
