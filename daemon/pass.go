@@ -60,19 +60,27 @@ func (d *Daemon) sync() time.Time {
 			next = retry
 		}
 	}
+	if d.reconciler.refreshing() {
+		if step := now.Add(refreshStep); next.IsZero() || step.Before(next) {
+			next = step
+		}
+	}
 	return next
 }
 
-// apply writes the model's difference to the datapath (everything every
-// quarter of the entry TTL, to refresh deadlines) and records how long the
-// events in changedAt took to reach it.
+// apply writes the model's difference to the datapath and records how long
+// the events in changedAt took to reach it. The first pass evaluates
+// everything; after it, every quarter of the entry TTL a refresh round
+// evaluates everything again (deadlines refreshed), a batch per pass.
 func (d *Daemon) apply(now time.Time, changedAt []time.Time) {
 	first := !d.firstDone.Load()
-	full := first || now.Sub(d.lastFull) >= d.cfg.EntryTTL/4
-	if full {
+	if first {
 		d.lastFull = now
+	} else if now.Sub(d.lastFull) >= d.cfg.EntryTTL/4 {
+		d.lastFull = now
+		d.reconciler.startRefresh(d.model)
 	}
-	res := d.reconciler.apply(d.model, now, full)
+	res := d.reconciler.apply(d.model, now, first)
 	done := d.clock.Now()
 	d.Metrics.DatapathOps.Add(float64(res.Ops))
 	if res.Ops > 0 {
