@@ -139,8 +139,8 @@ func targetPort(sl *k8s.Slice, fam k8s.Family, sp k8s.ServicePort) uint16 {
 func listEndpoints(svc *k8s.Service, sl *k8s.Slice, port uint16, proto bpf.Protocol, drains map[types.UID]*podDrain,
 	node string, eps map[netip.AddrPort]*listing, out *categorized) {
 	trusted := sl.Trusted(svc)
-	for i := range sl.Endpoints {
-		e := &sl.Endpoints[i]
+	for i := range sl.Len() {
+		e := sl.Endpoint(i)
 		ap := netip.AddrPortFrom(e.Addr, port)
 		identified := trusted && e.PodUID != ""
 		var pd *podDrain
@@ -168,7 +168,7 @@ func listEndpoints(svc *k8s.Service, sl *k8s.Slice, port uint16, proto bpf.Proto
 			continue
 		}
 		if !l.draining {
-			l.draining, l.reason = true, drainReason(e, pd)
+			l.draining, l.reason = true, drainReason(&e, pd)
 			if e.Ready() && pd != nil {
 				l.expires = pd.Expires
 			}

@@ -127,9 +127,9 @@ func (c *claims) eachListing(ip netip.Addr, fn func(e *k8s.Endpoint) bool) {
 	more := true
 	c.byIP.each(ip, func(n int32) {
 		s := c.table[n]
-		for i := 0; more && i < len(s.Endpoints); i++ {
-			if e := &s.Endpoints[i]; e.Addr == ip && e.PodUID != "" {
-				more = fn(e)
+		for i := 0; more && i < s.Len(); i++ {
+			if e := s.Endpoint(i); e.Addr == ip && e.PodUID != "" {
+				more = fn(&e)
 			}
 		}
 	})
@@ -154,8 +154,8 @@ func readyClaims(s *k8s.Slice) []readyClaim {
 		return nil
 	}
 	var out []readyClaim
-	for i := range s.Endpoints {
-		if e := &s.Endpoints[i]; e.PodUID != "" && e.Ready() {
+	for i := range s.Len() {
+		if e := s.Endpoint(i); e.PodUID != "" && e.Ready() {
 			out = append(out, readyClaim{e.Addr, e.PodUID})
 		}
 	}
@@ -212,8 +212,8 @@ func (c *claims) alloc(s *k8s.Slice) int32 {
 
 // index adds (or removes) slice n's IPs to (from) the IP index.
 func (c *claims) index(n int32, s *k8s.Slice, add bool) {
-	for i := range s.Endpoints {
-		e := &s.Endpoints[i]
+	for i := range s.Len() {
+		e := s.Endpoint(i)
 		if e.PodUID == "" {
 			continue
 		}
@@ -263,8 +263,9 @@ func (c *claims) readyElsewhere(r readyClaim, n int32) bool {
 		if m == n || found {
 			return
 		}
-		for i := range c.table[m].Endpoints {
-			if e := &c.table[m].Endpoints[i]; e.Addr == r.ip && e.PodUID == r.uid && e.Ready() {
+		s := c.table[m]
+		for i := range s.Len() {
+			if e := s.Endpoint(i); e.Addr == r.ip && e.PodUID == r.uid && e.Ready() {
 				found = true
 				return
 			}

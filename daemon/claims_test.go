@@ -20,8 +20,8 @@ type claimsReference map[string]*k8s.Slice
 func (r claimsReference) ready(ip netip.Addr) []types.UID {
 	var out []types.UID
 	for _, s := range r {
-		for _, e := range s.Endpoints {
-			if e.Addr == ip && e.PodUID != "" && e.Ready() && !slices.Contains(out, e.PodUID) {
+		for i := range s.Len() {
+			if e := s.Endpoint(i); e.Addr == ip && e.PodUID != "" && e.Ready() && !slices.Contains(out, e.PodUID) {
 				out = append(out, e.PodUID)
 			}
 		}
@@ -33,8 +33,8 @@ func (r claimsReference) ready(ip netip.Addr) []types.UID {
 // nodes returns whether uid is listed at ip and the nodes it is listed on.
 func (r claimsReference) nodes(ip netip.Addr, uid types.UID) (listed bool, nodes []string) {
 	for _, s := range r {
-		for _, e := range s.Endpoints {
-			if e.Addr == ip && e.PodUID == uid {
+		for i := range s.Len() {
+			if e := s.Endpoint(i); e.Addr == ip && e.PodUID == uid {
 				listed = true
 				if e.Node != "" {
 					nodes = append(nodes, e.Node)
@@ -63,11 +63,13 @@ func TestClaimsMatchReference(t *testing.T) {
 		var s *k8s.Slice
 		if rng.IntN(5) > 0 {
 			s = &k8s.Slice{}
+			var eps []k8s.Endpoint
 			for range rng.IntN(5) {
 				e := k8s.Endpoint{Addr: ips[rng.IntN(len(ips))], PodUID: uids[rng.IntN(len(uids))], Node: nodes[rng.IntN(len(nodes))]}
 				e.Conds = uint8(rng.IntN(8))
-				s.Endpoints = append(s.Endpoints, e)
+				eps = append(eps, e)
 			}
+			s.SetEndpoints(eps)
 		}
 		before := map[netip.Addr][]types.UID{}
 		for _, ip := range ips {
@@ -120,7 +122,8 @@ func TestClaimsMatchReference(t *testing.T) {
 func TestClaimsSameStateTwice(t *testing.T) {
 	c := newClaims()
 	ip := netip.MustParseAddr("10.0.0.1")
-	s := &k8s.Slice{Endpoints: []k8s.Endpoint{{Addr: ip, PodUID: "a", Node: "n1", Conds: k8s.CondReady}}}
+	s := &k8s.Slice{}
+	s.SetEndpoints([]k8s.Endpoint{{Addr: ip, PodUID: "a", Node: "n1", Conds: k8s.CondReady}})
 	if got := c.setSlice("ns/s", s); !slices.Equal(got, []netip.Addr{ip}) {
 		t.Fatalf("first apply reported %v, want [%v]", got, ip)
 	}

@@ -422,8 +422,8 @@ func (m *model) servicesListing(uid types.UID, namespace string) []string {
 		if sl.Service == "" {
 			continue
 		}
-		for i := range sl.Endpoints {
-			if sl.Endpoints[i].PodUID == uid {
+		for i := range sl.Len() {
+			if sl.Endpoint(i).PodUID == uid {
 				set[sl.Namespace+"/"+sl.Service] = struct{}{}
 				break
 			}
