@@ -344,7 +344,7 @@ func (m *model) updateListings(key string, old, next *serviceResult, policy bpf.
 // lingerDeparted lets endpoints that drained and are now gone from every
 // slice of the Service linger, so stale callers are still steered away,
 // and records their departure. It reports whether any departed.
-func (m *model) lingerDeparted(old, next *serviceResult, listed map[bpf.EndpointKey]types.UID, now time.Time) (departed bool) {
+func (m *model) lingerDeparted(old, next *serviceResult, listed listedEndpoints, now time.Time) (departed bool) {
 	if old == nil {
 		return false
 	}
@@ -353,7 +353,7 @@ func (m *model) lingerDeparted(old, next *serviceResult, listed map[bpf.Endpoint
 		if _, still := next.drainingAt(k); still || prev.frontendOnly {
 			continue
 		}
-		if uid, ok := listed[k]; ok && uid == prev.uid {
+		if uid, ok := listed.uidOf(k); ok && uid == prev.uid {
 			continue // listed again, ready: no longer draining
 		}
 		departed = true
