@@ -180,7 +180,12 @@ func (c *claims) setSlice(key string, s *k8s.Slice) []netip.Addr {
 		return nil
 	}
 	before, after := readyClaims(old), readyClaims(s)
-	if old != nil {
+	switch {
+	case old != nil && s != nil && sameIPs(old, s):
+		// The usual update (conditions changed): the index stays.
+		c.table[n] = s
+		return c.changedIPs(before, after, n)
+	case old != nil:
 		c.index(n, old, false)
 	}
 	switch {
@@ -197,6 +202,28 @@ func (c *claims) setSlice(key string, s *k8s.Slice) []netip.Addr {
 		c.index(n, s, true)
 	}
 	return c.changedIPs(before, after, n)
+}
+
+// sameIPs reports whether a and b list pods at the same IPs, in the same
+// order.
+func sameIPs(a, b *k8s.Slice) bool {
+	i, j := 0, 0
+	for {
+		for i < a.Len() && a.Endpoint(i).PodUID == "" {
+			i++
+		}
+		for j < b.Len() && b.Endpoint(j).PodUID == "" {
+			j++
+		}
+		if i == a.Len() || j == b.Len() {
+			return i == a.Len() && j == b.Len()
+		}
+		if a.Endpoint(i).Addr != b.Endpoint(j).Addr {
+			return false
+		}
+		i++
+		j++
+	}
 }
 
 func (c *claims) alloc(s *k8s.Slice) int32 {

@@ -47,7 +47,7 @@ func (r claimsReference) nodes(ip netip.Addr, uid types.UID) (listed bool, nodes
 
 // TestClaimsMatchReference applies random slice states (shared IPs, a pod
 // listed by several slices, pods listed twice in one slice, endpoints
-// without a pod, IPv4 and IPv6) and checks every answer, and the IPs each
+// without a pod, IPv4 and IPv6, updates of conditions only) and checks every answer, and the IPs each
 // change reports, against the reference.
 func TestClaimsMatchReference(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -61,7 +61,18 @@ func TestClaimsMatchReference(t *testing.T) {
 	for step := 0; step < 20000; step++ {
 		key := keys[rng.IntN(len(keys))]
 		var s *k8s.Slice
-		if rng.IntN(5) > 0 {
+		switch prev := ref[key]; {
+		case prev != nil && rng.IntN(3) == 0:
+			// The usual update: the same endpoints, new conditions.
+			s = &k8s.Slice{}
+			var eps []k8s.Endpoint
+			for i := range prev.Len() {
+				e := prev.Endpoint(i)
+				e.Conds = uint8(rng.IntN(8))
+				eps = append(eps, e)
+			}
+			s.SetEndpoints(eps)
+		case rng.IntN(5) > 0:
 			s = &k8s.Slice{}
 			var eps []k8s.Endpoint
 			for range rng.IntN(5) {
