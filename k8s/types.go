@@ -208,13 +208,22 @@ func (p *Pod) Finished() bool {
 // Deleting reports whether the pod has been asked to stop.
 func (p *Pod) Deleting() bool { return p.DeletionTimestamp != nil }
 
-// slimMeta keeps the identity of an object and nothing else.
+// slimMeta keeps the identity of an object and nothing else. Its strings
+// are copied into one allocation: the decoded ones sit among the garbage of
+// the decoding, and a few long-lived strings pin whole spans of it.
 func slimMeta(m *metav1.ObjectMeta) metav1.ObjectMeta {
+	var b strings.Builder
+	b.Grow(len(m.Name) + len(m.Namespace) + len(m.UID) + len(m.ResourceVersion))
+	keep := func(v string) string {
+		start := b.Len()
+		b.WriteString(v) // within the capacity grown: never moves
+		return b.String()[start:]
+	}
 	return metav1.ObjectMeta{
-		Name:              m.Name,
-		Namespace:         m.Namespace,
-		UID:               m.UID,
-		ResourceVersion:   m.ResourceVersion,
+		Name:              keep(m.Name),
+		Namespace:         keep(m.Namespace),
+		UID:               types.UID(keep(string(m.UID))),
+		ResourceVersion:   keep(m.ResourceVersion),
 		DeletionTimestamp: m.DeletionTimestamp,
 	}
 }
