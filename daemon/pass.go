@@ -106,15 +106,17 @@ func (d *Daemon) apply(now time.Time, changedAt []time.Time) {
 // (this node knows its pod is draining even when the API server could not
 // be reached to renew the Lease).
 func (d *Daemon) podDrains(now time.Time) map[types.UID]*podDrain {
-	out := map[types.UID]*podDrain{}
-	local := map[netip.Addr]*k8s.Pod{}
-	for _, p := range d.state.LocalPods() {
+	pods, leases := d.state.LocalPods(), d.state.DrainLeases()
+	// It runs every pass: sized once, the maps never grow (and rehash).
+	out := make(map[types.UID]*podDrain, len(leases))
+	local := make(map[netip.Addr]*k8s.Pod, len(pods))
+	for _, p := range pods {
 		for _, ip := range p.IPs {
 			local[ip] = p
 		}
 	}
-	names := map[string]bool{}
-	for _, l := range d.state.DrainLeases() {
+	names := make(map[string]bool, len(leases))
+	for _, l := range leases {
 		names[l.Name] = true
 		if !l.Expires().After(now) {
 			continue
