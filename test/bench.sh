@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Prints the table of draind's performance figures (the README's
 # "Performance" section): BenchmarkClusterScale at 100,000 and 150,000
-# endpoints and the list fallback, several runs each in its own process (so
-# that each run's RSS is its own), then, as root, BenchmarkConnect (the
+# endpoints, the list fallback and JSON, several runs each in its own
+# process (so that each run's RSS is its own), then, as root, BenchmarkConnect (the
 # hooks' ns per invocation from the kernel's BPF run-time statistics, and
 # the connect ratios) and BenchmarkExpire. Every figure is a median with its
 # range over the runs, never one run's.
 #
-#   sudo test/bench.sh             # 5 runs per scale (~6 min on 2 cores)
+#   sudo test/bench.sh             # 5 runs per scale (~10 min on 2 cores)
 #   sudo test/bench.sh -runs 7
 #   sudo test/bench.sh -ci         # the short form .ci/run runs: fails on
 #                                  # gross regressions (thresholds below)
@@ -102,7 +102,7 @@ kernel_figures() {
 }
 
 if [ $ci = 0 ]; then
-  for s in 100k 150k 150k-list; do
+  for s in 100k 150k 150k-list 150k-json; do
     echo "=== BenchmarkClusterScale/endpoints=$s: $runs runs"
     scale "$s" "$runs" 10s
   done
