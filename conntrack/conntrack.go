@@ -40,6 +40,11 @@ import (
 )
 
 // Proto is an IP protocol number (the flow's layer-4 protocol).
+//
+// It is the one protocol type besides bpf.Protocol (which k8s and daemon
+// use), on purpose: this package is a netlink client that stands alone (no
+// BPF, no Kubernetes), and daemon converts in one place (conntrackpolicy.go)
+// where the datapath's keys become conntrack filters.
 type Proto uint8
 
 // Protocols draind expires flows for.

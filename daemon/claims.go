@@ -5,8 +5,10 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
 
 	"github.com/draind/draind/k8s"
 )
@@ -20,7 +22,10 @@ import (
 //     void the moment X is claimed by another pod: pod IPs are reused,
 //     identity is the pod UID;
 //   - which node hosts the pod listed at X? A drain Lease is honoured only
-//     when its holder is that node, and only for the pod's own IPs.
+//     when its holder is that node, and only for the pod's own IPs. A pod's
+//     host is remembered for a while after its last listing of X ends
+//     (departed): a pod deleted without grace leaves its slice before its
+//     node publishes the Lease that says it is gone.
 //
 // A hand-written slice (any tenant can write one, with any label) claims
 // nothing. Informer handlers update it (under mu) as events arrive; the
@@ -36,6 +41,18 @@ type claims struct {
 	free   []int32
 	byIP   ipIndex
 	local  map[netip.Addr]types.UID
+
+	clock     clock.PassiveClock
+	keep      time.Duration // how long a departed host is remembered
+	departed  map[netip.Addr]departedClaim
+	lastPrune time.Time
+}
+
+// departedClaim is the last trusted listing of an IP that ended.
+type departedClaim struct {
+	uid  types.UID
+	node string
+	at   time.Time
 }
 
 // ipIndex maps an IP to the numbers of the trusted slices listing it with a
@@ -47,9 +64,11 @@ type ipIndex struct {
 	more  map[netip.Addr][]int32
 }
 
-func newClaims() *claims {
+// newClaims returns an empty index that remembers departed hosts for keep.
+func newClaims(c clock.PassiveClock, keep time.Duration) *claims {
 	return &claims{slices: map[string]int32{}, local: map[netip.Addr]types.UID{},
-		byIP: ipIndex{v4: map[[4]byte]int32{}, other: map[netip.Addr]int32{}, more: map[netip.Addr][]int32{}}}
+		byIP:  ipIndex{v4: map[[4]byte]int32{}, other: map[netip.Addr]int32{}, more: map[netip.Addr][]int32{}},
+		clock: c, keep: keep, departed: map[netip.Addr]departedClaim{}}
 }
 
 func compactV4(ip netip.Addr) bool { return ip.Is4() && ip.Zone() == "" }
@@ -184,9 +203,11 @@ func (c *claims) setSlice(key string, s *k8s.Slice) []netip.Addr {
 	case old != nil && s != nil && sameIPs(old, s):
 		// The usual update (conditions changed): the index stays.
 		c.table[n] = s
+		c.noteDepartures(old, s)
 		return c.changedIPs(before, after, n)
 	case old != nil:
 		c.index(n, old, false)
+		defer c.noteDepartures(old, s)
 	}
 	switch {
 	case s == nil:
@@ -202,6 +223,28 @@ func (c *claims) setSlice(key string, s *k8s.Slice) []netip.Addr {
 		c.index(n, s, true)
 	}
 	return c.changedIPs(before, after, n)
+}
+
+// noteDepartures remembers the host of every pod that old listed with a node
+// and that no trusted slice lists at that IP any more (s, old's successor,
+// already applied). c.mu held.
+func (c *claims) noteDepartures(old, s *k8s.Slice) {
+	now := c.clock.Now()
+	for i := range old.Len() {
+		e := old.Endpoint(i)
+		if e.PodUID == "" || e.Node == "" || (s != nil && i < s.Len() && s.Endpoint(i).Addr == e.Addr && s.Endpoint(i).PodUID == e.PodUID) {
+			continue // the usual update: the same pod in the same place
+		}
+		still := false
+		c.eachListing(e.Addr, func(l *k8s.Endpoint) bool {
+			still = l.PodUID == e.PodUID
+			return !still
+		})
+		if !still {
+			c.departed[e.Addr] = departedClaim{uid: e.PodUID, node: e.Node, at: now}
+		}
+	}
+	c.pruneDeparted()
 }
 
 // sameIPs reports whether a and b list pods at the same IPs, in the same
@@ -346,7 +389,23 @@ func (c *claims) claimedByOther(ip netip.Addr, uid types.UID) bool {
 	return other
 }
 
-// hostOf returns the node that trusted slices say hosts pod uid at ip.
+// pruneDeparted forgets departed hosts older than keep, at most every
+// keep/4 (c.mu held).
+func (c *claims) pruneDeparted() {
+	now := c.clock.Now()
+	if now.Sub(c.lastPrune) < c.keep/4 {
+		return
+	}
+	c.lastPrune = now
+	for ip, dc := range c.departed {
+		if now.Sub(dc.at) >= c.keep {
+			delete(c.departed, ip)
+		}
+	}
+}
+
+// hostOf returns the node that trusted slices say hosts pod uid at ip, or
+// hosted it until its listing ended less than keep ago.
 func (c *claims) hostOf(ip netip.Addr, uid types.UID) (node string, listed bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -357,7 +416,13 @@ func (c *claims) hostOf(ip netip.Addr, uid types.UID) (node string, listed bool)
 		}
 		return node == ""
 	})
-	return node, listed
+	if node != "" {
+		return node, true
+	}
+	if dc, ok := c.departed[ip]; ok && dc.uid == uid && c.clock.Since(dc.at) < c.keep {
+		return dc.node, true
+	}
+	return "", listed
 }
 
 // localOwner returns the local pod holding ip, if any.

@@ -2,12 +2,15 @@ package daemon
 
 import (
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
 	"testing"
+	"time"
 
 	"k8s.io/apimachinery/pkg/types"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/draind/draind/k8s"
 )
@@ -45,10 +48,19 @@ func (r claimsReference) nodes(ip netip.Addr, uid types.UID) (listed bool, nodes
 	return listed, nodes
 }
 
+// refDeparted is a pod's last listing at an IP that ended: the nodes it
+// was listed on just before.
+type refDeparted struct {
+	uid   types.UID
+	nodes []string
+	at    time.Time
+}
+
 // TestClaimsMatchReference applies random slice states (shared IPs, a pod
 // listed by several slices, pods listed twice in one slice, endpoints
 // without a pod, IPv4 and IPv6, updates of conditions only) and checks every answer, and the IPs each
-// change reports, against the reference.
+// change reports, against the reference. A pod whose last listing at an IP
+// ended (with a node) less than keep ago is still hosted there.
 func TestClaimsMatchReference(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	ips := []netip.Addr{netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("10.0.0.3"),
@@ -56,9 +68,15 @@ func TestClaimsMatchReference(t *testing.T) {
 	uids := []types.UID{"", "pod-a", "pod-b", "pod-c"}
 	nodes := []string{"", "node-1", "node-2"}
 	keys := []string{"ns/s1", "ns/s2", "ns/s3", "ns/s4"}
-	c := newClaims()
+	clk := clocktesting.NewFakePassiveClock(time.Unix(1e9, 0))
+	const keep = 10 * time.Second
+	c := newClaims(clk, keep)
 	ref := claimsReference{}
+	// departed: the pods whose last listing at an IP ended in the latest
+	// step that ended one there (a step may end several: any may answer).
+	departed := map[netip.Addr][]refDeparted{}
 	for step := 0; step < 20000; step++ {
+		clk.SetTime(clk.Now().Add(time.Duration(rng.IntN(2000)) * time.Millisecond))
 		key := keys[rng.IntN(len(keys))]
 		var s *k8s.Slice
 		switch prev := ref[key]; {
@@ -83,8 +101,18 @@ func TestClaimsMatchReference(t *testing.T) {
 			s.SetEndpoints(eps)
 		}
 		before := map[netip.Addr][]types.UID{}
+		type ipUID struct {
+			ip  netip.Addr
+			uid types.UID
+		}
+		nodesBefore := map[ipUID][]string{}
 		for _, ip := range ips {
 			before[ip] = ref.ready(ip)
+			for _, uid := range uids[1:] {
+				if listed, ns := ref.nodes(ip, uid); listed {
+					nodesBefore[ipUID{ip, uid}] = ns
+				}
+			}
 		}
 		changed := c.setSlice(key, s)
 		if s == nil {
@@ -92,6 +120,13 @@ func TestClaimsMatchReference(t *testing.T) {
 		} else {
 			ref[key] = s
 		}
+		departedNow := map[netip.Addr][]refDeparted{}
+		for k, ns := range nodesBefore {
+			if listed, _ := ref.nodes(k.ip, k.uid); !listed && len(ns) > 0 {
+				departedNow[k.ip] = append(departedNow[k.ip], refDeparted{k.uid, ns, clk.Now()})
+			}
+		}
+		maps.Copy(departed, departedNow)
 		var want []netip.Addr
 		for _, ip := range ips {
 			if !slices.Equal(before[ip], ref.ready(ip)) {
@@ -112,9 +147,35 @@ func TestClaimsMatchReference(t *testing.T) {
 					t.Fatalf("step %d: claimedByOther(%v, %s) = %v, want %v (ready: %v)", step, ip, uid, got, other, ready)
 				}
 				listed, ns := ref.nodes(ip, uid)
+				var gone []string // the nodes it departed from, remembered
+				for _, d := range departed[ip] {
+					if d.uid == uid && clk.Since(d.at) < keep {
+						gone = d.nodes
+					}
+				}
+				tie := len(departed[ip]) > 1 // which one the index remembers is its choice
 				node, gotListed := c.hostOf(ip, uid)
-				if gotListed != listed || (len(ns) == 0 && node != "") || (len(ns) > 0 && !slices.Contains(ns, node)) {
-					t.Fatalf("step %d: hostOf(%v, %s) = %q, %v; want listed %v on one of %v", step, ip, uid, node, gotListed, listed, ns)
+				switch {
+				case len(ns) > 0:
+					if !gotListed || !slices.Contains(ns, node) {
+						t.Fatalf("step %d: hostOf(%v, %s) = %q, %v; want listed on one of %v", step, ip, uid, node, gotListed, ns)
+					}
+				case listed: // listed without a node: a remembered host may answer
+					if !gotListed || (node != "" && !slices.Contains(gone, node)) {
+						t.Fatalf("step %d: hostOf(%v, %s) = %q, %v; want listed, on no node or one of %v", step, ip, uid, node, gotListed, gone)
+					}
+				case len(gone) > 0 && tie:
+					if gotListed && !slices.Contains(gone, node) {
+						t.Fatalf("step %d: hostOf(%v, %s) = %q, %v; want not listed or remembered on one of %v", step, ip, uid, node, gotListed, gone)
+					}
+				case len(gone) > 0:
+					if !gotListed || !slices.Contains(gone, node) {
+						t.Fatalf("step %d: hostOf(%v, %s) = %q, %v; want remembered on one of %v", step, ip, uid, node, gotListed, gone)
+					}
+				default:
+					if gotListed || node != "" {
+						t.Fatalf("step %d: hostOf(%v, %s) = %q, %v; want not listed", step, ip, uid, node, gotListed)
+					}
 				}
 			}
 		}
@@ -131,7 +192,7 @@ func TestClaimsMatchReference(t *testing.T) {
 // TestClaimsSameStateTwice: re-applying a slice (a Service event re-applies
 // its slices) reports nothing and counts nothing twice.
 func TestClaimsSameStateTwice(t *testing.T) {
-	c := newClaims()
+	c := newClaims(clocktesting.NewFakePassiveClock(time.Unix(1e9, 0)), time.Minute)
 	ip := netip.MustParseAddr("10.0.0.1")
 	s := &k8s.Slice{}
 	s.SetEndpoints([]k8s.Endpoint{{Addr: ip, PodUID: "a", Node: "n1", Conds: k8s.CondReady}})

@@ -59,7 +59,7 @@ func (h *harness) offline(ip netip.Addr, wait, quiet time.Duration) *offlineCall
 		return wait > 0 && waiters() > before
 	})
 	if !answered {
-		h.waitLeases(1)
+		eventually(h.t, 10*time.Second, "a drain Lease in the cache", func() bool { return len(h.d.state.DrainLeases()) > 0 })
 	}
 	return c
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"runtime"
 	"strings"
@@ -316,10 +317,17 @@ func TestHostileOfflineWaitsPerPod(t *testing.T) {
 	f.putPod(pod("pod-p9", "p9", "127.0.0.9"))
 	f.openConn2("127.0.0.1:8080")
 	codes := make(chan int, 64)
+	client := &http.Client{Timeout: time.Minute}
 	for i := 0; i < 40; i++ {
-		go func() {
-			code, _ := f.get(t, "POST", "/v1/offline?wait=30s", "")
-			codes <- code
+		go func() { // reports through codes only: it may outlive a failed test
+			resp, err := client.Post("http://"+f.addr+"/v1/offline?wait=30s", "", nil)
+			if err != nil {
+				codes <- -1
+				return
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			codes <- resp.StatusCode
 		}()
 	}
 	n429 := 0
@@ -338,9 +346,22 @@ func TestHostileOfflineWaitsPerPod(t *testing.T) {
 	if r, answered := call.result(t); answered {
 		t.Fatalf("the other pod's wait was refused: %+v", r)
 	}
-	if n := len(f.d.state.DrainLeases()); n != 2 {
-		t.Errorf("%d drains, want both pods'", n)
+	eventually(t, 10*time.Second, "both pods' drain Leases", func() bool { return len(f.d.state.DrainLeases()) == 2 })
+	// The pod's 4 waits end with the test (503, as at a stop), once all
+	// of them are queued.
+	eventually(t, 20*time.Second, "the pod's 4 waits to queue", func() bool {
+		f.d.hosted.mu.Lock()
+		defer f.d.hosted.mu.Unlock()
+		ld := f.d.hosted.pods["p0"]
+		return ld != nil && len(ld.waiters) == 4
+	})
+	f.d.hosted.cancelAll("the test is over")
+	for i := 0; i < 4; i++ {
+		if c := <-codes; c != 503 {
+			t.Errorf("a pending wait ended with %d", c)
+		}
 	}
+	client.CloseIdleConnections()
 }
 
 // TestHostileOfflineCallerIdentity: when a finished pod and a running pod

@@ -44,10 +44,16 @@ type e2e struct {
 	vip6   netip.AddrPort
 }
 
-func newE2E(t *testing.T) *e2e {
+func newE2E(t *testing.T) *e2e { return newE2EWith(t, e2eOptions{}) }
+
+func newE2EWith(t *testing.T, o e2eOptions) *e2e {
 	bed.RequirePrivileged(t)
-	if _, err := bpf.Probe(); err != nil {
+	feat, err := bpf.Probe()
+	if err != nil {
 		t.Skipf("SKIP: kernel cannot run the datapath: %v", err)
+	}
+	if o.sockets && !feat.Sockets {
+		t.Skipf("SKIP: kernel cannot run the socket hooks: %s", feat.SocketsMissing)
 	}
 	e := &e2e{t: t, client: fake.NewClientset(),
 		vip4: netip.MustParseAddrPort("10.96.0.10:80"), vip6: netip.MustParseAddrPort("[fd00:96::10]:80")}
@@ -87,7 +93,7 @@ func newE2E(t *testing.T) *e2e {
 	}
 	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "default"},
 		Spec: corev1.ServiceSpec{ClusterIP: e.vip4.Addr().String(), ClusterIPs: []string{e.vip4.Addr().String(), e.vip6.Addr().String()},
-			Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}}}}
+			Selector: map[string]string{"app": "web"}, Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}}}}
 	_, err = e.client.CoreV1().Services("default").Create(ctx, svc, metav1.CreateOptions{})
 	must(t, err)
 	for fam, eps := range map[discoveryv1.AddressType][]discoveryv1.Endpoint{discoveryv1.AddressTypeIPv4: eps4, discoveryv1.AddressTypeIPv6: eps6} {
@@ -111,7 +117,7 @@ func newE2E(t *testing.T) *e2e {
 	dir, unmount, err := bed.NewBPFFS()
 	must(t, err)
 	t.Cleanup(func() { unmount() })
-	e.dp, err = bpf.Load(bpf.Options{PinDir: dir})
+	e.dp, err = bpf.Load(bpf.Options{PinDir: dir, Sockets: o.sockets})
 	must(t, err)
 	t.Cleanup(func() { e.dp.Close() })
 	must(t, e.dp.Attach(e.node.Pods.Path))
@@ -119,8 +125,11 @@ func newE2E(t *testing.T) *e2e {
 	must(t, err)
 	t.Cleanup(func() { ct.Close() })
 
+	if o.beforeStart != nil {
+		o.beforeStart(e)
+	}
 	e.d = New(Config{Node: "n0", Namespace: "draind-system", PollEvery: 50 * time.Millisecond, Quiet: time.Second,
-		RegistryOnlyPolicy: bpf.PolicyRefuse, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, e.client, e.dp, ct)
+		RegistryOnlyPolicy: bpf.PolicyRefuse, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, e.client, o.datapath(e.dp), ct)
 	e.d.SetAttached(true)
 	done := make(chan struct{})
 	go func() { e.d.Run(ctx); close(done) }()
@@ -131,7 +140,7 @@ func newE2E(t *testing.T) *e2e {
 		l, err = net.Listen("tcp", fmt.Sprintf(":%d", offlinePrt))
 		return err
 	}))
-	go Serve(ctx, e.d.NewHTTPServer(""), l)
+	go e.d.ServeOffline(ctx, l)
 	e.waitFor("the daemon to be ready", func() bool { return e.d.Ready() })
 	return e
 }
@@ -139,7 +148,8 @@ func newE2E(t *testing.T) *e2e {
 func (e *e2e) slice(fam discoveryv1.AddressType, eps []discoveryv1.Endpoint) *discoveryv1.EndpointSlice {
 	name, port, proto := "http", int32(e2ePort), corev1.ProtocolTCP
 	return &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Name: "web-" + string(fam), Namespace: "default", Labels: map[string]string{discoveryv1.LabelServiceName: "web"}},
+		ObjectMeta: metav1.ObjectMeta{Name: "web-" + string(fam), Namespace: "default", Labels: map[string]string{discoveryv1.LabelServiceName: "web",
+			discoveryv1.LabelManagedBy: k8s.ManagedByController}},
 		AddressType: fam, Endpoints: eps,
 		Ports: []discoveryv1.EndpointPort{{Name: &name, Port: &port, Protocol: &proto}},
 	}

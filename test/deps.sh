@@ -17,7 +17,9 @@ set -euo pipefail
 #   util-linux: setpriv (conntrack runs with CAP_NET_ADMIN only)
 #   curl, busybox: the README's preStop recipes, run as printed from a test pod
 #   ca-certificates: go module downloads
-pkgs=(clang-15 llvm-15 libbpf-dev linux-libc-dev iptables conntrack iproute2 util-linux curl busybox ca-certificates)
+#   containerd runc containernetworking-plugins: the real node of test/cluster/realnode
+pkgs=(clang-15 llvm-15 libbpf-dev linux-libc-dev iptables conntrack iproute2 util-linux curl busybox ca-certificates
+      containerd runc containernetworking-plugins)
 
 missing=()
 for p in "${pkgs[@]}"; do

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -80,13 +81,25 @@ func offline(ctx context.Context, w io.Writer, u string, wait time.Duration, ret
 		switch resp.StatusCode {
 		case http.StatusOK:
 			return nil
+		case http.StatusServiceUnavailable:
+			// A draind that is stopping answers its waiters 503, and a new
+			// one answers 503 until it is ready: a restart mid-wait, like
+			// a broken connection. Giving up here would end the preStop
+			// hook at once and stop the pod while no draind watches it.
+			lastErr = fmt.Errorf("draind answered HTTP 503: %s", bytes.TrimSpace(body))
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(time.Second):
+			}
+			continue
 		case http.StatusGatewayTimeout:
 			return fmt.Errorf("not drained within %s (HTTP 504)", wait)
 		default:
 			return fmt.Errorf("draind answered HTTP %d", resp.StatusCode)
 		}
 	}
-	fmt.Fprintf(w, "draind unreachable (%v): sleeping %s instead\n", lastErr, fallback)
+	fmt.Fprintf(w, "draind unreachable or not ready (%v): sleeping %s instead\n", lastErr, fallback)
 	select {
 	case <-ctx.Done():
 	case <-time.After(fallback):

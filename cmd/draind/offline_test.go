@@ -40,6 +40,22 @@ func TestOfflineClient(t *testing.T) {
 	if time.Since(start) > 4*time.Second {
 		t.Errorf("took %v", time.Since(start))
 	}
+	// 503 (a draind stopping answers its waiters so, a new one until it
+	// is ready): retried like a broken connection.
+	calls.Store(0)
+	srv503 := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			w.WriteHeader(503)
+			w.Write([]byte(`{"error":"draind is stopping"}`))
+			return
+		}
+		w.Write([]byte(`{"pod":"shop/cart-a","state":"drained","drained":true}`))
+	}))
+	defer srv503.Close()
+	out.Reset()
+	if err := offline(context.Background(), &out, srv503.URL, 5*time.Second, 3, time.Hour); err != nil || calls.Load() != 2 {
+		t.Errorf("503 then 200: err %v after %d calls, output %q", err, calls.Load(), out.String())
+	}
 	// 504: reported as an error (the preStop logs it), no fallback sleep.
 	srv504 := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(504)

@@ -11,12 +11,9 @@ import (
 	"testing"
 	"time"
 
-	promcrd "github.com/prometheus-operator/prometheus-operator/example"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
-	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
-	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -33,7 +30,6 @@ import (
 	"k8s.io/client-go/restmapper"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/yaml"
 
 	"github.com/draind/draind/daemon"
 	"github.com/draind/draind/k8s"
@@ -75,53 +71,12 @@ func startCluster(t *testing.T) *kube.Cluster {
 	return kube.StartT(t, kube.Config{Binaries: set, Log: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))})
 }
 
-// installMonitoringCRDs installs the PodMonitor and PrometheusRule CRDs
-// that ship with the prometheus-operator release whose Go types this module
-// uses, and waits until they serve.
+// installMonitoringCRDs installs the prometheus-operator CRDs the base
+// needs (InstallMonitoringCRDs) or fails the test.
 func installMonitoringCRDs(ctx context.Context, t *testing.T, cfg *rest.Config) {
 	t.Helper()
-	var all bytes.Buffer
-	if err := promcrd.PrintAll(&all); err != nil {
+	if err := InstallMonitoringCRDs(ctx, cfg); err != nil {
 		t.Fatal(err)
-	}
-	cs, err := apiextensionsclient.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := map[string]bool{"podmonitors.monitoring.coreos.com": true, "prometheusrules.monitoring.coreos.com": true}
-	var names []string
-	for _, doc := range strings.Split(all.String(), "\n---\n") {
-		var crd apiextensionsv1.CustomResourceDefinition
-		if err := yaml.Unmarshal([]byte(doc), &crd); err != nil {
-			t.Fatalf("decoding a prometheus-operator CRD: %v", err)
-		}
-		if !want[crd.Name] {
-			continue
-		}
-		if _, err := cs.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, &crd, metav1.CreateOptions{}); err != nil {
-			t.Fatalf("creating CRD %s: %v", crd.Name, err)
-		}
-		names = append(names, crd.Name)
-	}
-	if len(names) != len(want) {
-		t.Fatalf("found CRDs %v in the prometheus-operator module, want %v", names, want)
-	}
-	for _, n := range names {
-		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-			crd, err := cs.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, n, metav1.GetOptions{})
-			if err != nil {
-				return false, err
-			}
-			for _, c := range crd.Status.Conditions {
-				if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
-					return true, nil
-				}
-			}
-			return false, nil
-		})
-		if err != nil {
-			t.Fatalf("waiting for CRD %s to be established: %v", n, err)
-		}
 	}
 }
 

@@ -10,6 +10,8 @@
 package deploycheck
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,23 +21,81 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"time"
 
+	promcrd "github.com/prometheus-operator/prometheus-operator/example"
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/promql/parser"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	kjson "k8s.io/apimachinery/pkg/runtime/serializer/json"
+	"k8s.io/apimachinery/pkg/util/wait"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
+	"sigs.k8s.io/yaml"
 
 	"github.com/draind/draind/test/cluster/kubebin"
 )
+
+// InstallMonitoringCRDs installs the PodMonitor and PrometheusRule CRDs
+// that ship with the prometheus-operator release whose Go types this module
+// uses (the base's monitoring.yaml needs them), and waits until they serve.
+func InstallMonitoringCRDs(ctx context.Context, cfg *rest.Config) error {
+	var all bytes.Buffer
+	if err := promcrd.PrintAll(&all); err != nil {
+		return fmt.Errorf("reading the prometheus-operator CRDs: %w", err)
+	}
+	cs, err := apiextensionsclient.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	want := map[string]bool{"podmonitors.monitoring.coreos.com": true, "prometheusrules.monitoring.coreos.com": true}
+	var names []string
+	for _, doc := range strings.Split(all.String(), "\n---\n") {
+		var crd apiextensionsv1.CustomResourceDefinition
+		if err := yaml.Unmarshal([]byte(doc), &crd); err != nil {
+			return fmt.Errorf("decoding a prometheus-operator CRD: %w", err)
+		}
+		if !want[crd.Name] {
+			continue
+		}
+		if _, err := cs.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, &crd, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("creating CRD %s: %w", crd.Name, err)
+		}
+		names = append(names, crd.Name)
+	}
+	if len(names) != len(want) {
+		return fmt.Errorf("found CRDs %v in the prometheus-operator module, want %v", names, want)
+	}
+	for _, n := range names {
+		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+			crd, err := cs.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, n, metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			for _, c := range crd.Status.Conditions {
+				if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
+					return true, nil
+				}
+			}
+			return false, nil
+		})
+		if err != nil {
+			return fmt.Errorf("waiting for CRD %s to be established: %w", n, err)
+		}
+	}
+	return nil
+}
 
 // RepoRoot returns the root of the draind repository (the main module),
 // two levels above the test/cluster module.

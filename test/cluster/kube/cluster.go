@@ -66,7 +66,11 @@ type Config struct {
 	// masqueraded).
 	ServiceCIDR string
 	ClusterCIDR string
-	// Extra flags, appended after the bed's own.
+	// ServingHosts are extra names and addresses of the apiserver's serving
+	// certificate (an address it is reached on besides loopback).
+	ServingHosts []string
+	// Extra flags, appended after the bed's own (a flag given again
+	// overrides the bed's value).
 	APIServerArgs         []string
 	ControllerManagerArgs []string
 	// Log receives progress; nil means slog.Default().
@@ -156,6 +160,13 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 // Host is the apiserver's URL on the host's loopback.
 func (c *Cluster) Host() string { return "https://" + c.apiserverAddr }
 
+// APIServerAddr is the apiserver's host:port on the host's loopback.
+func (c *Cluster) APIServerAddr() string { return c.apiserverAddr }
+
+// Path returns the path of a file in the cluster's directory (pki/ca.crt,
+// pki/sa.key, ...).
+func (c *Cluster) Path(name string) string { return c.path(name) }
+
 // Binaries returns the component binaries the cluster runs.
 func (c *Cluster) Binaries() *kubebin.Set { return c.bins }
 
@@ -181,10 +192,10 @@ func (c *Cluster) writePKI() error {
 	// Clients reach the apiserver on the host's loopback, through relays on
 	// 127.0.0.1 inside node namespaces, and (later, through kube-proxy) on the
 	// kubernetes Service.
-	serving, err := ca.Issue("kube-apiserver", nil, x509.ExtKeyUsageServerAuth, []string{
+	serving, err := ca.Issue("kube-apiserver", nil, x509.ExtKeyUsageServerAuth, append([]string{
 		"127.0.0.1", "::1", KubernetesServiceIP, KubernetesServiceIP6, "localhost",
 		"kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local",
-	})
+	}, c.cfg.ServingHosts...))
 	if err != nil {
 		return err
 	}
@@ -192,6 +203,15 @@ func (c *Cluster) writePKI() error {
 		return err
 	}
 	if _, _, err := writeServiceAccountKey(c.path("pki")); err != nil {
+		return err
+	}
+	// The apiserver's identity towards kubelets (exec, logs,
+	// port-forward), for beds that run a real one.
+	kubeletClient, err := ca.ClientCert("kube-apiserver-kubelet-client", "system:masters")
+	if err != nil {
+		return err
+	}
+	if _, _, err := kubeletClient.WriteFiles(c.path("pki"), "apiserver-kubelet-client"); err != nil {
 		return err
 	}
 	admin, err := ca.ClientCert("draind-test-admin", "system:masters")
@@ -248,6 +268,8 @@ func (c *Cluster) startAPIServer(ctx context.Context, etcdURL string) error {
 			"--service-account-key-file=" + c.path("pki/sa.pub"),
 			"--service-account-signing-key-file=" + c.path("pki/sa.key"),
 			"--service-cluster-ip-range=" + c.cfg.ServiceCIDR,
+			"--kubelet-client-certificate=" + c.path("pki/apiserver-kubelet-client.crt"),
+			"--kubelet-client-key=" + c.path("pki/apiserver-kubelet-client.key"),
 			// draind's DaemonSet is privileged; server-side dry-run of its
 			// manifests must not be refused for that.
 			"--allow-privileged=true",

@@ -48,6 +48,9 @@ type NodeConfig struct {
 	NoProxy bool
 	// ProxyArgs are appended to the bed's kube-proxy flags.
 	ProxyArgs []string
+	// Registered: a real kubelet registers the Node and reports its
+	// status; AddNode then only starts the relay and kube-proxy.
+	Registered bool
 }
 
 // Node is a node of the cluster: a Node object, a relay that makes the
@@ -77,10 +80,12 @@ func (c *Cluster) AddNode(ctx context.Context, nc NodeConfig) (_ *Node, err erro
 			n.stop()
 		}
 	}()
-	if err := c.createNodeObject(ctx, nc); err != nil {
-		return nil, err
+	if !nc.Registered {
+		if err := c.createNodeObject(ctx, nc); err != nil {
+			return nil, err
+		}
 	}
-	if n.relay, err = startRelay(c.log, nc.NetnsPath, c.apiserverAddr); err != nil {
+	if n.relay, err = startRelay(c.log, nc.NetnsPath, "127.0.0.1:0", c.apiserverAddr); err != nil {
 		return nil, fmt.Errorf("adding node %s: %w", nc.Name, err)
 	}
 	if !nc.NoProxy {
@@ -337,8 +342,28 @@ type relay struct {
 	closed bool
 }
 
-func startRelay(log *slog.Logger, nsPath, target string) (*relay, error) {
-	ln, err := listenInNetns(nsPath, "127.0.0.1:0")
+// Relay forwards TCP connections accepted on an address (in a network
+// namespace) to a target reached from the test's own namespace.
+type Relay struct{ r *relay }
+
+// StartRelay listens on listen inside the namespace at nsPath ("" for the
+// test's own) and pipes every connection to target.
+func StartRelay(log *slog.Logger, nsPath, listen, target string) (*Relay, error) {
+	r, err := startRelay(log, nsPath, listen, target)
+	if err != nil {
+		return nil, err
+	}
+	return &Relay{r: r}, nil
+}
+
+// Addr is the address the relay listens on.
+func (r *Relay) Addr() string { return r.r.addr }
+
+// Close stops listening and closes every relayed connection.
+func (r *Relay) Close() error { return r.r.close() }
+
+func startRelay(log *slog.Logger, nsPath, listen, target string) (*relay, error) {
+	ln, err := listenInNetns(nsPath, listen)
 	if err != nil {
 		return nil, fmt.Errorf("starting apiserver relay: %w", err)
 	}

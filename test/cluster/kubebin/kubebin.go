@@ -1,6 +1,9 @@
-// Package kubebin builds kube-apiserver, kube-controller-manager and kube-proxy
-// from the k8s.io/kubernetes module this Go module requires, and caches the
-// binaries per Kubernetes version so that only the first run pays for the build.
+// Package kubebin builds the Kubernetes components the beds run
+// (kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, the
+// kubelet) and kubectl from the k8s.io/kubernetes module this Go module
+// requires, and caches the binaries per Kubernetes version so that only the
+// first run pays for the build. kubectl comes from the module too: the
+// distribution's is too old for the apiserver, and a fresh CI machine has none.
 //
 // A cold build takes 10–15 minutes on two cores; with the Go build cache warm a
 // rebuild is a re-link of about half a minute; with the binaries cached it is
@@ -35,10 +38,15 @@ const EnvDir = "DRAIND_KUBE_BIN_DIR"
 const (
 	APIServer         = "kube-apiserver"
 	ControllerManager = "kube-controller-manager"
+	Scheduler         = "kube-scheduler"
 	Proxy             = "kube-proxy"
+	Kubelet           = "kubelet"
+	Kubectl           = "kubectl"
 )
 
-var components = []string{APIServer, ControllerManager, Proxy}
+// components are built together, in one go build: the packages they share
+// compile once.
+var components = []string{APIServer, ControllerManager, Scheduler, Proxy, Kubelet, Kubectl}
 
 // Set is a directory holding one built version of the components.
 type Set struct {

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -173,6 +175,44 @@ func TestPrivilegedREADMEPreStopRecipes(t *testing.T) {
 			t.Errorf("curl did not fail to connect: %s", out)
 		}
 	})
+
+	// A draind that answers (draind stopped above; a stub on its port):
+	// 503 is retried (a draind restarting), a refusal (403) is not, and
+	// neither ends the hook before its fallback sleep.
+	for _, tc := range []struct {
+		code  int
+		sleep string
+	}{{http.StatusServiceUnavailable, "1\n1\n1\n1\n1\n20"}, {http.StatusForbidden, "20"}} {
+		t.Run(fmt.Sprintf("curl-answer-%d", tc.code), func(t *testing.T) {
+			var l net.Listener
+			if err := node.NS.Do(func() (err error) {
+				l, err = net.Listen("tcp", fmt.Sprintf("%s:9460", node.IP4))
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+			srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				w.WriteHeader(tc.code)
+				fmt.Fprint(w, `{"error":"stub"}`)
+			})}
+			go srv.Serve(l)
+			defer srv.Close()
+			bp := startPod(fmt.Sprintf("recipe-%d", tc.code))
+			shim := t.TempDir()
+			logf := filepath.Join(shim, "sleeps")
+			if err := os.WriteFile(filepath.Join(shim, "sleep"), []byte(fmt.Sprintf("#!/bin/sh\necho \"$*\" >> %s\n", logf)), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			out, err := bp.Exec(ctx, env(shim+":"+sysPath), curlCmd[0], curlCmd[1:]...)
+			if err != nil {
+				t.Fatalf("the curl recipe failed: %v\n%s", err, out)
+			}
+			b, _ := os.ReadFile(logf)
+			if got := strings.TrimSpace(string(b)); got != tc.sleep {
+				t.Errorf("answered %d: sleeps %q, want %q\n%s", tc.code, got, tc.sleep, out)
+			}
+		})
+	}
 }
 
 func podUID(t *testing.T, ctx context.Context, c *Cluster, name string) types.UID {
