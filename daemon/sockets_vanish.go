@@ -59,21 +59,29 @@ func (v *vanishIntake) observe(old, cur *k8s.Slice, now time.Time) {
 	if old == nil || old.Service == "" {
 		return
 	}
-	type who struct {
-		addr string
-		uid  types.UID
-	}
-	still := map[who]bool{}
-	if cur != nil {
-		for i := range cur.Len() {
-			e := cur.Endpoint(i)
-			still[who{e.Addr.String(), e.PodUID}] = true
+	// It runs on every slice event: no allocation unless one vanished. A
+	// slice is small (at most 1,000 endpoints, usually tens) and an update
+	// usually keeps its endpoints in place, so look there first.
+	listed := func(i int, e *k8s.Endpoint) bool {
+		if cur == nil {
+			return false
 		}
+		if i < cur.Len() {
+			if c := cur.Endpoint(i); c.Addr == e.Addr && c.PodUID == e.PodUID {
+				return true
+			}
+		}
+		for j := range cur.Len() {
+			if c := cur.Endpoint(j); c.Addr == e.Addr && c.PodUID == e.PodUID {
+				return true
+			}
+		}
+		return false
 	}
 	var out []vanishedEndpoint
 	for i := range old.Len() {
 		e := old.Endpoint(i)
-		if !e.Ready() || e.PodUID == "" || still[who{e.Addr.String(), e.PodUID}] {
+		if !e.Ready() || e.PodUID == "" || listed(i, &e) {
 			continue
 		}
 		for _, p := range old.Ports {
