@@ -2,6 +2,7 @@ package bpf_test
 
 import (
 	"errors"
+	"flag"
 	"fmt"
 	"net/netip"
 	"os"
@@ -178,9 +179,9 @@ func moveTo(pid int, cg *bed.Cgroup) error {
 	return nil
 }
 
-// attachEmpty attaches programs that only return 1 at connect4, sendmsg4
-// and recvmsg4 of cg. Their run time per invocation is the floor of the
-// kernel's measurement (the statistics' own clock reads and the hook's
+// attachEmpty attaches programs that only return 1 at connect4, sendmsg4,
+// recvmsg4 and ingress of cg. Their run time per invocation is the floor of
+// the kernel's measurement (the statistics' own clock reads and the hook's
 // dispatch): the hooks' figures are read against it.
 func attachEmpty(b *testing.B, cg *bed.Cgroup) map[string]*ebpf.Program {
 	out := map[string]*ebpf.Program{}
@@ -188,9 +189,14 @@ func attachEmpty(b *testing.B, cg *bed.Cgroup) map[string]*ebpf.Program {
 		"connect4": ebpf.AttachCGroupInet4Connect,
 		"sendmsg4": ebpf.AttachCGroupUDP4Sendmsg,
 		"recvmsg4": ebpf.AttachCGroupUDP4Recvmsg,
+		"ingress":  ebpf.AttachCGroupInetIngress,
 	} {
+		typ := ebpf.CGroupSockAddr
+		if at == ebpf.AttachCGroupInetIngress {
+			typ = ebpf.CGroupSKB
+		}
 		p, err := ebpf.NewProgram(&ebpf.ProgramSpec{
-			Type: ebpf.CGroupSockAddr, AttachType: at, License: "Dual BSD/GPL",
+			Type: typ, AttachType: at, License: "Dual BSD/GPL",
 			Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 1), asm.Return()},
 		})
 		if err != nil {
@@ -353,7 +359,7 @@ func BenchmarkConnect(b *testing.B) {
 	}{
 		{baseline, nil, false, nil},
 		{connectPath{"empty_prog", bb.emptyCg, bb.srv}, []connectPath{baseline}, false,
-			[]kernelMetric{{"empty_connect4", "empty-ns/invocation"}}},
+			[]kernelMetric{{"empty_connect4", "empty-ns/invocation"}, {"empty_ingress", "observe-empty-ns/invocation"}}},
 		{connectPath{"hook_idle", hooked, bb.srv}, []connectPath{baseline}, false,
 			[]kernelMetric{{"connect4", "idle-ns/invocation"}, {"observe_ingress", "observe-idle-ns/invocation"}}},
 		{connectPath{"hook_miss", hooked, bb.srv}, []connectPath{baseline}, true,
@@ -375,7 +381,7 @@ func BenchmarkConnect(b *testing.B) {
 				}
 			}
 			const chunk = 1000
-			rounds := max(b.N/chunk, 15)
+			rounds := max(b.N/chunk, *benchRounds)
 			var own []float64
 			ratios := make([][]float64, len(c.compare))
 			others := make([][]float64, len(c.compare))
@@ -457,7 +463,7 @@ func BenchmarkSendmsg(b *testing.B) {
 				bb.setDraining(b, c.draining)
 			}
 			const chunk = 1000
-			rounds := max(b.N/chunk, 15)
+			rounds := max(b.N/chunk, *benchRounds)
 			var own, others, ratios []float64
 			before := bb.programStats(b)
 			b.ResetTimer()
@@ -480,6 +486,8 @@ func BenchmarkSendmsg(b *testing.B) {
 		})
 	}
 }
+
+var benchRounds = flag.Int("bench.rounds", 15, "rounds of 1,000 per path in BenchmarkConnect and BenchmarkSendmsg (CI runs a short form)")
 
 func median(v []float64) float64 {
 	s := slices.Clone(v)

@@ -57,53 +57,104 @@ type categorized struct {
 	servicePorts []servicePortEndpoints // those with at least one endpoint
 	// listed is every endpoint the slices list, with its pod (an endpoint
 	// that is listed again, ready, has not departed).
-	listed map[bpf.EndpointKey]types.UID
+	listed listedEndpoints
 	// drainedPods are the listed pods that have a pod drain.
 	drainedPods map[types.UID]struct{}
+}
+
+// listedEndpoint is an identified endpoint and its pod.
+type listedEndpoint struct {
+	key bpf.EndpointKey
+	uid types.UID
+}
+
+// listedEndpoints are sorted by key, once each.
+type listedEndpoints []listedEndpoint
+
+// uidOf returns the pod listed at k.
+func (l listedEndpoints) uidOf(k bpf.EndpointKey) (types.UID, bool) {
+	i, ok := slices.BinarySearchFunc(l, k, func(e listedEndpoint, k bpf.EndpointKey) int { return e.key.Compare(k) })
+	if !ok {
+		return "", false
+	}
+	return l[i].uid, true
 }
 
 // listing is one endpoint's listings merged: an endpoint may appear in
 // several slices while they are rebalanced; it drains if any listing says
 // so and is selectable only if every listing allows it.
 type listing struct {
+	ap         netip.AddrPort
 	uid        types.UID
-	pod        string
+	podName    string
 	draining   bool
-	identified bool // a trusted slice lists it
+	identified bool      // a trusted slice lists it
+	listedUID  types.UID // the pod the last trusted listing names
 	selectable bool
 	reason     string
 	expires    time.Time
 }
 
+// oneListing is one slice's listing of an endpoint, before merging.
+type oneListing struct {
+	ap         netip.AddrPort
+	e          k8s.Endpoint
+	identified bool
+	pd         *podDrain
+}
+
 // categorize categorises the endpoints of svc's slices for every service
 // port and family. node is this node (internalTrafficPolicy Local selects
 // only its endpoints); drains are the pod drains by pod UID.
+//
+// It runs for every slice update of the cluster (a thousand a second in a
+// busy one), so it sorts and merges rather than building maps.
 func categorize(svc *k8s.Service, sliceList []*k8s.Slice, drains map[types.UID]*podDrain, node string) categorized {
-	out := categorized{listed: map[bpf.EndpointKey]types.UID{}, drainedPods: map[types.UID]struct{}{}}
+	n := 0
+	for _, sl := range sliceList {
+		n += sl.Len()
+	}
+	out := categorized{drainedPods: map[types.UID]struct{}{}, listed: make(listedEndpoints, 0, n)}
 	key := svc.Namespace + "/" + svc.Name
+	raw := make([]oneListing, 0, n)
 	for _, sp := range svc.Ports {
 		for _, fam := range []k8s.Family{k8s.IPv4, k8s.IPv6} {
-			eps := map[netip.AddrPort]*listing{}
+			raw = raw[:0]
 			for _, sl := range sliceList {
 				if port := targetPort(sl, fam, sp); port != 0 {
-					listEndpoints(svc, sl, port, sp.Protocol, drains, node, eps, &out)
+					raw = listEndpoints(svc, sl, port, drains, raw, &out)
 				}
 			}
-			if len(eps) == 0 {
+			if len(raw) == 0 {
 				continue
 			}
-			c := servicePortEndpoints{key: servicePortKey{key, sp.Name, sp.Protocol, fam}}
-			for ap, l := range eps {
+			// In address order; the listings of one address keep the
+			// order they were listed in, which the merge depends on.
+			slices.SortStableFunc(raw, func(a, b oneListing) int { return a.ap.Compare(b.ap) })
+			c := servicePortEndpoints{key: servicePortKey{key, sp.Name, sp.Protocol, fam},
+				selectable: make([]netip.AddrPort, 0, len(raw))}
+			for i := 0; i < len(raw); {
+				j := i + 1
+				for j < len(raw) && raw[j].ap == raw[i].ap {
+					j++
+				}
+				l := merge(svc, raw[i:j], node)
+				i = j
+				if l.identified {
+					out.listed = append(out.listed, listedEndpoint{endpointKey(l.ap, sp.Protocol), l.listedUID})
+				}
 				if l.selectable {
-					c.selectable = append(c.selectable, ap)
+					c.selectable = append(c.selectable, l.ap)
 				}
 				if l.draining {
-					c.draining = append(c.draining, drainingEndpoint{key: endpointKey(ap, sp.Protocol),
-						uid: l.uid, pod: l.pod, reason: l.reason, expires: l.expires, identified: l.identified})
+					pod := ""
+					if l.identified {
+						pod = svc.Namespace + "/" + l.podName
+					}
+					c.draining = append(c.draining, drainingEndpoint{key: endpointKey(l.ap, sp.Protocol),
+						uid: l.uid, pod: pod, reason: l.reason, expires: l.expires, identified: l.identified})
 				}
 			}
-			slices.SortFunc(c.selectable, netip.AddrPort.Compare)
-			slices.SortFunc(c.draining, func(a, b drainingEndpoint) int { return a.key.Compare(b.key) })
 			for _, vip := range svc.ClusterIPs {
 				if familyOf(vip) == fam {
 					c.frontends = append(c.frontends, bpf.EndpointKey{Addr: vip, Port: sp.Port, Proto: sp.Protocol})
@@ -112,6 +163,17 @@ func categorize(svc *k8s.Service, sliceList []*k8s.Slice, drains map[types.UID]*
 			out.servicePorts = append(out.servicePorts, c)
 		}
 	}
+	// Two service-ports of one protocol may share a target port: the
+	// later listing of a key wins.
+	slices.SortStableFunc(out.listed, func(a, b listedEndpoint) int { return a.key.Compare(b.key) })
+	last := out.listed[:0]
+	for i, l := range out.listed {
+		if i+1 < len(out.listed) && out.listed[i+1].key == l.key {
+			continue
+		}
+		last = append(last, l)
+	}
+	out.listed = last
 	return out
 }
 
@@ -128,7 +190,7 @@ func targetPort(sl *k8s.Slice, fam k8s.Family, sp k8s.ServicePort) uint16 {
 	return 0
 }
 
-// listEndpoints merges the endpoints of one slice at port into eps.
+// listEndpoints appends the listings of one slice at port to raw.
 //
 // Only a trusted slice (the EndpointSlice controller's, for a Service with a
 // selector) says whose an endpoint is: its endpoints with a Pod of the
@@ -136,46 +198,52 @@ func targetPort(sl *k8s.Slice, fam k8s.Family, sp k8s.ServicePort) uint16 {
 // lingered). Any other slice (hand-written,
 // mirrored) only adds selectable endpoints, as kube-proxy routes to them:
 // what a tenant writes never changes where connections to a pod IP go.
-func listEndpoints(svc *k8s.Service, sl *k8s.Slice, port uint16, proto bpf.Protocol, drains map[types.UID]*podDrain,
-	node string, eps map[netip.AddrPort]*listing, out *categorized) {
+func listEndpoints(svc *k8s.Service, sl *k8s.Slice, port uint16, drains map[types.UID]*podDrain,
+	raw []oneListing, out *categorized) []oneListing {
 	trusted := sl.Trusted(svc)
-	for i := range sl.Endpoints {
-		e := &sl.Endpoints[i]
-		ap := netip.AddrPortFrom(e.Addr, port)
+	for i := range sl.Len() {
+		e := sl.Endpoint(i)
 		identified := trusted && e.PodUID != ""
 		var pd *podDrain
 		if identified {
-			pd = drains[e.PodUID]
-		}
-		draining := !e.Ready() || pd != nil
-		selectable := !draining && (!svc.InternalLocal || e.Node == node)
-		l, ok := eps[ap]
-		if !ok {
-			l = &listing{selectable: selectable}
-			eps[ap] = l
-		}
-		l.selectable = l.selectable && selectable
-		if identified {
-			if !l.identified {
-				l.identified, l.uid, l.pod = true, e.PodUID, svc.Namespace+"/"+e.PodName
-			}
-			out.listed[endpointKey(ap, proto)] = e.PodUID
-			if pd != nil {
+			if pd = drains[e.PodUID]; pd != nil {
 				out.drainedPods[e.PodUID] = struct{}{}
 			}
+		}
+		raw = append(raw, oneListing{ap: netip.AddrPortFrom(e.Addr, port), e: e, identified: identified, pd: pd})
+	}
+	return raw
+}
+
+// merge merges the listings of one endpoint, in the order they were
+// listed: the first identified listing names the pod, the first draining
+// one gives the reason.
+func merge(svc *k8s.Service, ls []oneListing, node string) listing {
+	l := listing{ap: ls[0].ap, selectable: true}
+	for i := range ls {
+		o := &ls[i]
+		e := &o.e
+		draining := !e.Ready() || o.pd != nil
+		l.selectable = l.selectable && !draining && (!svc.InternalLocal || e.Node == node)
+		if o.identified {
+			if !l.identified {
+				l.identified, l.uid, l.podName = true, e.PodUID, e.PodName
+			}
+			l.listedUID = e.PodUID
 		}
 		if !draining {
 			continue
 		}
 		if !l.draining {
-			l.draining, l.reason = true, drainReason(e, pd)
-			if e.Ready() && pd != nil {
-				l.expires = pd.Expires
+			l.draining, l.reason = true, drainReason(e, o.pd)
+			if e.Ready() && o.pd != nil {
+				l.expires = o.pd.Expires
 			}
 		} else if !e.Ready() {
 			l.expires = time.Time{}
 		}
 	}
+	return l
 }
 
 // drainReason says why a listed endpoint drains.

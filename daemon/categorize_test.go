@@ -24,7 +24,12 @@ const (
 )
 
 func catSlice(fam k8s.Family, port uint16, proto bpf.Protocol, eps ...k8s.Endpoint) *k8s.Slice {
-	return &k8s.Slice{Service: "web", Controller: true, Family: fam, Ports: []k8s.SlicePort{{Name: "http", Port: port, Protocol: proto}}, Endpoints: eps}
+	return withEndpoints(&k8s.Slice{Service: "web", Controller: true, Family: fam, Ports: []k8s.SlicePort{{Name: "http", Port: port, Protocol: proto}}}, eps...)
+}
+
+func withEndpoints(s *k8s.Slice, eps ...k8s.Endpoint) *k8s.Slice {
+	s.SetEndpoints(eps)
+	return s
 }
 
 func catService(mod ...func(*k8s.Service)) *k8s.Service {
@@ -95,8 +100,8 @@ func TestCategorize(t *testing.T) {
 				{selectable: []string{"[fd00::1]:8080"}, frontends: []string{"[fd00:96::10]:80"}}}},
 		{"a slice port of another protocol or name is not this service-port", catService(), []*k8s.Slice{
 			catSlice(k8s.IPv4, 8080, bpf.UDP, catEndpoint("10.0.0.1", "a", "n1", condTerminating)),
-			{Service: "web", Controller: true, Family: k8s.IPv4, Ports: []k8s.SlicePort{{Name: "metrics", Port: 9090, Protocol: bpf.TCP}},
-				Endpoints: []k8s.Endpoint{catEndpoint("10.0.0.2", "b", "n1", condTerminating)}}},
+			withEndpoints(&k8s.Slice{Service: "web", Controller: true, Family: k8s.IPv4, Ports: []k8s.SlicePort{{Name: "metrics", Port: 9090, Protocol: bpf.TCP}}},
+				catEndpoint("10.0.0.2", "b", "n1", condTerminating))},
 			nil},
 		{"headless: no frontends", catService(func(s *k8s.Service) { s.ClusterIPs, s.Headless = nil, true }),
 			[]*k8s.Slice{catSlice(k8s.IPv4, 8080, bpf.TCP, catEndpoint("10.0.0.1", "a", "n1", condTerminating), catEndpoint("10.0.0.2", "b", "n1", condReady))},
@@ -142,7 +147,8 @@ func TestCategorizeListed(t *testing.T) {
 	drains := map[types.UID]*podDrain{"d": {UID: "d", Reason: k8s.ReasonOffline}}
 	got := categorize(catService(), []*k8s.Slice{catSlice(k8s.IPv4, 8080, bpf.TCP,
 		catEndpoint("10.0.0.1", "d", "n1", condReady), catEndpoint("10.0.0.2", "b", "n1", condReady))}, drains, "n1")
-	if len(got.listed) != 2 || got.listed[key("10.0.0.1:8080", bpf.TCP)] != "d" || got.listed[key("10.0.0.2:8080", bpf.TCP)] != "b" {
+	uidOf := func(ap string) types.UID { u, _ := got.listed.uidOf(key(ap, bpf.TCP)); return u }
+	if len(got.listed) != 2 || uidOf("10.0.0.1:8080") != "d" || uidOf("10.0.0.2:8080") != "b" {
 		t.Errorf("listed %v", got.listed)
 	}
 	if _, ok := got.drainedPods["d"]; !ok || len(got.drainedPods) != 1 {

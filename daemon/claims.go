@@ -2,6 +2,8 @@ package daemon
 
 import (
 	"net/netip"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -28,10 +30,16 @@ import (
 // A hand-written slice (any tenant can write one, with any label) claims
 // nothing. Informer handlers update it (under mu) as events arrive; the
 // model reads it from the runner.
+//
+// It indexes every trusted endpoint of the cluster, so it is kept small: an
+// IP maps to the slices that list it (a slice number, no copy of the
+// endpoint), and the answers are read from those slices' endpoints.
 type claims struct {
 	mu     sync.Mutex
-	byIP   map[netip.Addr]ipListings
-	slices map[string]*k8s.Slice // trusted slices as applied, by namespace/name
+	slices map[string]int32 // trusted slices as applied: namespace/name -> number
+	table  []*k8s.Slice     // by number; nil: free
+	free   []int32
+	byIP   ipIndex
 	local  map[netip.Addr]types.UID
 
 	clock     clock.PassiveClock
@@ -47,137 +55,293 @@ type departedClaim struct {
 	at   time.Time
 }
 
-// ipListing is one pod's listings of an IP in trusted slices.
-type ipListing struct {
-	uid   types.UID
-	node  string // interned by k8s
-	ready int32  // ready listings
-	all   int32  // all listings
-}
-
-// ipListings are the pods listing an IP: almost always one, kept inline.
-type ipListings struct {
-	first ipListing
-	extra []ipListing
+// ipIndex maps an IP to the numbers of the trusted slices listing it with a
+// pod. Almost every IP is listed by one slice: that one is kept in a
+// pointer-free map (4-byte keys for IPv4), any others aside.
+type ipIndex struct {
+	v4    map[[4]byte]int32
+	other map[netip.Addr]int32 // IPv6, and IPv4 with a zone
+	more  map[netip.Addr][]int32
 }
 
 // newClaims returns an empty index that remembers departed hosts for keep.
 func newClaims(c clock.PassiveClock, keep time.Duration) *claims {
-	return &claims{byIP: map[netip.Addr]ipListings{}, slices: map[string]*k8s.Slice{}, local: map[netip.Addr]types.UID{},
+	return &claims{slices: map[string]int32{}, local: map[netip.Addr]types.UID{},
+		byIP:  ipIndex{v4: map[[4]byte]int32{}, other: map[netip.Addr]int32{}, more: map[netip.Addr][]int32{}},
 		clock: c, keep: keep, departed: map[netip.Addr]departedClaim{}}
 }
 
-// find returns the listing of uid, or nil.
-func (l *ipListings) find(uid types.UID) *ipListing {
-	if l.first.all > 0 && l.first.uid == uid {
-		return &l.first
+func compactV4(ip netip.Addr) bool { return ip.Is4() && ip.Zone() == "" }
+
+// first returns the first slice listing ip.
+func (x *ipIndex) first(ip netip.Addr) (int32, bool) {
+	if compactV4(ip) {
+		n, ok := x.v4[ip.As4()]
+		return n, ok
 	}
-	for i := range l.extra {
-		if l.extra[i].uid == uid {
-			return &l.extra[i]
-		}
-	}
-	return nil
+	n, ok := x.other[ip]
+	return n, ok
 }
 
-// add counts one listing more (d = +1) or less (d = -1) of e and reports
-// whether the set of pods listing the IP as ready changed.
-func (l *ipListings) add(e *k8s.Endpoint, d int32) (readyChanged bool) {
-	x := l.find(e.PodUID)
-	if x == nil {
-		if d < 0 {
-			return false // never applied
-		}
-		if l.first.all == 0 {
-			l.first = ipListing{uid: e.PodUID}
-			x = &l.first
-		} else {
-			l.extra = append(l.extra, ipListing{uid: e.PodUID})
-			x = &l.extra[len(l.extra)-1]
-		}
+func (x *ipIndex) setFirst(ip netip.Addr, n int32) {
+	if compactV4(ip) {
+		x.v4[ip.As4()] = n
+	} else {
+		x.other[ip] = n
 	}
-	wasReady := x.ready > 0
-	x.all += d
-	if e.Ready() {
-		x.ready += d
-	}
-	if x.node == "" {
-		x.node = e.Node
-	}
-	readyChanged = wasReady != (x.ready > 0)
-	if x.all <= 0 {
-		l.remove(x)
-	}
-	return readyChanged
 }
 
-func (l *ipListings) remove(x *ipListing) {
-	if x == &l.first {
-		l.first = ipListing{}
-		if len(l.extra) > 0 {
-			l.first, l.extra = l.extra[0], l.extra[1:]
-		}
-		return
+func (x *ipIndex) deleteFirst(ip netip.Addr) {
+	if compactV4(ip) {
+		delete(x.v4, ip.As4())
+	} else {
+		delete(x.other, ip)
 	}
-	for i := range l.extra {
-		if &l.extra[i] == x {
-			l.extra = append(l.extra[:i], l.extra[i+1:]...)
+}
+
+// add records that slice n lists ip (once, however often it lists it).
+func (x *ipIndex) add(ip netip.Addr, n int32) {
+	f, ok := x.first(ip)
+	switch {
+	case !ok:
+		x.setFirst(ip, n)
+	case f != n && !slices.Contains(x.more[ip], n):
+		x.more[ip] = append(x.more[ip], n)
+	}
+}
+
+// remove forgets that slice n lists ip.
+func (x *ipIndex) remove(ip netip.Addr, n int32) {
+	more := x.more[ip]
+	if f, ok := x.first(ip); ok && f == n {
+		if len(more) == 0 {
+			x.deleteFirst(ip)
 			return
 		}
+		x.setFirst(ip, more[0])
+		more = more[1:]
+	} else {
+		more = slices.DeleteFunc(more, func(m int32) bool { return m == n })
+	}
+	if len(more) == 0 {
+		delete(x.more, ip)
+	} else {
+		x.more[ip] = slices.Clip(more)
 	}
 }
 
-func (l *ipListings) empty() bool { return l.first.all == 0 && len(l.extra) == 0 }
+// each calls fn with the numbers of the slices listing ip.
+func (x *ipIndex) each(ip netip.Addr, fn func(int32)) {
+	if f, ok := x.first(ip); ok {
+		fn(f)
+		for _, n := range x.more[ip] {
+			fn(n)
+		}
+	}
+}
+
+// eachListing calls fn with every endpoint of a trusted slice that lists a
+// pod at ip, until fn returns false. The caller holds mu.
+func (c *claims) eachListing(ip netip.Addr, fn func(e *k8s.Endpoint) bool) {
+	more := true
+	c.byIP.each(ip, func(n int32) {
+		s := c.table[n]
+		for i := 0; more && i < s.Len(); i++ {
+			if e := s.Endpoint(i); e.Addr == ip && e.PodUID != "" {
+				more = fn(&e)
+			}
+		}
+	})
+}
+
+// readyClaim is a pod listed ready at an IP.
+type readyClaim struct {
+	ip  netip.Addr
+	uid types.UID
+}
+
+func compareReadyClaims(a, b readyClaim) int {
+	if c := a.ip.Compare(b.ip); c != 0 {
+		return c
+	}
+	return strings.Compare(string(a.uid), string(b.uid))
+}
+
+// readyClaims returns the pods s lists ready, by IP, sorted, once each.
+func readyClaims(s *k8s.Slice) []readyClaim {
+	if s == nil {
+		return nil
+	}
+	var out []readyClaim
+	for i := range s.Len() {
+		if e := s.Endpoint(i); e.PodUID != "" && e.Ready() {
+			out = append(out, readyClaim{e.Addr, e.PodUID})
+		}
+	}
+	slices.SortFunc(out, compareReadyClaims)
+	return slices.Compact(out)
+}
 
 // setSlice records the current state of slice key: s if it is trusted, nil
 // if it is not (or was deleted). It returns the IPs whose ready claims
-// changed. Setting the same state twice changes nothing, so a Service
-// event re-applying its slices and the slices' own events never count a
-// slice twice.
+// changed (the set of pods listed ready there). Setting the same state
+// twice changes nothing, so a Service event re-applying its slices and the
+// slices' own events never count a slice twice.
 func (c *claims) setSlice(key string, s *k8s.Slice) []netip.Addr {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	old := c.slices[key]
+	n, had := c.slices[key]
+	var old *k8s.Slice
+	if had {
+		old = c.table[n]
+	}
 	if old == s {
 		return nil
 	}
+	before, after := readyClaims(old), readyClaims(s)
+	switch {
+	case old != nil && s != nil && sameIPs(old, s):
+		// The usual update (conditions changed): the index stays.
+		c.table[n] = s
+		c.noteDepartures(old, s)
+		return c.changedIPs(before, after, n)
+	case old != nil:
+		c.index(n, old, false)
+		defer c.noteDepartures(old, s)
+	}
+	switch {
+	case s == nil:
+		delete(c.slices, key)
+		c.table[n] = nil
+		c.free = append(c.free, n)
+	case !had:
+		n = c.alloc(s)
+		c.slices[key] = n
+		c.index(n, s, true)
+	default:
+		c.table[n] = s
+		c.index(n, s, true)
+	}
+	return c.changedIPs(before, after, n)
+}
+
+// noteDepartures remembers the host of every pod that old listed with a node
+// and that no trusted slice lists at that IP any more (s, old's successor,
+// already applied). c.mu held.
+func (c *claims) noteDepartures(old, s *k8s.Slice) {
+	now := c.clock.Now()
+	for i := range old.Len() {
+		e := old.Endpoint(i)
+		if e.PodUID == "" || e.Node == "" || (s != nil && i < s.Len() && s.Endpoint(i).Addr == e.Addr && s.Endpoint(i).PodUID == e.PodUID) {
+			continue // the usual update: the same pod in the same place
+		}
+		still := false
+		c.eachListing(e.Addr, func(l *k8s.Endpoint) bool {
+			still = l.PodUID == e.PodUID
+			return !still
+		})
+		if !still {
+			c.departed[e.Addr] = departedClaim{uid: e.PodUID, node: e.Node, at: now}
+		}
+	}
+	c.pruneDeparted()
+}
+
+// sameIPs reports whether a and b list pods at the same IPs, in the same
+// order.
+func sameIPs(a, b *k8s.Slice) bool {
+	i, j := 0, 0
+	for {
+		for i < a.Len() && a.Endpoint(i).PodUID == "" {
+			i++
+		}
+		for j < b.Len() && b.Endpoint(j).PodUID == "" {
+			j++
+		}
+		if i == a.Len() || j == b.Len() {
+			return i == a.Len() && j == b.Len()
+		}
+		if a.Endpoint(i).Addr != b.Endpoint(j).Addr {
+			return false
+		}
+		i++
+		j++
+	}
+}
+
+func (c *claims) alloc(s *k8s.Slice) int32 {
+	if k := len(c.free); k > 0 {
+		n := c.free[k-1]
+		c.free = c.free[:k-1]
+		c.table[n] = s
+		return n
+	}
+	c.table = append(c.table, s)
+	return int32(len(c.table) - 1)
+}
+
+// index adds (or removes) slice n's IPs to (from) the IP index.
+func (c *claims) index(n int32, s *k8s.Slice, add bool) {
+	for i := range s.Len() {
+		e := s.Endpoint(i)
+		if e.PodUID == "" {
+			continue
+		}
+		if add {
+			c.byIP.add(e.Addr, n)
+		} else {
+			c.byIP.remove(e.Addr, n)
+		}
+	}
+}
+
+// changedIPs compares slice n's ready claims before and after, IP by IP: a
+// pod that became (or stopped being) ready at an IP changes its claims,
+// unless another trusted slice lists it ready there too.
+func (c *claims) changedIPs(before, after []readyClaim, n int32) []netip.Addr {
 	var changed []netip.Addr
-	apply := func(s *k8s.Slice, d int32) {
-		if s == nil {
+	flip := func(r readyClaim) {
+		if len(changed) > 0 && changed[len(changed)-1] == r.ip {
 			return
 		}
-		for i := range s.Endpoints {
-			e := &s.Endpoints[i]
-			if e.PodUID == "" {
-				continue
-			}
-			l := c.byIP[e.Addr]
-			var node string
-			if x := l.find(e.PodUID); x != nil {
-				node = x.node
-			}
-			if l.add(e, d) {
-				changed = append(changed, e.Addr)
-			}
-			if d < 0 && node != "" && l.find(e.PodUID) == nil {
-				c.departed[e.Addr] = departedClaim{uid: e.PodUID, node: node, at: c.clock.Now()}
-			}
-			if l.empty() {
-				delete(c.byIP, e.Addr)
-			} else {
-				c.byIP[e.Addr] = l
-			}
+		if !c.readyElsewhere(r, n) {
+			changed = append(changed, r.ip)
 		}
 	}
-	apply(old, -1)
-	apply(s, +1)
-	c.pruneDeparted()
-	if s == nil {
-		delete(c.slices, key)
-	} else {
-		c.slices[key] = s
+	i, j := 0, 0
+	for i < len(before) || j < len(after) {
+		switch {
+		case j == len(after) || (i < len(before) && compareReadyClaims(before[i], after[j]) < 0):
+			flip(before[i])
+			i++
+		case i == len(before) || compareReadyClaims(before[i], after[j]) > 0:
+			flip(after[j])
+			j++
+		default:
+			i++
+			j++
+		}
 	}
 	return changed
+}
+
+// readyElsewhere reports whether a slice other than n lists r's pod ready
+// at r's IP.
+func (c *claims) readyElsewhere(r readyClaim, n int32) bool {
+	found := false
+	c.byIP.each(r.ip, func(m int32) {
+		if m == n || found {
+			return
+		}
+		s := c.table[m]
+		for i := range s.Len() {
+			if e := s.Endpoint(i); e.Addr == r.ip && e.PodUID == r.uid && e.Ready() {
+				found = true
+				return
+			}
+		}
+	})
+	return found
 }
 
 // setLocalPods replaces the local pods' claims (pods that exist and are
@@ -217,19 +381,12 @@ func (c *claims) claimedByOther(ip netip.Addr, uid types.UID) bool {
 	if l, ok := c.local[ip]; ok && l != uid {
 		return true
 	}
-	l, ok := c.byIP[ip]
-	if !ok {
-		return false
-	}
-	if l.first.ready > 0 && l.first.uid != uid {
-		return true
-	}
-	for _, x := range l.extra {
-		if x.ready > 0 && x.uid != uid {
-			return true
-		}
-	}
-	return false
+	other := false
+	c.eachListing(ip, func(e *k8s.Endpoint) bool {
+		other = e.Ready() && e.PodUID != uid
+		return !other
+	})
+	return other
 }
 
 // pruneDeparted forgets departed hosts older than keep, at most every
@@ -252,15 +409,20 @@ func (c *claims) pruneDeparted() {
 func (c *claims) hostOf(ip netip.Addr, uid types.UID) (node string, listed bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if l, ok := c.byIP[ip]; ok {
-		if x := l.find(uid); x != nil {
-			return x.node, true
+	c.eachListing(ip, func(e *k8s.Endpoint) bool {
+		if e.PodUID == uid {
+			listed = true
+			node = e.Node
 		}
+		return node == ""
+	})
+	if node != "" {
+		return node, true
 	}
 	if dc, ok := c.departed[ip]; ok && dc.uid == uid && c.clock.Since(dc.at) < c.keep {
 		return dc.node, true
 	}
-	return "", false
+	return "", listed
 }
 
 // localOwner returns the local pod holding ip, if any.

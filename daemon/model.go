@@ -80,13 +80,63 @@ type servicePort struct {
 	refs       int // contributions naming this id
 }
 
-// serviceResult is what one Service last contributed.
+// serviceResult is what one Service last contributed. One is kept per
+// Service with a draining endpoint (thousands while a large cluster rolls
+// out), so its parts are slices, not maps: a Go map costs a group of eight
+// slots however few entries it holds.
 type serviceResult struct {
-	servicePorts map[servicePortKey]bpf.ServicePortID
+	servicePorts []servicePortRef  // its active service-ports (a handful)
 	keys         []bpf.EndpointKey // keys its service-ports contributed to
-	// draining endpoints with their identity (for departure detection).
-	draining map[bpf.EndpointKey]contribution
+	// draining endpoints with their identity (for departure detection),
+	// sorted by key, once each.
+	draining []drainingContribution
 	pods     map[types.UID]struct{} // drained pods listed by this Service
+}
+
+// servicePortRef is an active service-port of a Service and its id.
+type servicePortRef struct {
+	key servicePortKey
+	id  bpf.ServicePortID
+}
+
+// drainingContribution is a draining endpoint's contribution.
+type drainingContribution struct {
+	key bpf.EndpointKey
+	c   contribution
+}
+
+// servicePortID returns the id of the Service's service-port k.
+func (r *serviceResult) servicePortID(k servicePortKey) (bpf.ServicePortID, bool) {
+	for _, sp := range r.servicePorts {
+		if sp.key == k {
+			return sp.id, true
+		}
+	}
+	return 0, false
+}
+
+// drainingAt returns the contribution of draining endpoint k.
+func (r *serviceResult) drainingAt(k bpf.EndpointKey) (contribution, bool) {
+	i, ok := slices.BinarySearchFunc(r.draining, k, func(d drainingContribution, k bpf.EndpointKey) int { return d.key.Compare(k) })
+	if !ok {
+		return contribution{}, false
+	}
+	return r.draining[i].c, true
+}
+
+// sortDraining sorts the draining endpoints by key; of an endpoint two
+// service-ports contributed (two ports with one target port), the last
+// contribution is kept.
+func (r *serviceResult) sortDraining() {
+	slices.SortStableFunc(r.draining, func(a, b drainingContribution) int { return a.key.Compare(b.key) })
+	out := r.draining[:0]
+	for i, d := range r.draining {
+		if i+1 < len(r.draining) && r.draining[i+1].key == d.key {
+			continue
+		}
+		out = append(out, d)
+	}
+	r.draining = slices.Clip(out)
 }
 
 // departure is an endpoint that left every slice while draining.
@@ -185,21 +235,21 @@ func (m *model) recomputeService(key string, now time.Time) (changed bool) {
 	}
 	cat = m.withVanished(key, svc, cat, now)
 	m.withdrawService(old)
-	next := &serviceResult{servicePorts: map[servicePortKey]bpf.ServicePortID{},
-		draining: map[bpf.EndpointKey]contribution{}, pods: cat.drainedPods}
+	next := &serviceResult{pods: cat.drainedPods}
 	for _, c := range cat.servicePorts {
 		if m.activate(next, c, svc.AffinityClientIP, policy, old, now) {
 			changed = true
 		}
 	}
+	next.sortDraining()
 	m.updateListings(key, old, next, policy)
 	if m.lingerDeparted(old, next, cat.listed, now) {
 		changed = true
 	}
 	if old != nil {
-		for k, id := range old.servicePorts {
-			if _, ok := next.servicePorts[k]; !ok {
-				m.releaseIfUnused(id)
+		for _, sp := range old.servicePorts {
+			if _, ok := next.servicePortID(sp.key); !ok {
+				m.releaseIfUnused(sp.id)
 			}
 		}
 		changed = changed || len(old.keys) > 0
@@ -220,7 +270,11 @@ func (m *model) withdrawService(old *serviceResult) {
 	}
 	for _, k := range old.keys {
 		m.removeContribution(k, func(c contribution) bool {
-			return c.kind == fromServicePort && old.servicePorts[m.keyOf(c.servicePort)] == c.servicePort
+			if c.kind != fromServicePort {
+				return false
+			}
+			id, ok := old.servicePortID(m.keyOf(c.servicePort))
+			return ok && id == c.servicePort
 		})
 	}
 }
@@ -255,18 +309,18 @@ func (m *model) activate(next *serviceResult, c servicePortEndpoints, noSteer bo
 		}
 	}
 	sp.selectable, sp.frontends, sp.noSteer = c.selectable, c.frontends, noSteer
-	next.servicePorts[c.key] = id
+	next.servicePorts = append(next.servicePorts, servicePortRef{c.key, id})
 	for _, e := range c.draining {
 		since := now
 		if old != nil {
-			if prev, ok := old.draining[e.key]; ok && prev.uid == e.uid {
+			if prev, ok := old.drainingAt(e.key); ok && prev.uid == e.uid {
 				since = prev.since
 			}
 		}
 		ct := contribution{kind: fromServicePort, uid: e.uid, pod: e.pod, servicePort: id,
 			policy: policy, reason: e.reason, since: since, expires: e.expires, frontendOnly: !e.identified}
 		m.addContribution(e.key, ct)
-		next.draining[e.key] = ct
+		next.draining = append(next.draining, drainingContribution{e.key, ct})
 		next.keys = append(next.keys, e.key)
 	}
 	return changed
@@ -294,15 +348,16 @@ func (m *model) updateListings(key string, old, next *serviceResult, policy bpf.
 // lingerDeparted lets endpoints that drained and are now gone from every
 // slice of the Service linger, so stale callers are still steered away,
 // and records their departure. It reports whether any departed.
-func (m *model) lingerDeparted(old, next *serviceResult, listed map[bpf.EndpointKey]types.UID, now time.Time) (departed bool) {
+func (m *model) lingerDeparted(old, next *serviceResult, listed listedEndpoints, now time.Time) (departed bool) {
 	if old == nil {
 		return false
 	}
-	for k, prev := range old.draining {
-		if _, still := next.draining[k]; still || prev.frontendOnly {
+	for _, d := range old.draining {
+		k, prev := d.key, d.c
+		if _, still := next.drainingAt(k); still || prev.frontendOnly {
 			continue
 		}
-		if uid, ok := listed[k]; ok && uid == prev.uid {
+		if uid, ok := listed.uidOf(k); ok && uid == prev.uid {
 			continue // listed again, ready: no longer draining
 		}
 		departed = true
@@ -371,8 +426,8 @@ func (m *model) servicesListing(uid types.UID, namespace string) []string {
 		if sl.Service == "" {
 			continue
 		}
-		for i := range sl.Endpoints {
-			if sl.Endpoints[i].PodUID == uid {
+		for i := range sl.Len() {
+			if sl.Endpoint(i).PodUID == uid {
 				set[sl.Namespace+"/"+sl.Service] = struct{}{}
 				break
 			}

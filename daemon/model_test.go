@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
 	"testing"
@@ -416,6 +417,63 @@ func TestRestartWithLeasesPresent(t *testing.T) {
 	h2.pass()
 	if got := h2.describe(); got != want {
 		t.Errorf("after restart:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+// TestRefreshSpreadOverPasses: the periodic refresh of every entry is
+// spread over passes (no pass evaluates more than a batch, so an event never
+// waits behind the whole state), and by the end of the round every entry's
+// deadline is refreshed.
+func TestRefreshSpreadOverPasses(t *testing.T) {
+	h := newHarness(t)
+	const services = 100 // 100 service-ports and 100 drain entries: 200 targets
+	for i := range services {
+		name := fmt.Sprintf("web%d", i)
+		h.addService(svc(name, []string{fmt.Sprintf("10.96.1.%d", i)}, []corev1.ServicePort{port("http", 80, corev1.ProtocolTCP)}))
+		h.putSlice(slice(name+"-1", name, v4, httpPorts(8080),
+			terminating(fmt.Sprintf("10.0.%d.1", i), name+"-a"), ready(fmt.Sprintf("10.0.%d.2", i), name+"-b")))
+	}
+	h.pass()
+	if n := len(h.dp.Drains); n != services {
+		t.Fatalf("%d drain entries, want %d", n, services)
+	}
+	h.clock.Step(h.d.cfg.EntryTTL/2 + time.Second)
+	passes := 0
+	for {
+		ops := h.pass()
+		passes++
+		// A service-port costs at most its backends and its one frontend.
+		if ops > 2*refreshBatch {
+			t.Fatalf("refresh pass %d cost %d operations, more than a batch of %d targets", passes, ops, refreshBatch)
+		}
+		if !h.d.reconciler.refreshing() {
+			break
+		}
+		if passes > 3*services {
+			t.Fatal("the refresh round does not end")
+		}
+	}
+	if passes < 2 {
+		t.Errorf("the refresh of %d targets took %d pass, want it spread", 2*services, passes)
+	}
+	fresh := h.clock.Now().Add(h.d.cfg.EntryTTL / 2)
+	for k, d := range h.dp.Drains {
+		if d.Expires.Before(fresh) {
+			t.Errorf("drain %v not refreshed: expires %v", k, d.Expires)
+		}
+	}
+	for k, f := range h.dp.Frontends {
+		if f.Expires.Before(fresh) {
+			t.Errorf("frontend %v not refreshed: expires %v", k, f.Expires)
+		}
+	}
+	for id, b := range h.dp.Backends {
+		if b.Expires.Before(fresh) {
+			t.Errorf("backends of %d not refreshed: expires %v", id, b.Expires)
+		}
+	}
+	if ops := h.pass(); ops != 0 {
+		t.Errorf("a pass after the round cost %d operations", ops)
 	}
 }
 

@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"net/netip"
-	"runtime/debug"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -65,19 +64,27 @@ func (d *Daemon) sync() time.Time {
 			next = retry
 		}
 	}
+	if d.reconciler.refreshing() {
+		if step := now.Add(refreshStep); next.IsZero() || step.Before(next) {
+			next = step
+		}
+	}
 	return next
 }
 
-// apply writes the model's difference to the datapath (everything every
-// quarter of the entry TTL, to refresh deadlines) and records how long the
-// events in changedAt took to reach it.
+// apply writes the model's difference to the datapath and records how long
+// the events in changedAt took to reach it. The first pass evaluates
+// everything; after it, every quarter of the entry TTL a refresh round
+// evaluates everything again (deadlines refreshed), a batch per pass.
 func (d *Daemon) apply(now time.Time, changedAt []time.Time) {
 	first := !d.firstDone.Load()
-	full := first || now.Sub(d.lastFull) >= d.cfg.EntryTTL/4
-	if full {
+	if first {
 		d.lastFull = now
+	} else if now.Sub(d.lastFull) >= d.cfg.EntryTTL/4 {
+		d.lastFull = now
+		d.reconciler.startRefresh(d.model)
 	}
-	res := d.reconciler.apply(d.model, now, full)
+	res := d.reconciler.apply(d.model, now, first)
 	done := d.clock.Now()
 	d.Metrics.DatapathOps.Add(float64(res.Ops))
 	if res.Ops > 0 {
@@ -93,10 +100,6 @@ func (d *Daemon) apply(now time.Time, changedAt []time.Time) {
 	if first {
 		d.model.ids.forgetPinned() // adopted or replaced by now
 		d.log.Info("first datapath pass done", logKeyOps, res.Ops)
-		// The initial lists decoded the whole cluster once; hand that
-		// garbage back to the node now rather than whenever the
-		// scavenger gets to it.
-		defer debug.FreeOSMemory()
 		d.firstDone.Store(true)
 	}
 }
@@ -107,15 +110,17 @@ func (d *Daemon) apply(now time.Time, changedAt []time.Time) {
 // (this node knows its pod is draining even when the API server could not
 // be reached to renew the Lease).
 func (d *Daemon) podDrains(now time.Time) map[types.UID]*podDrain {
-	out := map[types.UID]*podDrain{}
-	local := map[netip.Addr]*k8s.Pod{}
-	for _, p := range d.state.LocalPods() {
+	pods, leases := d.state.LocalPods(), d.state.DrainLeases()
+	// It runs every pass: sized once, the maps never grow (and rehash).
+	out := make(map[types.UID]*podDrain, len(leases))
+	local := make(map[netip.Addr]*k8s.Pod, len(pods))
+	for _, p := range pods {
 		for _, ip := range p.IPs {
 			local[ip] = p
 		}
 	}
-	names := map[string]bool{}
-	for _, l := range d.state.DrainLeases() {
+	names := make(map[string]bool, len(leases))
+	for _, l := range leases {
 		names[l.Name] = true
 		if !l.Expires().After(now) {
 			continue

@@ -193,8 +193,8 @@ func TestVanishedEndpointSteeredOnceGone(t *testing.T) {
 			wildcard("10.0.0.1", bpf.TCP): bpf.PolicyOff, wildcard("10.0.0.1", bpf.UDP): bpf.PolicyOff,
 		}}
 	h.check(want)
-	if got := h.d.model.results["default/web"].draining[key("10.0.0.1:8080", bpf.TCP)].reason; got != ReasonVanished {
-		t.Errorf("reason %q, want %q", got, ReasonVanished)
+	if got, _ := h.d.model.results["default/web"].drainingAt(key("10.0.0.1:8080", bpf.TCP)); got.reason != ReasonVanished {
+		t.Errorf("reason %q, want %q", got.reason, ReasonVanished)
 	}
 	// The next pass (asked for by the first) makes it a departure: it
 	// lingers, the VIP stays steered; the pod's other ports are refused

@@ -59,20 +59,29 @@ func (v *vanishIntake) observe(old, cur *k8s.Slice, now time.Time) {
 	if old == nil || old.Service == "" {
 		return
 	}
-	type who struct {
-		addr string
-		uid  types.UID
-	}
-	still := map[who]bool{}
-	if cur != nil {
-		for i := range cur.Endpoints {
-			still[who{cur.Endpoints[i].Addr.String(), cur.Endpoints[i].PodUID}] = true
+	// It runs on every slice event: no allocation unless one vanished. A
+	// slice is small (at most 1,000 endpoints, usually tens) and an update
+	// usually keeps its endpoints in place, so look there first.
+	listed := func(i int, e *k8s.Endpoint) bool {
+		if cur == nil {
+			return false
 		}
+		if i < cur.Len() {
+			if c := cur.Endpoint(i); c.Addr == e.Addr && c.PodUID == e.PodUID {
+				return true
+			}
+		}
+		for j := range cur.Len() {
+			if c := cur.Endpoint(j); c.Addr == e.Addr && c.PodUID == e.PodUID {
+				return true
+			}
+		}
+		return false
 	}
 	var out []vanishedEndpoint
-	for i := range old.Endpoints {
-		e := &old.Endpoints[i]
-		if !e.Ready() || e.PodUID == "" || still[who{e.Addr.String(), e.PodUID}] {
+	for i := range old.Len() {
+		e := old.Endpoint(i)
+		if !e.Ready() || e.PodUID == "" || listed(i, &e) {
 			continue
 		}
 		for _, p := range old.Ports {
@@ -181,15 +190,17 @@ func (m *model) withVanished(key string, svc *k8s.Service, cat categorized, now 
 	}
 	old := m.results[key]
 	for _, v := range pend {
-		if _, listed := cat.listed[v.key]; listed {
+		if _, listed := cat.listed.uidOf(v.key); listed {
 			continue // listed again: moved between slices, or back
 		}
 		if !m.goneDrain(v.uid) {
 			m.vanish.pending[key] = append(m.vanish.pending[key], v) // not (yet) known gone
 			continue
 		}
-		if old != nil && old.draining[v.key].uid == v.uid && old.draining[v.key].kind != 0 {
-			continue // it was draining: it departs the usual way
+		if old != nil {
+			if c, ok := old.drainingAt(v.key); ok && c.uid == v.uid && c.kind != 0 {
+				continue // it was draining: it departs the usual way
+			}
 		}
 		if m.claims.claimedByOther(v.key.Addr, v.uid) {
 			continue

@@ -6,8 +6,11 @@
 package k8s
 
 import (
+	"math"
 	"net/netip"
-	"unique"
+	"strings"
+	"sync"
+	"sync/atomic"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -94,7 +97,66 @@ type Slice struct {
 	Controller bool
 	Family     Family
 	Ports      []SlicePort
-	Endpoints  []Endpoint
+
+	// The endpoints, packed (Len and Endpoint read them): the informer
+	// keeps every endpoint of the cluster, so they hold no pointer (the GC
+	// never scans them) and share one string for their pods' UIDs and
+	// names.
+	endpoints []packedEndpoint
+	strs      string
+}
+
+// packedEndpoint is an Endpoint as a Slice stores it: 36 bytes, no
+// pointers.
+type packedEndpoint struct {
+	addr            [16]byte // IPv4 as IPv4-mapped IPv6
+	uid, name       uint32   // offsets in the slice's strs
+	node            uint32   // index in nodeNames (0: none)
+	uidLen, nameLen uint16
+	conds           uint8
+	v4              bool
+}
+
+// Len returns the number of endpoints.
+func (s *Slice) Len() int { return len(s.endpoints) }
+
+// Endpoint returns endpoint i (0 <= i < Len).
+func (s *Slice) Endpoint(i int) Endpoint {
+	p := &s.endpoints[i]
+	e := Endpoint{Addr: netip.AddrFrom16(p.addr), Conds: p.conds, Node: nodeNames.name(p.node),
+		PodUID: types.UID(s.strs[p.uid : p.uid+uint32(p.uidLen)]), PodName: s.strs[p.name : p.name+uint32(p.nameLen)]}
+	if p.v4 {
+		e.Addr = e.Addr.Unmap()
+	}
+	return e
+}
+
+// SetEndpoints replaces the endpoints (a slice built by hand, in tests).
+// Addresses with a zone, and pod UIDs or names longer than 65,535 bytes,
+// are skipped and counted: the API accepts neither.
+func (s *Slice) SetEndpoints(eps []Endpoint) (skipped int) {
+	size := 0
+	for i := range eps {
+		size += len(eps[i].PodUID) + len(eps[i].PodName)
+	}
+	var strs strings.Builder
+	strs.Grow(size)
+	s.endpoints = make([]packedEndpoint, 0, len(eps))
+	for i := range eps {
+		e := &eps[i]
+		if e.Addr.Zone() != "" || len(e.PodUID) > math.MaxUint16 || len(e.PodName) > math.MaxUint16 {
+			skipped++
+			continue
+		}
+		p := packedEndpoint{addr: e.Addr.As16(), v4: e.Addr.Is4(), conds: e.Conds, node: nodeNames.index(e.Node),
+			uid: uint32(strs.Len()), uidLen: uint16(len(e.PodUID))}
+		strs.WriteString(string(e.PodUID))
+		p.name, p.nameLen = uint32(strs.Len()), uint16(len(e.PodName))
+		strs.WriteString(e.PodName)
+		s.endpoints = append(s.endpoints, p)
+	}
+	s.strs = strs.String()
+	return skipped
 }
 
 // Trusted reports whether the slice is the cluster's own record of svc's
@@ -158,16 +220,68 @@ func (p *Pod) KilledWithoutGrace() bool {
 	return p.DeletionTimestamp != nil && p.DeletionGracePeriodSeconds != nil && *p.DeletionGracePeriodSeconds == 0
 }
 
-// slimMeta keeps the identity of an object and nothing else.
+// slimMeta keeps the identity of an object and nothing else. Its strings
+// are copied into one allocation: the decoded ones sit among the garbage of
+// the decoding, and a few long-lived strings pin whole spans of it.
 func slimMeta(m *metav1.ObjectMeta) metav1.ObjectMeta {
+	var b strings.Builder
+	b.Grow(len(m.Name) + len(m.Namespace) + len(m.UID) + len(m.ResourceVersion))
+	keep := func(v string) string {
+		start := b.Len()
+		b.WriteString(v) // within the capacity grown: never moves
+		return b.String()[start:]
+	}
 	return metav1.ObjectMeta{
-		Name:              m.Name,
-		Namespace:         m.Namespace,
-		UID:               m.UID,
-		ResourceVersion:   m.ResourceVersion,
+		Name:              keep(m.Name),
+		Namespace:         keep(m.Namespace),
+		UID:               types.UID(keep(string(m.UID))),
+		ResourceVersion:   keep(m.ResourceVersion),
 		DeletionTimestamp: m.DeletionTimestamp,
 	}
 }
+
+// nodeTable numbers node names: a cluster has hundreds of nodes, its
+// slices name them 100,000 times, and a number (unlike a string) is no
+// pointer for the GC to follow. Numbers are never reused; 0 is "".
+type nodeTable struct {
+	mu      sync.Mutex
+	numbers map[string]uint32
+	names   atomic.Pointer[[]string] // readers load it without the lock
+}
+
+func (t *nodeTable) name(i uint32) string {
+	if i == 0 {
+		return ""
+	}
+	return (*t.names.Load())[i]
+}
+
+func (t *nodeTable) index(name string) uint32 {
+	if name == "" {
+		return 0
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if i, ok := t.numbers[name]; ok {
+		return i
+	}
+	var names []string
+	if p := t.names.Load(); p != nil {
+		names = *p
+	} else {
+		names = []string{""}
+		t.numbers = map[string]uint32{}
+	}
+	// Readers hold a header of the old length: append writes past it (or
+	// into a new array), never under it.
+	next := append(names, strings.Clone(name))
+	i := uint32(len(next) - 1)
+	t.numbers[name] = i
+	t.names.Store(&next)
+	return i
+}
+
+var nodeNames nodeTable
 
 // SliceFrom converts an EndpointSlice. ok is false for slices draind ignores
 // (FQDN, no service label). Malformed addresses are skipped, never fatal.
@@ -201,7 +315,7 @@ func SliceFrom(s *discoveryv1.EndpointSlice) (sl *Slice, skipped int) {
 		}
 		out.Ports = append(out.Ports, SlicePort{Name: name, Port: uint16(*p.Port), Protocol: pr})
 	}
-	out.Endpoints = make([]Endpoint, 0, len(s.Endpoints))
+	eps := make([]Endpoint, 0, len(s.Endpoints))
 	for i := range s.Endpoints {
 		e := &s.Endpoints[i]
 		if len(e.Addresses) == 0 {
@@ -231,9 +345,7 @@ func SliceFrom(s *discoveryv1.EndpointSlice) (sl *Slice, skipped int) {
 			ep.Conds |= CondTerminating
 		}
 		if e.NodeName != nil {
-			// A cluster has hundreds of nodes and its slices repeat
-			// them 100,000 times: share one copy of each name.
-			ep.Node = unique.Make(*e.NodeName).Value()
+			ep.Node = *e.NodeName // numbered in nodeNames as it is packed
 		}
 		// A Pod of another namespace is no pod of this slice's Service:
 		// the endpoint is kept (kube-proxy routes to it), its identity
@@ -242,8 +354,9 @@ func SliceFrom(s *discoveryv1.EndpointSlice) (sl *Slice, skipped int) {
 			ep.PodUID = r.UID
 			ep.PodName = r.Name
 		}
-		out.Endpoints = append(out.Endpoints, ep)
+		eps = append(eps, ep)
 	}
+	skipped += out.SetEndpoints(eps)
 	return out, skipped
 }
 

@@ -1,13 +1,17 @@
 package k8s
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/draind/draind/bpf"
 )
@@ -45,24 +49,24 @@ func TestSliceFrom(t *testing.T) {
 	if !slices.Equal(sl.Ports, wantPorts) {
 		t.Errorf("ports %v, want %v", sl.Ports, wantPorts)
 	}
-	if len(sl.Endpoints) != 3 {
-		t.Fatalf("endpoints %+v", sl.Endpoints)
+	if sl.Len() != 3 {
+		t.Fatalf("endpoints %+v", sl.endpoints)
 	}
-	e := sl.Endpoints[0]
+	e := sl.Endpoint(0)
 	if !e.Ready() || !e.Serving() || e.Terminating() || e.Node != "node-a" || e.PodUID != "u1" || e.PodName != "p1" {
 		t.Errorf("endpoint 0 %+v", e)
 	}
-	e = sl.Endpoints[1]
+	e = sl.Endpoint(1)
 	if e.Ready() || !e.Serving() || !e.Terminating() {
 		t.Errorf("endpoint 1 %+v", e)
 	}
-	if e := sl.Endpoints[2]; e.PodUID != "" || e.Addr != netip.MustParseAddr("10.0.0.3") {
+	if e := sl.Endpoint(2); e.PodUID != "" || e.Addr != netip.MustParseAddr("10.0.0.3") {
 		t.Errorf("a non-pod target is not a pod: %+v", e)
 	}
 	// FQDN slices carry nothing draind steers.
 	fq, _ := SliceFrom(&discoveryv1.EndpointSlice{AddressType: discoveryv1.AddressTypeFQDN,
 		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"example.com"}}}})
-	if fq.Family != 0 || len(fq.Endpoints) != 0 {
+	if fq.Family != 0 || fq.Len() != 0 {
 		t.Errorf("FQDN slice %+v", fq)
 	}
 }
@@ -122,4 +126,49 @@ func TestPodFrom(t *testing.T) {
 	if got := PodFrom(&corev1.Pod{Status: corev1.PodStatus{PodIP: "10.0.0.2"}}); len(got.IPs) != 1 {
 		t.Errorf("podIP only: %+v", got.IPs)
 	}
+}
+
+// TestSliceEndpointsPacked: what a slice stores packed reads back as it was
+// given, in every address form; what the API would refuse is skipped.
+func TestSliceEndpointsPacked(t *testing.T) {
+	in := []Endpoint{
+		{Addr: netip.MustParseAddr("10.0.0.1"), Conds: CondReady | CondServing, Node: "node-a", PodUID: "u1", PodName: "p1"},
+		{Addr: netip.MustParseAddr("fd00::1"), Conds: CondTerminating, Node: "node-b", PodUID: "u2", PodName: "p2"},
+		{Addr: netip.MustParseAddr("::ffff:10.0.0.2"), Node: "node-a"},                         // stays IPv4-mapped IPv6
+		{Addr: netip.MustParseAddr("10.0.0.3")},                                                // no node, no pod
+		{Addr: netip.MustParseAddr("fe80::1%eth0"), PodUID: "u5"},                              // a zone: skipped
+		{Addr: netip.MustParseAddr("10.0.0.6"), PodUID: types.UID(strings.Repeat("u", 70000))}, // skipped
+	}
+	var s Slice
+	if skipped := s.SetEndpoints(in); skipped != 2 {
+		t.Errorf("skipped %d, want 2", skipped)
+	}
+	if s.Len() != 4 {
+		t.Fatalf("%d endpoints, want 4", s.Len())
+	}
+	for i := range s.Len() {
+		if got := s.Endpoint(i); got != in[i] {
+			t.Errorf("endpoint %d: %+v, want %+v", i, got, in[i])
+		}
+	}
+}
+
+// TestNodeNumbersConcurrent: slices are converted on several informer
+// goroutines while the model reads others (run with -race).
+func TestNodeNumbersConcurrent(t *testing.T) {
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			for i := range 500 {
+				node := fmt.Sprintf("concurrent-%d-%d", g, i%50)
+				var s Slice
+				s.SetEndpoints([]Endpoint{{Addr: netip.MustParseAddr("10.0.0.1"), Node: node}})
+				if got := s.Endpoint(0).Node; got != node {
+					t.Errorf("node %q read back as %q", node, got)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
 }

@@ -1,0 +1,211 @@
+package daemon
+
+import (
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/draind/draind/k8s"
+)
+
+// claimsReference answers the claims' questions from scratch, from the
+// slices applied: what claims must keep answering however it indexes them.
+type claimsReference map[string]*k8s.Slice
+
+// ready returns the pods listed ready at ip.
+func (r claimsReference) ready(ip netip.Addr) []types.UID {
+	var out []types.UID
+	for _, s := range r {
+		for i := range s.Len() {
+			if e := s.Endpoint(i); e.Addr == ip && e.PodUID != "" && e.Ready() && !slices.Contains(out, e.PodUID) {
+				out = append(out, e.PodUID)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// nodes returns whether uid is listed at ip and the nodes it is listed on.
+func (r claimsReference) nodes(ip netip.Addr, uid types.UID) (listed bool, nodes []string) {
+	for _, s := range r {
+		for i := range s.Len() {
+			if e := s.Endpoint(i); e.Addr == ip && e.PodUID == uid {
+				listed = true
+				if e.Node != "" {
+					nodes = append(nodes, e.Node)
+				}
+			}
+		}
+	}
+	return listed, nodes
+}
+
+// refDeparted is a pod's last listing at an IP that ended: the nodes it
+// was listed on just before.
+type refDeparted struct {
+	uid   types.UID
+	nodes []string
+	at    time.Time
+}
+
+// TestClaimsMatchReference applies random slice states (shared IPs, a pod
+// listed by several slices, pods listed twice in one slice, endpoints
+// without a pod, IPv4 and IPv6, updates of conditions only) and checks every answer, and the IPs each
+// change reports, against the reference. A pod whose last listing at an IP
+// ended (with a node) less than keep ago is still hosted there.
+func TestClaimsMatchReference(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	ips := []netip.Addr{netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("10.0.0.3"),
+		netip.MustParseAddr("fd00::1"), netip.MustParseAddr("fd00::2"), netip.MustParseAddr("::ffff:10.0.0.1")}
+	uids := []types.UID{"", "pod-a", "pod-b", "pod-c"}
+	nodes := []string{"", "node-1", "node-2"}
+	keys := []string{"ns/s1", "ns/s2", "ns/s3", "ns/s4"}
+	clk := clocktesting.NewFakePassiveClock(time.Unix(1e9, 0))
+	const keep = 10 * time.Second
+	c := newClaims(clk, keep)
+	ref := claimsReference{}
+	// departed: the pods whose last listing at an IP ended in the latest
+	// step that ended one there (a step may end several: any may answer).
+	departed := map[netip.Addr][]refDeparted{}
+	for step := 0; step < 20000; step++ {
+		clk.SetTime(clk.Now().Add(time.Duration(rng.IntN(2000)) * time.Millisecond))
+		key := keys[rng.IntN(len(keys))]
+		var s *k8s.Slice
+		switch prev := ref[key]; {
+		case prev != nil && rng.IntN(3) == 0:
+			// The usual update: the same endpoints, new conditions.
+			s = &k8s.Slice{}
+			var eps []k8s.Endpoint
+			for i := range prev.Len() {
+				e := prev.Endpoint(i)
+				e.Conds = uint8(rng.IntN(8))
+				eps = append(eps, e)
+			}
+			s.SetEndpoints(eps)
+		case rng.IntN(5) > 0:
+			s = &k8s.Slice{}
+			var eps []k8s.Endpoint
+			for range rng.IntN(5) {
+				e := k8s.Endpoint{Addr: ips[rng.IntN(len(ips))], PodUID: uids[rng.IntN(len(uids))], Node: nodes[rng.IntN(len(nodes))]}
+				e.Conds = uint8(rng.IntN(8))
+				eps = append(eps, e)
+			}
+			s.SetEndpoints(eps)
+		}
+		before := map[netip.Addr][]types.UID{}
+		type ipUID struct {
+			ip  netip.Addr
+			uid types.UID
+		}
+		nodesBefore := map[ipUID][]string{}
+		for _, ip := range ips {
+			before[ip] = ref.ready(ip)
+			for _, uid := range uids[1:] {
+				if listed, ns := ref.nodes(ip, uid); listed {
+					nodesBefore[ipUID{ip, uid}] = ns
+				}
+			}
+		}
+		changed := c.setSlice(key, s)
+		if s == nil {
+			delete(ref, key)
+		} else {
+			ref[key] = s
+		}
+		departedNow := map[netip.Addr][]refDeparted{}
+		for k, ns := range nodesBefore {
+			if listed, _ := ref.nodes(k.ip, k.uid); !listed && len(ns) > 0 {
+				departedNow[k.ip] = append(departedNow[k.ip], refDeparted{k.uid, ns, clk.Now()})
+			}
+		}
+		maps.Copy(departed, departedNow)
+		var want []netip.Addr
+		for _, ip := range ips {
+			if !slices.Equal(before[ip], ref.ready(ip)) {
+				want = append(want, ip)
+			}
+		}
+		slices.SortFunc(changed, netip.Addr.Compare)
+		changed = slices.Compact(changed)
+		slices.SortFunc(want, netip.Addr.Compare)
+		if !slices.Equal(changed, want) {
+			t.Fatalf("step %d: setSlice(%s) reported %v changed, want %v", step, key, changed, want)
+		}
+		for _, ip := range ips {
+			ready := ref.ready(ip)
+			for _, uid := range uids[1:] {
+				other := slices.ContainsFunc(ready, func(u types.UID) bool { return u != uid })
+				if got := c.claimedByOther(ip, uid); got != other {
+					t.Fatalf("step %d: claimedByOther(%v, %s) = %v, want %v (ready: %v)", step, ip, uid, got, other, ready)
+				}
+				listed, ns := ref.nodes(ip, uid)
+				var gone []string // the nodes it departed from, remembered
+				for _, d := range departed[ip] {
+					if d.uid == uid && clk.Since(d.at) < keep {
+						gone = d.nodes
+					}
+				}
+				tie := len(departed[ip]) > 1 // which one the index remembers is its choice
+				node, gotListed := c.hostOf(ip, uid)
+				switch {
+				case len(ns) > 0:
+					if !gotListed || !slices.Contains(ns, node) {
+						t.Fatalf("step %d: hostOf(%v, %s) = %q, %v; want listed on one of %v", step, ip, uid, node, gotListed, ns)
+					}
+				case listed: // listed without a node: a remembered host may answer
+					if !gotListed || (node != "" && !slices.Contains(gone, node)) {
+						t.Fatalf("step %d: hostOf(%v, %s) = %q, %v; want listed, on no node or one of %v", step, ip, uid, node, gotListed, gone)
+					}
+				case len(gone) > 0 && tie:
+					if gotListed && !slices.Contains(gone, node) {
+						t.Fatalf("step %d: hostOf(%v, %s) = %q, %v; want not listed or remembered on one of %v", step, ip, uid, node, gotListed, gone)
+					}
+				case len(gone) > 0:
+					if !gotListed || !slices.Contains(gone, node) {
+						t.Fatalf("step %d: hostOf(%v, %s) = %q, %v; want remembered on one of %v", step, ip, uid, node, gotListed, gone)
+					}
+				default:
+					if gotListed || node != "" {
+						t.Fatalf("step %d: hostOf(%v, %s) = %q, %v; want not listed", step, ip, uid, node, gotListed)
+					}
+				}
+			}
+		}
+	}
+	// Everything removed: nothing is left in the index.
+	for _, key := range keys {
+		c.setSlice(key, nil)
+	}
+	if n := len(c.byIP.v4) + len(c.byIP.other) + len(c.byIP.more) + len(c.slices); n != 0 {
+		t.Fatalf("%d index entries left after every slice went", n)
+	}
+}
+
+// TestClaimsSameStateTwice: re-applying a slice (a Service event re-applies
+// its slices) reports nothing and counts nothing twice.
+func TestClaimsSameStateTwice(t *testing.T) {
+	c := newClaims(clocktesting.NewFakePassiveClock(time.Unix(1e9, 0)), time.Minute)
+	ip := netip.MustParseAddr("10.0.0.1")
+	s := &k8s.Slice{}
+	s.SetEndpoints([]k8s.Endpoint{{Addr: ip, PodUID: "a", Node: "n1", Conds: k8s.CondReady}})
+	if got := c.setSlice("ns/s", s); !slices.Equal(got, []netip.Addr{ip}) {
+		t.Fatalf("first apply reported %v, want [%v]", got, ip)
+	}
+	if got := c.setSlice("ns/s", s); len(got) != 0 {
+		t.Fatalf("second apply reported %v, want nothing", got)
+	}
+	if got := c.setSlice("ns/s", nil); !slices.Equal(got, []netip.Addr{ip}) {
+		t.Fatalf("removal reported %v, want [%v]", got, ip)
+	}
+	if c.claimedByOther(ip, "b") {
+		t.Fatal(fmt.Sprintf("%v still claimed after its slice went", ip))
+	}
+}
