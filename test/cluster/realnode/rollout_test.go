@@ -541,8 +541,8 @@ func uninstall(ctx context.Context, t *testing.T, n *realnode.Node, overlay, bin
 	// What the README says: after delete -k the hooks stay attached (pinned).
 	left := attachedPrograms(t, kubepods)
 	t.Logf("after kubectl delete -k: programs on %s: %v", kubepods, left)
-	if len(left) != 3 {
-		t.Errorf("after kubectl delete -k want draind's 3 programs still attached (pinned, as the README says), have %v", left)
+	if len(left) != len(draindPrograms) {
+		t.Errorf("after kubectl delete -k want draind's %d programs still attached (pinned, as the README says), have %v", len(draindPrograms), left)
 	}
 	out, err := runHost(ctx, binary, "bpf", "remove")
 	if err != nil {
