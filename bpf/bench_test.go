@@ -45,12 +45,20 @@ type benchBed struct {
 	draining    bool
 }
 
-func newBenchBed(b *testing.B) *benchBed {
+func newBenchBed(b *testing.B) *benchBed { return newBenchBedWith(b, false) }
+
+// newBenchBedWith builds the bench bed, with the socket hooks attached too
+// if sockets.
+func newBenchBedWith(b *testing.B, sockets bool) *benchBed {
 	if r := bed.PrivilegedReason(); r != "" {
 		b.Skip("SKIP: " + r)
 	}
-	if _, err := bpf.Probe(); err != nil {
+	feat, err := bpf.Probe()
+	if err != nil {
 		b.Skipf("SKIP: kernel cannot run the datapath: %v", err)
+	}
+	if sockets && !feat.Sockets {
+		b.Skipf("SKIP: kernel cannot run the socket hooks: %s", feat.SocketsMissing)
 	}
 	stats, err := bpf.EnableRunTimeStats()
 	if err != nil {
@@ -139,7 +147,7 @@ func newBenchBed(b *testing.B) *benchBed {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { unmount() })
-	dp, err := bpf.Load(bpf.Options{PinDir: dir})
+	dp, err := bpf.Load(bpf.Options{PinDir: dir, Sockets: sockets})
 	if err != nil {
 		b.Fatal(err)
 	}

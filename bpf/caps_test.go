@@ -25,6 +25,12 @@ type capCheck struct {
 	Backends  []bpf.Backends
 	Frontends []bpf.Frontend
 	Drains    []bpf.Drain
+	// Sockets loads the socket hooks too, and writes GonePeers.
+	Sockets   bool
+	GonePeers []bpf.GonePeer
+	// ReportProbe makes the child print what Probe says of socket
+	// iterators instead of running the life cycle.
+	ReportProbe bool
 }
 
 // capCheckMain runs the check if this process is the child, and exits.
@@ -46,11 +52,20 @@ func runCapCheck(cfg string) error {
 	if err := json.Unmarshal([]byte(cfg), &c); err != nil {
 		return err
 	}
-	if _, err := bpf.Probe(); err != nil {
+	f, err := bpf.Probe()
+	if err != nil {
 		return err
 	}
+	if c.ReportProbe {
+		fmt.Println(f.SocketIterators)
+		os.Exit(0)
+	}
+	want := 7
+	if c.Sockets {
+		want = 9
+	}
 	for round := 0; round < 2; round++ { // the second round replaces the programs in place
-		dp, err := bpf.Load(bpf.Options{PinDir: c.PinDir})
+		dp, err := bpf.Load(bpf.Options{PinDir: c.PinDir, Sockets: c.Sockets})
 		if err != nil {
 			return err
 		}
@@ -67,10 +82,13 @@ func runCapCheck(cfg string) error {
 		for _, d := range c.Drains {
 			err = errors.Join(err, dp.UpsertDrain(d))
 		}
+		for _, g := range c.GonePeers {
+			err = errors.Join(err, dp.UpsertGonePeer(g))
+		}
 		if _, serr := dp.MapStats(); serr != nil {
 			err = errors.Join(err, serr)
 		}
-		if len(dp.Attached()) != 7 {
+		if len(dp.Attached()) != want {
 			err = errors.Join(err, fmt.Errorf("attached %v", dp.Attached()))
 		}
 		if err = errors.Join(err, dp.Close()); err != nil {
@@ -155,4 +173,51 @@ func TestPrivilegedUDPDaemonSetCapabilities(t *testing.T) {
 	if r.OK != 60 || r.By["srv1"] == 0 {
 		t.Errorf("after Remove the VIP must be kube-proxy's again (srv1 included): %v %v", r.By, r.Fails)
 	}
+}
+
+// TestPrivilegedSocketDaemonSetCapabilities proves that the DaemonSet's
+// capabilities (CAP_BPF and CAP_NET_ADMIN) load and attach the socket hooks
+// too (sock_ops and cgroup_skb egress), and that what the child wrote ends a
+// connected UDP socket to a gone pod; and that the socket iterators (where
+// bpf_sock_destroy is callable) are refused under them (CAP_PERFMON).
+func TestPrivilegedSocketDaemonSetCapabilities(t *testing.T) {
+	f := newUDPFixtureWith(t, true)
+	srv1 := netip.AddrPortFrom(f.pods[0].IP4, podPort)
+	if r := f.sock.call(t, sockReq{Op: "connect", ID: "a", Family: "4", Addr: srv1.String()}); r.OK != 1 {
+		t.Fatalf("connect: %+v", r)
+	}
+	must(t, f.dp.Close())
+	must(t, bpf.Remove(f.pinDir))
+	if _, err := exec.LookPath("setpriv"); err != nil {
+		t.Fatalf("setpriv (util-linux) is needed to drop capabilities: %v", err)
+	}
+	cfg := capCheck{PinDir: f.pinDir, Cgroup: f.node.Pods.Path, Sockets: true,
+		GonePeers: []bpf.GonePeer{{Addr: f.pods[0].IP4, GoneAt: time.Now(), Expires: time.Now().Add(time.Minute)}}}
+	self, err := os.Executable()
+	must(t, err)
+	run := func(c capCheck, caps string) (string, error) {
+		b, err := json.Marshal(c)
+		must(t, err)
+		cmd := exec.Command("setpriv", "--bounding-set=-all,"+caps, "--inh-caps=-all", "--", self)
+		cmd.Env = append(os.Environ(), envCapCheck+"="+string(b))
+		out, err := cmd.CombinedOutput()
+		return strings.TrimSpace(string(out)), err
+	}
+	if out, err := run(cfg, "+bpf,+net_admin"); err != nil || out != "ok" {
+		t.Fatalf("socket hooks with CAP_BPF and CAP_NET_ADMIN only: %v %q", err, out)
+	}
+	links, err := os.ReadDir(filepath.Join(f.pinDir, "links"))
+	must(t, err)
+	if len(links) != 9 {
+		t.Errorf("pinned links after the child: %d, want 9", len(links))
+	}
+	if r := f.sock.call(t, sockReq{Op: "exchange", ID: "a"}); r.Fails["eperm"] != 1 {
+		t.Errorf("connected UDP to the gone pod through the child's programs: %+v", r)
+	}
+	out, err := run(capCheck{ReportProbe: true}, "+bpf,+net_admin")
+	if err != nil || !strings.Contains(out, "need CAP_PERFMON") {
+		t.Errorf("socket iterators with CAP_BPF and CAP_NET_ADMIN: want refused for lack of CAP_PERFMON, got %v %q", err, out)
+	}
+	t.Logf("socket iterators under the DaemonSet's capabilities: %s", out)
+	must(t, bpf.Remove(f.pinDir))
 }

@@ -1,8 +1,9 @@
 // Package bpf is draind's datapath: the connect4/connect6 steering hooks,
 // the sendmsg/recvmsg hooks that steer unconnected UDP datagram by datagram,
-// and the SYN observer (C sources in this directory, compiled by bpf2go), and
-// a small typed API to load them, attach them to the pods' cgroup and fill
-// their maps.
+// the SYN observer, and (with Options.Sockets) the socket hooks that count
+// live connections per pod address and end client sockets pinned to gone
+// pods (C sources in this directory, compiled by bpf2go), and a small typed
+// API to load them, attach them to the pods' cgroup and fill their maps.
 //
 // Maps and links are pinned under a bpffs directory, so a restart or an
 // upgrade of draind keeps steering: Load adopts what is pinned, Attach swaps
@@ -68,45 +69,70 @@ const (
 	MapUDPCounters MapName = "draind_udp_counters"
 	// MapUDPReverse holds the reverse translations of steered UDP (LRU).
 	MapUDPReverse MapName = "draind_udp_reverse"
-	// MapNode is the one-entry "something drains on this node" flag.
+	// MapNode is the one-entry "something drains on this node" flag (and
+	// "something is gone").
 	MapNode MapName = "draind_node"
+	// MapLocalConns counts passively established connections per local
+	// pod address.
+	MapLocalConns MapName = "draind_local_conns"
+	// MapGonePeers holds the gone pod IPs whose client sockets end.
+	MapGonePeers MapName = "draind_gone_peers"
+	// MapGoneFlows holds client flows to a VIP that conntrack translated
+	// to a gone pod.
+	MapGoneFlows MapName = "draind_gone_flows"
+	// MapSockCounters counts what the socket hooks did.
+	MapSockCounters MapName = "draind_sock_counters"
+	// MapSockInfo records when connection counting started.
+	MapSockInfo MapName = "draind_sock_info"
 )
 
-// MapNames lists the maps in a fixed order. draind_udp_sockets (per-socket
-// storage: it lives and dies with the sockets and cannot be enumerated) is
-// not among them.
+// MapNames lists the maps in a fixed order. draind_udp_sockets and
+// draind_sock_state (per-socket storage: it lives and dies with the sockets
+// and cannot be enumerated) are not among them.
 var MapNames = []MapName{MapFrontends, MapServices, MapBackends, MapDrains, MapDrainStats, MapCounters,
-	MapUDPCounters, MapUDPReverse, MapNode}
+	MapUDPCounters, MapUDPReverse, MapNode, MapLocalConns, MapGonePeers, MapGoneFlows, MapSockCounters, MapSockInfo}
 
 // laterMaps arrived after the first release: pins left by an older draind
 // may lack them, and the read-only view (OpenPinned) does without.
-var laterMaps = map[MapName]bool{MapUDPCounters: true, MapUDPReverse: true, MapNode: true}
+var laterMaps = map[MapName]bool{MapUDPCounters: true, MapUDPReverse: true, MapNode: true,
+	MapLocalConns: true, MapGonePeers: true, MapGoneFlows: true, MapSockCounters: true, MapSockInfo: true}
 
 // Options configure Load.
 type Options struct {
 	// PinDir is a directory on a bpf filesystem; DefaultPinDir if empty.
 	PinDir string
+	// Sockets also loads and attaches the socket hooks: sock_ops (live
+	// connections per pod address, ending TCP sockets to gone pods) and
+	// cgroup_skb egress (ending connected UDP sockets to gone pods). Probe
+	// says whether the kernel has what they need (Features.Sockets).
+	Sockets bool
 }
 
 // Datapath is the loaded programs and their maps. Its methods are safe for
 // concurrent use.
 type Datapath struct {
-	pinDir string
-	steer  steerObjects
-	udp    udpObjects
-	obs    observeObjects
+	pinDir  string
+	steer   steerObjects
+	udp     udpObjects
+	obs     observeObjects
+	sockets bool // the socket hooks are loaded
+	sock    sockopsObjects
+	egr     egressObjects
 
 	mu    sync.Mutex // serialises backend-set swaps and attachment
 	links []namedLink
 
 	// entries serialises every write to draind_frontends and draind_drains
-	// with the flag in draind_node, so that the flag is never "idle" while
-	// an entry exists.
+	// (and to draind_gone_peers and draind_gone_flows) with the flags in
+	// draind_node, so that a flag is never "idle" while an entry exists.
 	entries struct {
 		sync.Mutex
 		frontends map[steerEpKey]struct{}
 		drains    map[steerEpKey]struct{}
 		draining  bool // what draind_node says
+		gonePeers map[sockopsAddrKey]struct{}
+		goneFlows map[sockopsFlowKey]struct{}
+		gone      bool // what draind_node says
 	}
 
 	updateErrors map[MapName]*atomic.Uint64
@@ -170,13 +196,35 @@ func Load(opts Options) (*Datapath, error) {
 		d.udp.Close()
 		return nil, fmt.Errorf("loading SYN observer: %w", explainLoad(err, mapDir))
 	}
+	if opts.Sockets {
+		if err := d.loadSockets(copts, mapDir); err != nil {
+			d.steer.Close()
+			d.udp.Close()
+			d.obs.Close()
+			return nil, err
+		}
+	}
 	if err := d.adoptEntries(); err != nil {
-		d.steer.Close()
-		d.udp.Close()
-		d.obs.Close()
+		d.closeObjects()
 		return nil, err
 	}
+	if !opts.Sockets {
+		// Gone entries a draind with the socket hooks left would keep the
+		// gone flag up, and the connect hooks looking, for nothing.
+		if err := d.clearGone(); err != nil {
+			d.closeObjects()
+			return nil, err
+		}
+	}
 	return d, nil
+}
+
+func (d *Datapath) closeObjects() error {
+	errs := []error{d.steer.Close(), d.udp.Close(), d.obs.Close()}
+	if d.sockets {
+		errs = append(errs, d.sock.Close(), d.egr.Close())
+	}
+	return errors.Join(errs...)
 }
 
 // adoptEntries learns which frontend and drain entries the (possibly
@@ -187,22 +235,29 @@ func (d *Datapath) adoptEntries() error {
 	d.entries.Lock()
 	defer d.entries.Unlock()
 	var err error
-	if d.entries.frontends, err = keysOf(d.steer.DraindFrontends); err != nil {
+	if d.entries.frontends, err = keysOf[steerEpKey](d.steer.DraindFrontends); err != nil {
 		return fmt.Errorf("adopting frontends: %w", err)
 	}
-	if d.entries.drains, err = keysOf(d.steer.DraindDrains); err != nil {
+	if d.entries.drains, err = keysOf[steerEpKey](d.steer.DraindDrains); err != nil {
 		return fmt.Errorf("adopting drains: %w", err)
 	}
+	if d.entries.gonePeers, err = keysOf[sockopsAddrKey](d.steer.DraindGonePeers); err != nil {
+		return fmt.Errorf("adopting gone peers: %w", err)
+	}
+	if d.entries.goneFlows, err = keysOf[sockopsFlowKey](d.steer.DraindGoneFlows); err != nil {
+		return fmt.Errorf("adopting gone flows: %w", err)
+	}
 	on := len(d.entries.frontends)+len(d.entries.drains) > 0
-	if err := d.writeDraining(on); err != nil {
+	gone := len(d.entries.gonePeers)+len(d.entries.goneFlows) > 0
+	if err := d.writeFlags(on, gone); err != nil {
 		return fmt.Errorf("adopting pinned maps: %w", err)
 	}
 	return nil
 }
 
-func keysOf(m *ebpf.Map) (map[steerEpKey]struct{}, error) {
-	out := map[steerEpKey]struct{}{}
-	var k, next steerEpKey
+func keysOf[K comparable](m *ebpf.Map) (map[K]struct{}, error) {
+	out := map[K]struct{}{}
+	var k, next K
 	var prev any // nil: the first key
 	for {
 		if err := m.NextKey(prev, &next); err != nil {
@@ -217,19 +272,26 @@ func keysOf(m *ebpf.Map) (map[steerEpKey]struct{}, error) {
 	}
 }
 
-// writeDraining sets draind_node. Callers hold d.entries.
-func (d *Datapath) writeDraining(on bool) error {
+// writeFlags sets draind_node. Callers hold d.entries.
+func (d *Datapath) writeFlags(draining, gone bool) error {
 	var v steerNodeState
-	if on {
+	if draining {
 		v.Draining = 1
+	}
+	if gone {
+		v.Gone = 1
 	}
 	zero := uint32(0)
 	if err := d.put(MapNode, d.steer.DraindNode, &zero, &v); err != nil {
 		return err
 	}
-	d.entries.draining = on
+	d.entries.draining, d.entries.gone = draining, gone
 	return nil
 }
+
+// writeDraining sets the draining flag, keeping the gone flag. Callers hold
+// d.entries.
+func (d *Datapath) writeDraining(on bool) error { return d.writeFlags(on, d.entries.gone) }
 
 // beforeWrite raises the flag before an entry is written. Callers hold
 // d.entries.
@@ -260,7 +322,7 @@ func explainLoad(err error, mapDir string) error {
 	case errors.Is(err, ebpf.ErrMapIncompatible):
 		return fmt.Errorf("pinned maps in %s do not match this build (remove them to start afresh): %w", mapDir, err)
 	case errors.Is(err, unix.EPERM):
-		return fmt.Errorf("permission denied (draind needs CAP_BPF, CAP_NET_ADMIN and CAP_SYS_ADMIN or root): %w", err)
+		return fmt.Errorf("permission denied (draind needs CAP_BPF and CAP_NET_ADMIN): %w", err)
 	}
 	return err
 }
@@ -277,8 +339,29 @@ type attachment struct {
 	typ  ebpf.AttachType
 }
 
+// AttachmentNames names what Attach attaches, in order (status, tests).
+func AttachmentNames() []string {
+	var d Datapath
+	var out []string
+	for _, a := range d.attachments() {
+		out = append(out, a.name)
+	}
+	return out
+}
+
+// AttachTypes are the cgroup attach points Attach uses, in order (tests
+// that ask the kernel what is attached).
+func AttachTypes() []ebpf.AttachType {
+	var d Datapath
+	var out []ebpf.AttachType
+	for _, a := range d.attachments() {
+		out = append(out, a.typ)
+	}
+	return out
+}
+
 func (d *Datapath) attachments() []attachment {
-	return []attachment{
+	out := []attachment{
 		{"connect4", d.steer.DraindConnect4, ebpf.AttachCGroupInet4Connect},
 		{"connect6", d.steer.DraindConnect6, ebpf.AttachCGroupInet6Connect},
 		{"sendmsg4", d.udp.DraindSendmsg4, ebpf.AttachCGroupUDP4Sendmsg},
@@ -287,6 +370,10 @@ func (d *Datapath) attachments() []attachment {
 		{"recvmsg6", d.udp.DraindRecvmsg6, ebpf.AttachCGroupUDP6Recvmsg},
 		{"observe_ingress", d.obs.DraindObserve, ebpf.AttachCGroupInetIngress},
 	}
+	if d.sockets {
+		out = append(out, d.socketAttachments()...)
+	}
+	return out
 }
 
 // Attach hooks the programs to the cgroup at path (the pods' cgroup) with
@@ -314,6 +401,9 @@ func (d *Datapath) Attach(cgroupPath string) error {
 			return err
 		}
 		d.links = append(d.links, namedLink{a.name, l})
+	}
+	if err := d.afterAttach(linkDir); err != nil {
+		return err
 	}
 	d.removeOldABIs()
 	return nil
@@ -387,7 +477,7 @@ func (d *Datapath) Close() error {
 		errs = append(errs, l.Close())
 	}
 	d.links = nil
-	errs = append(errs, d.steer.Close(), d.udp.Close(), d.obs.Close())
+	errs = append(errs, d.closeObjects())
 	return errors.Join(errs...)
 }
 
@@ -831,7 +921,9 @@ func (d *Datapath) maps() map[MapName]*ebpf.Map {
 		MapBackends: d.steer.DraindBackends, MapDrains: d.steer.DraindDrains,
 		MapDrainStats: d.steer.DraindDrainStats, MapCounters: d.steer.DraindCounters,
 		MapUDPCounters: d.steer.DraindUdpCounters, MapUDPReverse: d.steer.DraindUdpReverse,
-		MapNode: d.steer.DraindNode,
+		MapNode: d.steer.DraindNode, MapLocalConns: d.steer.DraindLocalConns,
+		MapGonePeers: d.steer.DraindGonePeers, MapGoneFlows: d.steer.DraindGoneFlows,
+		MapSockCounters: d.steer.DraindSockCounters, MapSockInfo: d.steer.DraindSockInfo,
 	}
 }
 

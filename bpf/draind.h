@@ -19,6 +19,9 @@
 #define DRAIND_MAX_BACKENDS 131072
 #define DRAIND_MAX_DRAINS 65536
 #define DRAIND_MAX_UDP_REVERSE 65536
+#define DRAIND_MAX_LOCAL_ADDRS 16384
+#define DRAIND_MAX_GONE_PEERS 65536
+#define DRAIND_MAX_GONE_FLOWS 65536
 
 /* An (address, port, protocol) triple: a Service frontend or a draining pod
  * endpoint. port == 0 in a drain key means "every port of this pod IP" (a
@@ -95,7 +98,10 @@ struct drain_stats {
  * (inlined) array lookup instead of the frontend and drain lookups. */
 struct node_state {
 	__u32 draining; /* nonzero: draind_frontends or draind_drains may hold entries */
-	__u32 pad;
+	/* nonzero: draind_gone_peers or draind_gone_flows may hold entries (the
+	 * socket hooks' gate; a draind that predates it leaves it 0, and its
+	 * maps hold no gone entries). */
+	__u32 gone;
 };
 
 /* A reverse translation: the socket (its cookie) received a datagram rewritten
@@ -112,6 +118,78 @@ struct udp_rev_key {
 struct udp_sock_state {
 	__u32 flags; /* none yet: presence is the mark */
 };
+
+/* An address alone (v4-mapped for IPv4): a local pod address whose
+ * connections are counted, or a peer that is gone. */
+struct addr_key {
+	__u8 addr[16];
+};
+
+/* The passively established TCP connections of one local address: opened
+ * counts those the sock_ops program saw established, closed those of them
+ * it saw leave ESTABLISHED/CLOSE_WAIT. Both only grow; live = opened -
+ * closed. Written by the program only. */
+struct conn_count {
+	__u64 opened;
+	__u64 closed;
+};
+
+/* A pod that is gone (its hosting node said so, and no other pod holds its
+ * IP): sockets connected to it before gone_ns end at their next
+ * retransmission timeout (TCP) or send (connected UDP). */
+struct gone_val {
+	__u64 gone_ns;    /* CLOCK_BOOTTIME the peer was known gone */
+	__u64 expires_ns; /* CLOCK_BOOTTIME; past = ignored */
+};
+
+/* One client socket's connection, as the socket sees it (ports in host
+ * byte order): a flow to a Service VIP that conntrack translated to a gone
+ * pod. */
+struct flow_key {
+	__u8 local[16];
+	__u8 remote[16];
+	__u16 local_port;
+	__u16 remote_port;
+	__u32 pad;
+};
+
+enum sock_flags {
+	SOCK_COUNTED = 1 << 0,   /* passive: counted in draind_local_conns */
+	SOCK_UNCOUNTED = 1 << 1, /* passive: its close was counted */
+	SOCK_ENDED = 1 << 2,     /* draind ended it (counted once) */
+};
+
+/* Per-socket state: when the socket was established (TCP) or connected
+ * (UDP), and what draind did with it. */
+struct sock_state {
+	__u64 since_ns; /* CLOCK_BOOTTIME */
+	__u32 flags;
+	__u32 pad;
+};
+
+/* What the socket hooks did, for metrics and tests. */
+enum sock_event {
+	SOCK_EV_COUNTED = 0,      /* passive connection established and counted */
+	SOCK_EV_UNCOUNTED,        /* a counted connection left ESTABLISHED/CLOSE_WAIT */
+	SOCK_EV_NO_STORAGE,       /* per-socket storage could not be created: not counted */
+	SOCK_EV_TCP_ENDED,        /* TCP socket to a gone pod IP: user timeout set */
+	SOCK_EV_TCP_ENDED_FLOW,   /* TCP socket on a flow to a gone pod (via a VIP): ended */
+	SOCK_EV_TCP_SPARED,       /* peer gone, but the socket is newer: left alone */
+	SOCK_EV_TCP_SETSOCKOPT_FAILED, /* the kernel refused the user timeout */
+	SOCK_EV_UDP_REFUSED,      /* datagram of a connected UDP socket to a gone pod refused */
+	SOCK_EV_UDP_ENDED,        /* ... the first of them for that socket */
+	SOCK_EV_UDP_SPARED,       /* peer gone, but the socket connected after: sent */
+	SOCK_EV_MAX,
+};
+
+/* When counting started (CLOCK_BOOTTIME ns), written by Go when it first
+ * attaches the sock_ops program to fresh maps: connections established
+ * before it are not in draind_local_conns. */
+struct sock_info {
+	__u64 counting_since_ns;
+};
+
+volatile const enum sock_event draind_num_sock_events = SOCK_EV_MAX;
 
 enum outcome {
 	OUT_STEERED_CLUSTERIP = 0, /* frontend rewritten to a selectable backend */
@@ -251,6 +329,95 @@ struct {
 	__type(value, struct udp_sock_state);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } draind_udp_sockets SEC(".maps");
+
+/* Passively established TCP connections per local pod address (struct
+ * conn_count), written by sockops.c only: what "live connections" of a
+ * draining pod counts on any CNI. Keys are this node's pod addresses, so the
+ * map is bounded by the node's pod ranges; Go prunes idle keys no local pod
+ * holds. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, DRAIND_MAX_LOCAL_ADDRS);
+	__type(key, struct addr_key);
+	__type(value, struct conn_count);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} draind_local_conns SEC(".maps");
+
+/* Gone pod IPs (struct gone_val), written by Go only: pods whose hosting
+ * node said they are gone and whose IP no other pod holds. Client sockets
+ * connected to them end (sockops.c: TCP at its next retransmission timeout;
+ * egress.c: connected UDP at its next send). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, DRAIND_MAX_GONE_PEERS);
+	__type(key, struct addr_key);
+	__type(value, struct gone_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} draind_gone_peers SEC(".maps");
+
+/* Client flows to a Service VIP that this node's conntrack translated to a
+ * gone pod (the socket itself only knows the VIP), written by Go from the
+ * conntrack table. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, DRAIND_MAX_GONE_FLOWS);
+	__type(key, struct flow_key);
+	__type(value, struct gone_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} draind_gone_flows SEC(".maps");
+
+/* Per-socket state (struct sock_state): passive TCP sockets from their
+ * establishment (always: counting needs it); active TCP sockets and
+ * connected UDP sockets only when their peer is listed gone as they connect
+ * (a new pod that reused the IP). A client socket without it connected
+ * before every gone entry that names its peer. */
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct sock_state);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} draind_sock_state SEC(".maps");
+
+/* Socket hook events (enum sock_event) by family, per CPU. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, SOCK_EV_MAX * FAMILY_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} draind_sock_counters SEC(".maps");
+
+/* One struct sock_info, written by Go. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct sock_info);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} draind_sock_info SEC(".maps");
+
+/* node_state returns the flags every hook reads first (NULL only if the
+ * map is broken: callers then take the full path of their own fast path,
+ * towards steering and towards sparing sockets). */
+static __always_inline struct node_state *node_flags(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&draind_node, &zero);
+}
+
+static __always_inline void count_sock(enum sock_event e, enum family_idx f)
+{
+	__u32 idx = (__u32)e * FAMILY_MAX + (__u32)f;
+	__u64 *v = bpf_map_lookup_elem(&draind_sock_counters, &idx);
+
+	if (v)
+		*v += 1;
+}
 
 /* node_draining is the fast path of every hook: false when nothing drains on
  * this node. Fails towards "draining" (full lookups), never towards hiding an

@@ -16,19 +16,26 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	observeMapDraindBackends    = "draind_backends"
-	observeMapDraindCounters    = "draind_counters"
-	observeMapDraindDrainStats  = "draind_drain_stats"
-	observeMapDraindDrains      = "draind_drains"
-	observeMapDraindFrontends   = "draind_frontends"
-	observeMapDraindNode        = "draind_node"
-	observeMapDraindServices    = "draind_services"
-	observeMapDraindUdpCounters = "draind_udp_counters"
-	observeMapDraindUdpReverse  = "draind_udp_reverse"
-	observeMapDraindUdpSockets  = "draind_udp_sockets"
-	observeProgDraindObserve    = "draind_observe"
-	observeVarDraindMaxPolicy   = "draind_max_policy"
-	observeVarDraindNumOutcomes = "draind_num_outcomes"
+	observeMapDraindBackends      = "draind_backends"
+	observeMapDraindCounters      = "draind_counters"
+	observeMapDraindDrainStats    = "draind_drain_stats"
+	observeMapDraindDrains        = "draind_drains"
+	observeMapDraindFrontends     = "draind_frontends"
+	observeMapDraindGoneFlows     = "draind_gone_flows"
+	observeMapDraindGonePeers     = "draind_gone_peers"
+	observeMapDraindLocalConns    = "draind_local_conns"
+	observeMapDraindNode          = "draind_node"
+	observeMapDraindServices      = "draind_services"
+	observeMapDraindSockCounters  = "draind_sock_counters"
+	observeMapDraindSockInfo      = "draind_sock_info"
+	observeMapDraindSockState     = "draind_sock_state"
+	observeMapDraindUdpCounters   = "draind_udp_counters"
+	observeMapDraindUdpReverse    = "draind_udp_reverse"
+	observeMapDraindUdpSockets    = "draind_udp_sockets"
+	observeProgDraindObserve      = "draind_observe"
+	observeVarDraindMaxPolicy     = "draind_max_policy"
+	observeVarDraindNumOutcomes   = "draind_num_outcomes"
+	observeVarDraindNumSockEvents = "draind_num_sock_events"
 )
 
 // loadObserve returns the embedded CollectionSpec for observe.
@@ -80,24 +87,31 @@ type observeProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type observeMapSpecs struct {
-	DraindBackends    *ebpf.MapSpec `ebpf:"draind_backends"`
-	DraindCounters    *ebpf.MapSpec `ebpf:"draind_counters"`
-	DraindDrainStats  *ebpf.MapSpec `ebpf:"draind_drain_stats"`
-	DraindDrains      *ebpf.MapSpec `ebpf:"draind_drains"`
-	DraindFrontends   *ebpf.MapSpec `ebpf:"draind_frontends"`
-	DraindNode        *ebpf.MapSpec `ebpf:"draind_node"`
-	DraindServices    *ebpf.MapSpec `ebpf:"draind_services"`
-	DraindUdpCounters *ebpf.MapSpec `ebpf:"draind_udp_counters"`
-	DraindUdpReverse  *ebpf.MapSpec `ebpf:"draind_udp_reverse"`
-	DraindUdpSockets  *ebpf.MapSpec `ebpf:"draind_udp_sockets"`
+	DraindBackends     *ebpf.MapSpec `ebpf:"draind_backends"`
+	DraindCounters     *ebpf.MapSpec `ebpf:"draind_counters"`
+	DraindDrainStats   *ebpf.MapSpec `ebpf:"draind_drain_stats"`
+	DraindDrains       *ebpf.MapSpec `ebpf:"draind_drains"`
+	DraindFrontends    *ebpf.MapSpec `ebpf:"draind_frontends"`
+	DraindGoneFlows    *ebpf.MapSpec `ebpf:"draind_gone_flows"`
+	DraindGonePeers    *ebpf.MapSpec `ebpf:"draind_gone_peers"`
+	DraindLocalConns   *ebpf.MapSpec `ebpf:"draind_local_conns"`
+	DraindNode         *ebpf.MapSpec `ebpf:"draind_node"`
+	DraindServices     *ebpf.MapSpec `ebpf:"draind_services"`
+	DraindSockCounters *ebpf.MapSpec `ebpf:"draind_sock_counters"`
+	DraindSockInfo     *ebpf.MapSpec `ebpf:"draind_sock_info"`
+	DraindSockState    *ebpf.MapSpec `ebpf:"draind_sock_state"`
+	DraindUdpCounters  *ebpf.MapSpec `ebpf:"draind_udp_counters"`
+	DraindUdpReverse   *ebpf.MapSpec `ebpf:"draind_udp_reverse"`
+	DraindUdpSockets   *ebpf.MapSpec `ebpf:"draind_udp_sockets"`
 }
 
 // observeVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type observeVariableSpecs struct {
-	DraindMaxPolicy   *ebpf.VariableSpec `ebpf:"draind_max_policy"`
-	DraindNumOutcomes *ebpf.VariableSpec `ebpf:"draind_num_outcomes"`
+	DraindMaxPolicy     *ebpf.VariableSpec `ebpf:"draind_max_policy"`
+	DraindNumOutcomes   *ebpf.VariableSpec `ebpf:"draind_num_outcomes"`
+	DraindNumSockEvents *ebpf.VariableSpec `ebpf:"draind_num_sock_events"`
 }
 
 // observeObjects contains all objects after they have been loaded into the kernel.
@@ -120,16 +134,22 @@ func (o *observeObjects) Close() error {
 //
 // It can be passed to loadObserveObjects or ebpf.CollectionSpec.LoadAndAssign.
 type observeMaps struct {
-	DraindBackends    *ebpf.Map `ebpf:"draind_backends"`
-	DraindCounters    *ebpf.Map `ebpf:"draind_counters"`
-	DraindDrainStats  *ebpf.Map `ebpf:"draind_drain_stats"`
-	DraindDrains      *ebpf.Map `ebpf:"draind_drains"`
-	DraindFrontends   *ebpf.Map `ebpf:"draind_frontends"`
-	DraindNode        *ebpf.Map `ebpf:"draind_node"`
-	DraindServices    *ebpf.Map `ebpf:"draind_services"`
-	DraindUdpCounters *ebpf.Map `ebpf:"draind_udp_counters"`
-	DraindUdpReverse  *ebpf.Map `ebpf:"draind_udp_reverse"`
-	DraindUdpSockets  *ebpf.Map `ebpf:"draind_udp_sockets"`
+	DraindBackends     *ebpf.Map `ebpf:"draind_backends"`
+	DraindCounters     *ebpf.Map `ebpf:"draind_counters"`
+	DraindDrainStats   *ebpf.Map `ebpf:"draind_drain_stats"`
+	DraindDrains       *ebpf.Map `ebpf:"draind_drains"`
+	DraindFrontends    *ebpf.Map `ebpf:"draind_frontends"`
+	DraindGoneFlows    *ebpf.Map `ebpf:"draind_gone_flows"`
+	DraindGonePeers    *ebpf.Map `ebpf:"draind_gone_peers"`
+	DraindLocalConns   *ebpf.Map `ebpf:"draind_local_conns"`
+	DraindNode         *ebpf.Map `ebpf:"draind_node"`
+	DraindServices     *ebpf.Map `ebpf:"draind_services"`
+	DraindSockCounters *ebpf.Map `ebpf:"draind_sock_counters"`
+	DraindSockInfo     *ebpf.Map `ebpf:"draind_sock_info"`
+	DraindSockState    *ebpf.Map `ebpf:"draind_sock_state"`
+	DraindUdpCounters  *ebpf.Map `ebpf:"draind_udp_counters"`
+	DraindUdpReverse   *ebpf.Map `ebpf:"draind_udp_reverse"`
+	DraindUdpSockets   *ebpf.Map `ebpf:"draind_udp_sockets"`
 }
 
 func (m *observeMaps) Close() error {
@@ -139,8 +159,14 @@ func (m *observeMaps) Close() error {
 		m.DraindDrainStats,
 		m.DraindDrains,
 		m.DraindFrontends,
+		m.DraindGoneFlows,
+		m.DraindGonePeers,
+		m.DraindLocalConns,
 		m.DraindNode,
 		m.DraindServices,
+		m.DraindSockCounters,
+		m.DraindSockInfo,
+		m.DraindSockState,
 		m.DraindUdpCounters,
 		m.DraindUdpReverse,
 		m.DraindUdpSockets,
@@ -151,8 +177,9 @@ func (m *observeMaps) Close() error {
 //
 // It can be passed to loadObserveObjects or ebpf.CollectionSpec.LoadAndAssign.
 type observeVariables struct {
-	DraindMaxPolicy   *ebpf.Variable `ebpf:"draind_max_policy"`
-	DraindNumOutcomes *ebpf.Variable `ebpf:"draind_num_outcomes"`
+	DraindMaxPolicy     *ebpf.Variable `ebpf:"draind_max_policy"`
+	DraindNumOutcomes   *ebpf.Variable `ebpf:"draind_num_outcomes"`
+	DraindNumSockEvents *ebpf.Variable `ebpf:"draind_num_sock_events"`
 }
 
 // observePrograms contains all programs after they have been loaded into the kernel.

@@ -27,15 +27,23 @@ type fixture struct {
 	dp     *bpf.Datapath
 	pinDir string
 	vip    map[bool]netip.AddrPort // by v6
+	// sockets loads the socket hooks too (bpf.Options.Sockets).
+	sockets bool
 }
 
-func newFixture(t *testing.T) *fixture {
+func newFixture(t *testing.T) *fixture { return newFixtureWith(t, false) }
+
+func newFixtureWith(t *testing.T, sockets bool) *fixture {
 	t.Helper()
 	bed.RequirePrivileged(t)
-	if _, err := bpf.Probe(); err != nil {
+	feat, err := bpf.Probe()
+	if err != nil {
 		t.Skipf("SKIP: kernel cannot run the datapath: %v", err)
 	}
-	f := &fixture{t: t, vip: map[bool]netip.AddrPort{
+	if sockets && !feat.Sockets {
+		t.Skipf("SKIP: kernel cannot run the socket hooks: %s", feat.SocketsMissing)
+	}
+	f := &fixture{t: t, sockets: sockets, vip: map[bool]netip.AddrPort{
 		false: netip.MustParseAddrPort("10.96.0.10:80"),
 		true:  netip.MustParseAddrPort("[fd00:96::10]:80"),
 	}}
@@ -97,7 +105,7 @@ func newFixture(t *testing.T) *fixture {
 
 func (f *fixture) load() {
 	f.t.Helper()
-	dp, err := bpf.Load(bpf.Options{PinDir: f.pinDir})
+	dp, err := bpf.Load(bpf.Options{PinDir: f.pinDir, Sockets: f.sockets})
 	if err != nil {
 		f.t.Fatal(err)
 	}

@@ -34,6 +34,28 @@ type Features struct {
 	// SocketStorage: per-socket storage and socket cookies in sock_addr
 	// programs (the reverse translation of steered UDP).
 	SocketStorage bool `json:"socket_storage"`
+
+	// Sockets sums up the socket hooks (Options.Sockets); the fields below
+	// say what each part needs. Probe reports their absence in SocketsMissing,
+	// not as an error: draind runs without them.
+	Sockets        bool   `json:"sockets"`
+	SocketsMissing string `json:"sockets_missing,omitempty"`
+	// SockOps: sock_ops programs with per-socket storage, callback flags
+	// and bpf_setsockopt (live connections per pod address; ending TCP
+	// sockets to gone pods).
+	SockOps bool `json:"sock_ops"`
+	// UserTimeoutFromBPF: bpf_setsockopt accepts TCP_USER_TIMEOUT (Linux
+	// 6.0+, checked by version: only a live socket could tell).
+	UserTimeoutFromBPF bool `json:"tcp_user_timeout_from_bpf"`
+	// CgroupEgressRefuse: cgroup_skb egress programs with per-socket
+	// storage (ending connected UDP sockets to gone pods: the send fails
+	// with EPERM).
+	CgroupEgressRefuse bool `json:"cgroup_egress_refuse"`
+	// SocketIterators says whether iter/tcp and iter/udp programs (where
+	// bpf_sock_destroy is callable) load with draind's capabilities; they
+	// need CAP_PERFMON, and walk only draind's own network namespace, so
+	// draind never depends on them.
+	SocketIterators string `json:"socket_iterators"`
 }
 
 // probe is one required feature: how to test it and how to name its absence.
@@ -87,6 +109,7 @@ func Probe() (Features, error) {
 	// bpf_link for cgroups arrived in 5.7, before bpf_ktime_get_boot_ns
 	// (5.8): a kernel that passed the helper probe has it.
 	f.BPFLink = f.HelperBootTime
+	probeSockets(&f)
 	if len(missing) > 0 {
 		return f, fmt.Errorf("probing kernel %s: %w", f.Kernel, errors.Join(missing...))
 	}
@@ -135,4 +158,64 @@ func haveSockAddrHook(at ebpf.AttachType, withRetval bool) error {
 		return fmt.Errorf("loading a %s program: %w: %w", at, ebpf.ErrNotSupported, err)
 	}
 	return err
+}
+
+// probeSockets fills the socket hooks' features. A missing one is no error:
+// the datapath runs without the socket hooks, and status says why.
+func probeSockets(f *Features) {
+	var missing []error
+	sockopsHelpers := []asm.BuiltinFunc{asm.FnSkStorageGet, asm.FnSockOpsCbFlagsSet, asm.FnSetsockopt, asm.FnKtimeGetBootNs}
+	err := features.HaveProgramType(ebpf.SockOps)
+	for _, fn := range sockopsHelpers {
+		if err == nil {
+			err = features.HaveProgramHelper(ebpf.SockOps, fn)
+		}
+	}
+	f.SockOps = err == nil
+	if err != nil {
+		missing = append(missing, fmt.Errorf("sock_ops programs with socket storage, callback flags and bpf_setsockopt (Linux 5.2+): %w", err))
+	}
+	major, minor := kernelVersion(f.Kernel)
+	f.UserTimeoutFromBPF = major > 6 || major == 6 && minor >= 0
+	if !f.UserTimeoutFromBPF {
+		missing = append(missing, fmt.Errorf("bpf_setsockopt(TCP_USER_TIMEOUT) (Linux 6.0+; kernel %q)", f.Kernel))
+	}
+	err = features.HaveProgramType(ebpf.CGroupSKB)
+	for _, fn := range []asm.BuiltinFunc{asm.FnSkStorageGet, asm.FnSkFullsock} {
+		if err == nil {
+			err = features.HaveProgramHelper(ebpf.CGroupSKB, fn)
+		}
+	}
+	f.CgroupEgressRefuse = err == nil
+	if err != nil {
+		missing = append(missing, fmt.Errorf("cgroup_skb programs with socket storage (Linux 5.2+): %w", err))
+	}
+	f.Sockets = f.SockOps && f.UserTimeoutFromBPF && f.CgroupEgressRefuse && f.SocketStorage
+	if len(missing) > 0 {
+		f.SocketsMissing = errors.Join(missing...).Error()
+	}
+	f.SocketIterators = probeSocketIterator()
+}
+
+// kernelVersion parses the start of a release string ("6.18.44-...").
+func kernelVersion(release string) (major, minor int) {
+	fmt.Sscanf(release, "%d.%d", &major, &minor)
+	return major, minor
+}
+
+// probeSocketIterator loads an empty iter/tcp program: what ending sockets
+// with bpf_sock_destroy would need.
+func probeSocketIterator() string {
+	p, err := ebpf.NewProgramWithOptions(&ebpf.ProgramSpec{
+		Type: ebpf.Tracing, AttachType: ebpf.AttachTraceIter, AttachTo: "tcp", License: "Dual BSD/GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()},
+	}, ebpf.ProgramOptions{LogDisabled: true})
+	switch {
+	case err == nil:
+		p.Close()
+		return "loadable, but they walk only draind's own network namespace, never the pods'"
+	case errors.Is(err, unix.EPERM):
+		return "not loadable: they need CAP_PERFMON, which draind does not hold (and would walk only draind's own network namespace)"
+	}
+	return "not loadable: " + err.Error()
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -34,6 +35,11 @@ type sockReq struct {
 	N      int    `json:"n,omitempty"`
 	// Fresh: a new socket for every datagram (a new flow each time).
 	Fresh bool `json:"fresh,omitempty"`
+	// ID names a socket kept between requests (tcp_open, tcp_req, and
+	// connect/exchange on a named UDP socket); "" is the default UDP socket.
+	ID string `json:"id,omitempty"`
+	// Timeout bounds a read (SO_RCVTIMEO); 2 s if zero.
+	Timeout time.Duration `json:"timeout,omitempty"`
 }
 
 type sockResp struct {
@@ -43,6 +49,8 @@ type sockResp struct {
 	Sources map[string]int `json:"sources,omitempty"` // answers by the source recvfrom reported
 	Fails   map[string]int `json:"fails,omitempty"`
 	Elapsed time.Duration  `json:"elapsed,omitempty"`
+	// Local is the socket's own address (tcp_open, connect).
+	Local string `json:"local,omitempty"`
 }
 
 // sockHelperMain runs the helper if this process is one, and exits.
@@ -51,7 +59,7 @@ func sockHelperMain() {
 		return
 	}
 	runtime.LockOSThread() // raw syscalls on one thread: nothing but the kernel path is timed
-	h := &sockHelper{fd: -1}
+	h := &sockHelper{fd: -1, named: map[string]int{}}
 	out := bufio.NewWriter(os.Stdout)
 	send := func(r sockResp) {
 		b, _ := json.Marshal(r)
@@ -74,6 +82,7 @@ func sockHelperMain() {
 type sockHelper struct {
 	fd     int // the persistent UDP socket
 	family string
+	named  map[string]int // sockets by ID
 }
 
 func sockaddrOf(family string, ap netip.AddrPort) (unix.Sockaddr, error) {
@@ -133,8 +142,11 @@ func retry(fn func() error) error {
 }
 
 func failClass(err error) string {
-	if errors.Is(err, unix.EAGAIN) {
-		return "timeout"
+	switch {
+	case errors.Is(err, unix.EAGAIN):
+		return "timeout" // SO_RCVTIMEO: nothing came, the socket is fine
+	case errors.Is(err, unix.ETIMEDOUT):
+		return "etimedout" // the socket itself failed
 	}
 	return bed.ErrClass(err)
 }
@@ -226,7 +238,32 @@ func (h *sockHelper) handle(req sockReq) sockResp {
 			name, src, err := exchange(h.fd, sa)
 			tallySock(&r, name, src, err)
 		}
-	case "connect": // connect the persistent UDP socket (a new one)
+	case "tcp_open": // a TCP connection kept as ID; reads the greeting
+		return h.tcpOpen(req, sa)
+	case "tcp_req": // one request line on connection ID, one answer line
+		fd, ok := h.named[req.ID]
+		if !ok {
+			return sockResp{Err: "no socket " + req.ID}
+		}
+		name, err := tcpRequest(fd, req.Timeout)
+		tallySock(&r, name, "", err)
+	case "close":
+		if fd, ok := h.named[req.ID]; ok {
+			unix.Close(fd)
+			delete(h.named, req.ID)
+		}
+	case "connect", "exchange":
+		if req.ID != "" {
+			return h.namedUDP(req, sa)
+		}
+		if req.Op == "exchange" {
+			for i := 0; i < n; i++ {
+				name, src, err := exchange(h.fd, nil)
+				tallySock(&r, name, src, err)
+			}
+			break
+		}
+		// connect the persistent UDP socket (a new one)
 		if h.fd >= 0 {
 			unix.Close(h.fd)
 			h.fd = -1
@@ -238,11 +275,6 @@ func (h *sockHelper) handle(req sockReq) sockResp {
 			tallySock(&r, "", "", err)
 		} else {
 			r.OK = 1
-		}
-	case "exchange": // send on the connected socket, recvfrom the answer
-		for i := 0; i < n; i++ {
-			name, src, err := exchange(h.fd, nil)
-			tallySock(&r, name, src, err)
 		}
 	case "tfo": // TCP: sendto(MSG_FASTOPEN) on a fresh socket, read the greeting
 		for i := 0; i < n; i++ {
@@ -276,6 +308,111 @@ func (h *sockHelper) handle(req sockReq) sockResp {
 	}
 	r.Elapsed = time.Since(start)
 	return r
+}
+
+// namedUDP connects or uses the UDP socket named req.ID.
+func (h *sockHelper) namedUDP(req sockReq, sa unix.Sockaddr) sockResp {
+	var r sockResp
+	if req.Op == "connect" {
+		if fd, ok := h.named[req.ID]; ok {
+			unix.Close(fd)
+		}
+		fd, err := newSocket(req.Family, unix.SOCK_DGRAM)
+		if err != nil {
+			return sockResp{Err: err.Error()}
+		}
+		h.named[req.ID] = fd
+		if err := unix.Connect(fd, sa); err != nil {
+			tallySock(&r, "", "", err)
+			return r
+		}
+		r.OK = 1
+		r.Local = localOf(fd)
+		return r
+	}
+	fd, ok := h.named[req.ID]
+	if !ok {
+		return sockResp{Err: "no socket " + req.ID}
+	}
+	for i := 0; i < max(req.N, 1); i++ {
+		name, src, err := exchange(fd, nil)
+		tallySock(&r, name, src, err)
+	}
+	return r
+}
+
+func localOf(fd int) string {
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		return ""
+	}
+	return addrOfSockaddr(sa)
+}
+
+// tcpOpen connects a TCP socket (blocking connect), reads the server's
+// greeting and keeps the socket as req.ID.
+func (h *sockHelper) tcpOpen(req sockReq, sa unix.Sockaddr) sockResp {
+	fd, err := newSocket(req.Family, unix.SOCK_STREAM)
+	if err != nil {
+		return sockResp{Err: err.Error()}
+	}
+	var r sockResp
+	if err := retry(func() error { return unix.Connect(fd, sa) }); err != nil {
+		unix.Close(fd)
+		tallySock(&r, "", "", err)
+		return r
+	}
+	name, err := readLine(fd, req.Timeout)
+	if err != nil {
+		unix.Close(fd)
+		tallySock(&r, "", "", err)
+		return r
+	}
+	if old, ok := h.named[req.ID]; ok {
+		unix.Close(old)
+	}
+	h.named[req.ID] = fd
+	tallySock(&r, name, "", nil)
+	r.Local = localOf(fd)
+	return r
+}
+
+// tcpRequest sends one line and reads the answer line.
+func tcpRequest(fd int, timeout time.Duration) (string, error) {
+	if err := retry(func() error { _, err := unix.Write(fd, []byte("hi\n")); return err }); err != nil {
+		return "", err
+	}
+	return readLine(fd, timeout)
+}
+
+// readLine reads one line with SO_RCVTIMEO (2 s if timeout is zero).
+func readLine(fd int, timeout time.Duration) (string, error) {
+	if timeout <= 0 {
+		timeout = 2 * time.Second
+	}
+	tv := unix.NsecToTimeval(timeout.Nanoseconds())
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		return "", err
+	}
+	var line []byte
+	buf := make([]byte, 256)
+	for {
+		var n int
+		err := retry(func() (err error) {
+			n, err = unix.Read(fd, buf)
+			return err
+		})
+		if err != nil {
+			return "", err
+		}
+		if n == 0 {
+			return "", io.EOF
+		}
+		line = append(line, buf[:n]...)
+		if i := strings.IndexByte(string(line), '\n'); i >= 0 {
+			return string(line[:i]), nil
+		}
+	}
 }
 
 func fastOpen(family string, sa unix.Sockaddr) (string, error) {

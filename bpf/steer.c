@@ -10,6 +10,8 @@
  * connected to.
  *
  * Existing connections are never touched: this runs only on connect().
+ * While gone peers exist, a UDP socket's connect() is timestamped (see
+ * note_connect in steer.h).
  */
 
 #include "steer.h"
@@ -19,12 +21,15 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 SEC("cgroup/connect4")
 int draind_connect4(struct bpf_sock_addr *ctx)
 {
+	struct node_state *ns = node_flags();
 	struct ep_key key = {};
 	struct backend_val *be = NULL;
 	__u32 ip4;
 
-	if (!node_draining())
+	if (ns && !ns->draining) {
+		note_connect4(ctx, ns);
 		return 1;
+	}
 	ip4 = ctx->user_ip4;
 	set_v4_mapped(key.addr, ip4);
 	key.port = bpf_ntohs((__u16)ctx->user_port);
@@ -37,26 +42,31 @@ int draind_connect4(struct bpf_sock_addr *ctx)
 		/* Service-port ids are per family; a v6 backend here would be a
 		 * Go bug, and the safe answer is to leave the socket alone. */
 		if (!be || !is_v4_mapped(be->addr))
-			return 1;
+			break;
 		__builtin_memcpy(&ip4, &be->addr[12], 4);
 		ctx->user_ip4 = ip4;
 		ctx->user_port = bpf_htons(be->port);
-		return 1;
+		break;
 	default:
-		return 1;
+		break;
 	}
+	note_connect4(ctx, ns);
+	return 1;
 }
 
 SEC("cgroup/connect6")
 int draind_connect6(struct bpf_sock_addr *ctx)
 {
+	struct node_state *ns = node_flags();
 	struct ep_key key = {};
 	struct backend_val *be = NULL;
 	__u32 w[4];
 	int mapped;
 
-	if (!node_draining())
+	if (ns && !ns->draining) {
+		note_connect6(ctx, ns);
 		return 1;
+	}
 	/* user_ip6 only allows 4-byte loads. */
 	w[0] = ctx->user_ip6[0];
 	w[1] = ctx->user_ip6[1];
@@ -74,15 +84,17 @@ int draind_connect6(struct bpf_sock_addr *ctx)
 		return refuse();
 	case VERDICT_REWRITE:
 		if (!be || is_v4_mapped(be->addr) != mapped)
-			return 1;
+			break;
 		__builtin_memcpy(w, be->addr, 16);
 		ctx->user_ip6[0] = w[0];
 		ctx->user_ip6[1] = w[1];
 		ctx->user_ip6[2] = w[2];
 		ctx->user_ip6[3] = w[3];
 		ctx->user_port = bpf_htons(be->port);
-		return 1;
+		break;
 	default:
-		return 1;
+		break;
 	}
+	note_connect6(ctx, ns);
+	return 1;
 }

@@ -172,6 +172,62 @@ static __always_inline struct backend_val *use(struct bpf_sock_addr *ctx, struct
 	return be;
 }
 
+/* note_connect timestamps a UDP socket's connect() while gone peers exist
+ * (draind_sock_state), when its peer is listed gone (a new pod that reused
+ * the IP) or the socket has a timestamp from an earlier connect: egress.c
+ * never ends a socket that connected after its peer was known gone, and a
+ * socket without a timestamp connected before every gone entry that names
+ * its peer. Call it with the final destination in ctx. */
+static __always_inline void note_connect(struct bpf_sock_addr *ctx, const struct node_state *ns,
+					 const struct addr_key *peer)
+{
+	struct sock_state *ss;
+
+	if (ctx->protocol != IPPROTO_UDP || (ns && !ns->gone))
+		return;
+	ss = bpf_sk_storage_get(&draind_sock_state, ctx->sk, 0, 0);
+	if (!ss) {
+		if (!bpf_map_lookup_elem(&draind_gone_peers, peer))
+			return;
+		ss = bpf_sk_storage_get(&draind_sock_state, ctx->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	}
+	if (!ss) {
+		/* Without it the socket would pass for older than its peer's
+		 * departure: count it, it is the unsafe direction. */
+		count_sock(SOCK_EV_NO_STORAGE, ctx->family == 10 /* AF_INET6 */ ? FAMILY_V6 : FAMILY_V4);
+		return;
+	}
+	ss->since_ns = bpf_ktime_get_boot_ns();
+	ss->flags = 0;
+}
+
+/* note_connect4 and note_connect6 call note_connect with the destination
+ * the connect() goes to (after any rewrite). */
+static __always_inline void note_connect4(struct bpf_sock_addr *ctx, const struct node_state *ns)
+{
+	struct addr_key peer = {};
+
+	if (ctx->protocol != IPPROTO_UDP || (ns && !ns->gone))
+		return;
+	set_v4_mapped(peer.addr, ctx->user_ip4);
+	note_connect(ctx, ns, &peer);
+}
+
+static __always_inline void note_connect6(struct bpf_sock_addr *ctx, const struct node_state *ns)
+{
+	struct addr_key peer = {};
+	__u32 w[4];
+
+	if (ctx->protocol != IPPROTO_UDP || (ns && !ns->gone))
+		return;
+	w[0] = ctx->user_ip6[0];
+	w[1] = ctx->user_ip6[1];
+	w[2] = ctx->user_ip6[2];
+	w[3] = ctx->user_ip6[3];
+	__builtin_memcpy(peer.addr, w, 16);
+	note_connect(ctx, ns, &peer);
+}
+
 /* steer decides what happens to a connect() or datagram to dst. Callers check
  * node_draining() first. A UDP rewrite comes with its reverse translation
  * already recorded. */

@@ -71,7 +71,7 @@ type steerFrontendVal struct {
 type steerNodeState struct {
 	_        structs.HostLayout
 	Draining uint32
-	Pad      uint32
+	Gone     uint32
 }
 
 type steerOutcome uint32
@@ -108,20 +108,27 @@ type steerUdpRevKey struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	steerMapDraindBackends    = "draind_backends"
-	steerMapDraindCounters    = "draind_counters"
-	steerMapDraindDrainStats  = "draind_drain_stats"
-	steerMapDraindDrains      = "draind_drains"
-	steerMapDraindFrontends   = "draind_frontends"
-	steerMapDraindNode        = "draind_node"
-	steerMapDraindServices    = "draind_services"
-	steerMapDraindUdpCounters = "draind_udp_counters"
-	steerMapDraindUdpReverse  = "draind_udp_reverse"
-	steerMapDraindUdpSockets  = "draind_udp_sockets"
-	steerProgDraindConnect4   = "draind_connect4"
-	steerProgDraindConnect6   = "draind_connect6"
-	steerVarDraindMaxPolicy   = "draind_max_policy"
-	steerVarDraindNumOutcomes = "draind_num_outcomes"
+	steerMapDraindBackends      = "draind_backends"
+	steerMapDraindCounters      = "draind_counters"
+	steerMapDraindDrainStats    = "draind_drain_stats"
+	steerMapDraindDrains        = "draind_drains"
+	steerMapDraindFrontends     = "draind_frontends"
+	steerMapDraindGoneFlows     = "draind_gone_flows"
+	steerMapDraindGonePeers     = "draind_gone_peers"
+	steerMapDraindLocalConns    = "draind_local_conns"
+	steerMapDraindNode          = "draind_node"
+	steerMapDraindServices      = "draind_services"
+	steerMapDraindSockCounters  = "draind_sock_counters"
+	steerMapDraindSockInfo      = "draind_sock_info"
+	steerMapDraindSockState     = "draind_sock_state"
+	steerMapDraindUdpCounters   = "draind_udp_counters"
+	steerMapDraindUdpReverse    = "draind_udp_reverse"
+	steerMapDraindUdpSockets    = "draind_udp_sockets"
+	steerProgDraindConnect4     = "draind_connect4"
+	steerProgDraindConnect6     = "draind_connect6"
+	steerVarDraindMaxPolicy     = "draind_max_policy"
+	steerVarDraindNumOutcomes   = "draind_num_outcomes"
+	steerVarDraindNumSockEvents = "draind_num_sock_events"
 )
 
 // loadSteer returns the embedded CollectionSpec for steer.
@@ -174,24 +181,31 @@ type steerProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type steerMapSpecs struct {
-	DraindBackends    *ebpf.MapSpec `ebpf:"draind_backends"`
-	DraindCounters    *ebpf.MapSpec `ebpf:"draind_counters"`
-	DraindDrainStats  *ebpf.MapSpec `ebpf:"draind_drain_stats"`
-	DraindDrains      *ebpf.MapSpec `ebpf:"draind_drains"`
-	DraindFrontends   *ebpf.MapSpec `ebpf:"draind_frontends"`
-	DraindNode        *ebpf.MapSpec `ebpf:"draind_node"`
-	DraindServices    *ebpf.MapSpec `ebpf:"draind_services"`
-	DraindUdpCounters *ebpf.MapSpec `ebpf:"draind_udp_counters"`
-	DraindUdpReverse  *ebpf.MapSpec `ebpf:"draind_udp_reverse"`
-	DraindUdpSockets  *ebpf.MapSpec `ebpf:"draind_udp_sockets"`
+	DraindBackends     *ebpf.MapSpec `ebpf:"draind_backends"`
+	DraindCounters     *ebpf.MapSpec `ebpf:"draind_counters"`
+	DraindDrainStats   *ebpf.MapSpec `ebpf:"draind_drain_stats"`
+	DraindDrains       *ebpf.MapSpec `ebpf:"draind_drains"`
+	DraindFrontends    *ebpf.MapSpec `ebpf:"draind_frontends"`
+	DraindGoneFlows    *ebpf.MapSpec `ebpf:"draind_gone_flows"`
+	DraindGonePeers    *ebpf.MapSpec `ebpf:"draind_gone_peers"`
+	DraindLocalConns   *ebpf.MapSpec `ebpf:"draind_local_conns"`
+	DraindNode         *ebpf.MapSpec `ebpf:"draind_node"`
+	DraindServices     *ebpf.MapSpec `ebpf:"draind_services"`
+	DraindSockCounters *ebpf.MapSpec `ebpf:"draind_sock_counters"`
+	DraindSockInfo     *ebpf.MapSpec `ebpf:"draind_sock_info"`
+	DraindSockState    *ebpf.MapSpec `ebpf:"draind_sock_state"`
+	DraindUdpCounters  *ebpf.MapSpec `ebpf:"draind_udp_counters"`
+	DraindUdpReverse   *ebpf.MapSpec `ebpf:"draind_udp_reverse"`
+	DraindUdpSockets   *ebpf.MapSpec `ebpf:"draind_udp_sockets"`
 }
 
 // steerVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type steerVariableSpecs struct {
-	DraindMaxPolicy   *ebpf.VariableSpec `ebpf:"draind_max_policy"`
-	DraindNumOutcomes *ebpf.VariableSpec `ebpf:"draind_num_outcomes"`
+	DraindMaxPolicy     *ebpf.VariableSpec `ebpf:"draind_max_policy"`
+	DraindNumOutcomes   *ebpf.VariableSpec `ebpf:"draind_num_outcomes"`
+	DraindNumSockEvents *ebpf.VariableSpec `ebpf:"draind_num_sock_events"`
 }
 
 // steerObjects contains all objects after they have been loaded into the kernel.
@@ -214,16 +228,22 @@ func (o *steerObjects) Close() error {
 //
 // It can be passed to loadSteerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type steerMaps struct {
-	DraindBackends    *ebpf.Map `ebpf:"draind_backends"`
-	DraindCounters    *ebpf.Map `ebpf:"draind_counters"`
-	DraindDrainStats  *ebpf.Map `ebpf:"draind_drain_stats"`
-	DraindDrains      *ebpf.Map `ebpf:"draind_drains"`
-	DraindFrontends   *ebpf.Map `ebpf:"draind_frontends"`
-	DraindNode        *ebpf.Map `ebpf:"draind_node"`
-	DraindServices    *ebpf.Map `ebpf:"draind_services"`
-	DraindUdpCounters *ebpf.Map `ebpf:"draind_udp_counters"`
-	DraindUdpReverse  *ebpf.Map `ebpf:"draind_udp_reverse"`
-	DraindUdpSockets  *ebpf.Map `ebpf:"draind_udp_sockets"`
+	DraindBackends     *ebpf.Map `ebpf:"draind_backends"`
+	DraindCounters     *ebpf.Map `ebpf:"draind_counters"`
+	DraindDrainStats   *ebpf.Map `ebpf:"draind_drain_stats"`
+	DraindDrains       *ebpf.Map `ebpf:"draind_drains"`
+	DraindFrontends    *ebpf.Map `ebpf:"draind_frontends"`
+	DraindGoneFlows    *ebpf.Map `ebpf:"draind_gone_flows"`
+	DraindGonePeers    *ebpf.Map `ebpf:"draind_gone_peers"`
+	DraindLocalConns   *ebpf.Map `ebpf:"draind_local_conns"`
+	DraindNode         *ebpf.Map `ebpf:"draind_node"`
+	DraindServices     *ebpf.Map `ebpf:"draind_services"`
+	DraindSockCounters *ebpf.Map `ebpf:"draind_sock_counters"`
+	DraindSockInfo     *ebpf.Map `ebpf:"draind_sock_info"`
+	DraindSockState    *ebpf.Map `ebpf:"draind_sock_state"`
+	DraindUdpCounters  *ebpf.Map `ebpf:"draind_udp_counters"`
+	DraindUdpReverse   *ebpf.Map `ebpf:"draind_udp_reverse"`
+	DraindUdpSockets   *ebpf.Map `ebpf:"draind_udp_sockets"`
 }
 
 func (m *steerMaps) Close() error {
@@ -233,8 +253,14 @@ func (m *steerMaps) Close() error {
 		m.DraindDrainStats,
 		m.DraindDrains,
 		m.DraindFrontends,
+		m.DraindGoneFlows,
+		m.DraindGonePeers,
+		m.DraindLocalConns,
 		m.DraindNode,
 		m.DraindServices,
+		m.DraindSockCounters,
+		m.DraindSockInfo,
+		m.DraindSockState,
 		m.DraindUdpCounters,
 		m.DraindUdpReverse,
 		m.DraindUdpSockets,
@@ -245,8 +271,9 @@ func (m *steerMaps) Close() error {
 //
 // It can be passed to loadSteerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type steerVariables struct {
-	DraindMaxPolicy   *ebpf.Variable `ebpf:"draind_max_policy"`
-	DraindNumOutcomes *ebpf.Variable `ebpf:"draind_num_outcomes"`
+	DraindMaxPolicy     *ebpf.Variable `ebpf:"draind_max_policy"`
+	DraindNumOutcomes   *ebpf.Variable `ebpf:"draind_num_outcomes"`
+	DraindNumSockEvents *ebpf.Variable `ebpf:"draind_num_sock_events"`
 }
 
 // steerPrograms contains all programs after they have been loaded into the kernel.

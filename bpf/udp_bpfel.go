@@ -16,22 +16,29 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	udpMapDraindBackends    = "draind_backends"
-	udpMapDraindCounters    = "draind_counters"
-	udpMapDraindDrainStats  = "draind_drain_stats"
-	udpMapDraindDrains      = "draind_drains"
-	udpMapDraindFrontends   = "draind_frontends"
-	udpMapDraindNode        = "draind_node"
-	udpMapDraindServices    = "draind_services"
-	udpMapDraindUdpCounters = "draind_udp_counters"
-	udpMapDraindUdpReverse  = "draind_udp_reverse"
-	udpMapDraindUdpSockets  = "draind_udp_sockets"
-	udpProgDraindRecvmsg4   = "draind_recvmsg4"
-	udpProgDraindRecvmsg6   = "draind_recvmsg6"
-	udpProgDraindSendmsg4   = "draind_sendmsg4"
-	udpProgDraindSendmsg6   = "draind_sendmsg6"
-	udpVarDraindMaxPolicy   = "draind_max_policy"
-	udpVarDraindNumOutcomes = "draind_num_outcomes"
+	udpMapDraindBackends      = "draind_backends"
+	udpMapDraindCounters      = "draind_counters"
+	udpMapDraindDrainStats    = "draind_drain_stats"
+	udpMapDraindDrains        = "draind_drains"
+	udpMapDraindFrontends     = "draind_frontends"
+	udpMapDraindGoneFlows     = "draind_gone_flows"
+	udpMapDraindGonePeers     = "draind_gone_peers"
+	udpMapDraindLocalConns    = "draind_local_conns"
+	udpMapDraindNode          = "draind_node"
+	udpMapDraindServices      = "draind_services"
+	udpMapDraindSockCounters  = "draind_sock_counters"
+	udpMapDraindSockInfo      = "draind_sock_info"
+	udpMapDraindSockState     = "draind_sock_state"
+	udpMapDraindUdpCounters   = "draind_udp_counters"
+	udpMapDraindUdpReverse    = "draind_udp_reverse"
+	udpMapDraindUdpSockets    = "draind_udp_sockets"
+	udpProgDraindRecvmsg4     = "draind_recvmsg4"
+	udpProgDraindRecvmsg6     = "draind_recvmsg6"
+	udpProgDraindSendmsg4     = "draind_sendmsg4"
+	udpProgDraindSendmsg6     = "draind_sendmsg6"
+	udpVarDraindMaxPolicy     = "draind_max_policy"
+	udpVarDraindNumOutcomes   = "draind_num_outcomes"
+	udpVarDraindNumSockEvents = "draind_num_sock_events"
 )
 
 // loadUdp returns the embedded CollectionSpec for udp.
@@ -86,24 +93,31 @@ type udpProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type udpMapSpecs struct {
-	DraindBackends    *ebpf.MapSpec `ebpf:"draind_backends"`
-	DraindCounters    *ebpf.MapSpec `ebpf:"draind_counters"`
-	DraindDrainStats  *ebpf.MapSpec `ebpf:"draind_drain_stats"`
-	DraindDrains      *ebpf.MapSpec `ebpf:"draind_drains"`
-	DraindFrontends   *ebpf.MapSpec `ebpf:"draind_frontends"`
-	DraindNode        *ebpf.MapSpec `ebpf:"draind_node"`
-	DraindServices    *ebpf.MapSpec `ebpf:"draind_services"`
-	DraindUdpCounters *ebpf.MapSpec `ebpf:"draind_udp_counters"`
-	DraindUdpReverse  *ebpf.MapSpec `ebpf:"draind_udp_reverse"`
-	DraindUdpSockets  *ebpf.MapSpec `ebpf:"draind_udp_sockets"`
+	DraindBackends     *ebpf.MapSpec `ebpf:"draind_backends"`
+	DraindCounters     *ebpf.MapSpec `ebpf:"draind_counters"`
+	DraindDrainStats   *ebpf.MapSpec `ebpf:"draind_drain_stats"`
+	DraindDrains       *ebpf.MapSpec `ebpf:"draind_drains"`
+	DraindFrontends    *ebpf.MapSpec `ebpf:"draind_frontends"`
+	DraindGoneFlows    *ebpf.MapSpec `ebpf:"draind_gone_flows"`
+	DraindGonePeers    *ebpf.MapSpec `ebpf:"draind_gone_peers"`
+	DraindLocalConns   *ebpf.MapSpec `ebpf:"draind_local_conns"`
+	DraindNode         *ebpf.MapSpec `ebpf:"draind_node"`
+	DraindServices     *ebpf.MapSpec `ebpf:"draind_services"`
+	DraindSockCounters *ebpf.MapSpec `ebpf:"draind_sock_counters"`
+	DraindSockInfo     *ebpf.MapSpec `ebpf:"draind_sock_info"`
+	DraindSockState    *ebpf.MapSpec `ebpf:"draind_sock_state"`
+	DraindUdpCounters  *ebpf.MapSpec `ebpf:"draind_udp_counters"`
+	DraindUdpReverse   *ebpf.MapSpec `ebpf:"draind_udp_reverse"`
+	DraindUdpSockets   *ebpf.MapSpec `ebpf:"draind_udp_sockets"`
 }
 
 // udpVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type udpVariableSpecs struct {
-	DraindMaxPolicy   *ebpf.VariableSpec `ebpf:"draind_max_policy"`
-	DraindNumOutcomes *ebpf.VariableSpec `ebpf:"draind_num_outcomes"`
+	DraindMaxPolicy     *ebpf.VariableSpec `ebpf:"draind_max_policy"`
+	DraindNumOutcomes   *ebpf.VariableSpec `ebpf:"draind_num_outcomes"`
+	DraindNumSockEvents *ebpf.VariableSpec `ebpf:"draind_num_sock_events"`
 }
 
 // udpObjects contains all objects after they have been loaded into the kernel.
@@ -126,16 +140,22 @@ func (o *udpObjects) Close() error {
 //
 // It can be passed to loadUdpObjects or ebpf.CollectionSpec.LoadAndAssign.
 type udpMaps struct {
-	DraindBackends    *ebpf.Map `ebpf:"draind_backends"`
-	DraindCounters    *ebpf.Map `ebpf:"draind_counters"`
-	DraindDrainStats  *ebpf.Map `ebpf:"draind_drain_stats"`
-	DraindDrains      *ebpf.Map `ebpf:"draind_drains"`
-	DraindFrontends   *ebpf.Map `ebpf:"draind_frontends"`
-	DraindNode        *ebpf.Map `ebpf:"draind_node"`
-	DraindServices    *ebpf.Map `ebpf:"draind_services"`
-	DraindUdpCounters *ebpf.Map `ebpf:"draind_udp_counters"`
-	DraindUdpReverse  *ebpf.Map `ebpf:"draind_udp_reverse"`
-	DraindUdpSockets  *ebpf.Map `ebpf:"draind_udp_sockets"`
+	DraindBackends     *ebpf.Map `ebpf:"draind_backends"`
+	DraindCounters     *ebpf.Map `ebpf:"draind_counters"`
+	DraindDrainStats   *ebpf.Map `ebpf:"draind_drain_stats"`
+	DraindDrains       *ebpf.Map `ebpf:"draind_drains"`
+	DraindFrontends    *ebpf.Map `ebpf:"draind_frontends"`
+	DraindGoneFlows    *ebpf.Map `ebpf:"draind_gone_flows"`
+	DraindGonePeers    *ebpf.Map `ebpf:"draind_gone_peers"`
+	DraindLocalConns   *ebpf.Map `ebpf:"draind_local_conns"`
+	DraindNode         *ebpf.Map `ebpf:"draind_node"`
+	DraindServices     *ebpf.Map `ebpf:"draind_services"`
+	DraindSockCounters *ebpf.Map `ebpf:"draind_sock_counters"`
+	DraindSockInfo     *ebpf.Map `ebpf:"draind_sock_info"`
+	DraindSockState    *ebpf.Map `ebpf:"draind_sock_state"`
+	DraindUdpCounters  *ebpf.Map `ebpf:"draind_udp_counters"`
+	DraindUdpReverse   *ebpf.Map `ebpf:"draind_udp_reverse"`
+	DraindUdpSockets   *ebpf.Map `ebpf:"draind_udp_sockets"`
 }
 
 func (m *udpMaps) Close() error {
@@ -145,8 +165,14 @@ func (m *udpMaps) Close() error {
 		m.DraindDrainStats,
 		m.DraindDrains,
 		m.DraindFrontends,
+		m.DraindGoneFlows,
+		m.DraindGonePeers,
+		m.DraindLocalConns,
 		m.DraindNode,
 		m.DraindServices,
+		m.DraindSockCounters,
+		m.DraindSockInfo,
+		m.DraindSockState,
 		m.DraindUdpCounters,
 		m.DraindUdpReverse,
 		m.DraindUdpSockets,
@@ -157,8 +183,9 @@ func (m *udpMaps) Close() error {
 //
 // It can be passed to loadUdpObjects or ebpf.CollectionSpec.LoadAndAssign.
 type udpVariables struct {
-	DraindMaxPolicy   *ebpf.Variable `ebpf:"draind_max_policy"`
-	DraindNumOutcomes *ebpf.Variable `ebpf:"draind_num_outcomes"`
+	DraindMaxPolicy     *ebpf.Variable `ebpf:"draind_max_policy"`
+	DraindNumOutcomes   *ebpf.Variable `ebpf:"draind_num_outcomes"`
+	DraindNumSockEvents *ebpf.Variable `ebpf:"draind_num_sock_events"`
 }
 
 // udpPrograms contains all programs after they have been loaded into the kernel.

@@ -32,8 +32,10 @@ type udpFixture struct {
 	sock *sockProc
 }
 
-func newUDPFixture(t *testing.T) *udpFixture {
-	f := newFixture(t)
+func newUDPFixture(t *testing.T) *udpFixture { return newUDPFixtureWith(t, false) }
+
+func newUDPFixtureWith(t *testing.T, sockets bool) *udpFixture {
+	f := newFixtureWith(t, sockets)
 	for _, v6 := range []bool{false, true} {
 		c, err := bed.NewClusterIP(f.node.NS, f.vip[v6], "udp", f.backends(v6, 0, 1, 2))
 		must(t, err)

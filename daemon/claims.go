@@ -3,8 +3,10 @@ package daemon
 import (
 	"net/netip"
 	"sync"
+	"time"
 
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
 
 	"github.com/draind/draind/k8s"
 )
@@ -18,7 +20,10 @@ import (
 //     void the moment X is claimed by another pod: pod IPs are reused,
 //     identity is the pod UID;
 //   - which node hosts the pod listed at X? A drain Lease is honoured only
-//     when its holder is that node, and only for the pod's own IPs.
+//     when its holder is that node, and only for the pod's own IPs. A pod's
+//     host is remembered for a while after its last listing of X ends
+//     (departed): a pod deleted without grace leaves its slice before its
+//     node publishes the Lease that says it is gone.
 //
 // A hand-written slice (any tenant can write one, with any label) claims
 // nothing. Informer handlers update it (under mu) as events arrive; the
@@ -28,6 +33,18 @@ type claims struct {
 	byIP   map[netip.Addr]ipListings
 	slices map[string]*k8s.Slice // trusted slices as applied, by namespace/name
 	local  map[netip.Addr]types.UID
+
+	clock     clock.PassiveClock
+	keep      time.Duration // how long a departed host is remembered
+	departed  map[netip.Addr]departedClaim
+	lastPrune time.Time
+}
+
+// departedClaim is the last trusted listing of an IP that ended.
+type departedClaim struct {
+	uid  types.UID
+	node string
+	at   time.Time
 }
 
 // ipListing is one pod's listings of an IP in trusted slices.
@@ -44,8 +61,10 @@ type ipListings struct {
 	extra []ipListing
 }
 
-func newClaims() *claims {
-	return &claims{byIP: map[netip.Addr]ipListings{}, slices: map[string]*k8s.Slice{}, local: map[netip.Addr]types.UID{}}
+// newClaims returns an empty index that remembers departed hosts for keep.
+func newClaims(c clock.PassiveClock, keep time.Duration) *claims {
+	return &claims{byIP: map[netip.Addr]ipListings{}, slices: map[string]*k8s.Slice{}, local: map[netip.Addr]types.UID{},
+		clock: c, keep: keep, departed: map[netip.Addr]departedClaim{}}
 }
 
 // find returns the listing of uid, or nil.
@@ -133,8 +152,15 @@ func (c *claims) setSlice(key string, s *k8s.Slice) []netip.Addr {
 				continue
 			}
 			l := c.byIP[e.Addr]
+			var node string
+			if x := l.find(e.PodUID); x != nil {
+				node = x.node
+			}
 			if l.add(e, d) {
 				changed = append(changed, e.Addr)
+			}
+			if d < 0 && node != "" && l.find(e.PodUID) == nil {
+				c.departed[e.Addr] = departedClaim{uid: e.PodUID, node: node, at: c.clock.Now()}
 			}
 			if l.empty() {
 				delete(c.byIP, e.Addr)
@@ -145,6 +171,7 @@ func (c *claims) setSlice(key string, s *k8s.Slice) []netip.Addr {
 	}
 	apply(old, -1)
 	apply(s, +1)
+	c.pruneDeparted()
 	if s == nil {
 		delete(c.slices, key)
 	} else {
@@ -205,16 +232,33 @@ func (c *claims) claimedByOther(ip netip.Addr, uid types.UID) bool {
 	return false
 }
 
-// hostOf returns the node that trusted slices say hosts pod uid at ip.
+// pruneDeparted forgets departed hosts older than keep, at most every
+// keep/4 (c.mu held).
+func (c *claims) pruneDeparted() {
+	now := c.clock.Now()
+	if now.Sub(c.lastPrune) < c.keep/4 {
+		return
+	}
+	c.lastPrune = now
+	for ip, dc := range c.departed {
+		if now.Sub(dc.at) >= c.keep {
+			delete(c.departed, ip)
+		}
+	}
+}
+
+// hostOf returns the node that trusted slices say hosts pod uid at ip, or
+// hosted it until its listing ended less than keep ago.
 func (c *claims) hostOf(ip netip.Addr, uid types.UID) (node string, listed bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	l, ok := c.byIP[ip]
-	if !ok {
-		return "", false
+	if l, ok := c.byIP[ip]; ok {
+		if x := l.find(uid); x != nil {
+			return x.node, true
+		}
 	}
-	if x := l.find(uid); x != nil {
-		return x.node, true
+	if dc, ok := c.departed[ip]; ok && dc.uid == uid && c.clock.Since(dc.at) < c.keep {
+		return dc.node, true
 	}
 	return "", false
 }

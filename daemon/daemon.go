@@ -43,6 +43,10 @@ type Config struct {
 	MinSyncInterval    time.Duration // bounded frequency: at most one pass per interval
 	RegistryOnlyPolicy bpf.Policy
 	UDPReexpire        time.Duration // UDP flows of draining endpoints are expired again this often
+	// FlowLister lists a gone pod's client flows (sockets_gone.go); nil: the
+	// conntrack handle New is given, shared with expiry and counting. Its
+	// own handle keeps a long expiry pass from delaying it.
+	FlowLister conntrack.FlowLister
 
 	// Offline API.
 	Quiet       time.Duration // drained = no SYN for this long and no live connection
@@ -131,6 +135,8 @@ type Daemon struct {
 	conntrackPolicy *conntrackPolicy
 	hosted          *hostedDrains
 	leaseTrust      *leaseTrust
+	gone            *gonePeers   // sockets_gone.go
+	vanished        vanishIntake // sockets_vanish.go
 
 	synced    atomic.Bool
 	attached  atomic.Bool
@@ -147,8 +153,9 @@ func New(cfg Config, client kubernetes.Interface, dp Datapath, ct conntrack.Inte
 	cfg.Defaults()
 	inf := k8s.NewInformers(client, k8s.Config{Namespace: cfg.Namespace, NodeName: cfg.Node})
 	d := &Daemon{cfg: cfg, inf: inf, state: inf, datapath: dp, conntrack: ct,
-		log: cfg.Logger, clock: cfg.Clock, claims: newClaims()}
+		log: cfg.Logger, clock: cfg.Clock, claims: newClaims(cfg.Clock, cfg.Linger+cfg.LeaseDuration)}
 	d.Metrics = NewMetrics(cfg.Version, dp, inf, d.PodStatuses)
+	d.Metrics.Registry.MustRegister(&socketCollector{d: d})
 	d.model = newModel(ModelConfig{
 		Node: cfg.Node, EntryTTL: cfg.EntryTTL, Linger: cfg.Linger, RegistryOnlyPolicy: cfg.RegistryOnlyPolicy,
 		OnPolicyWarning: func(svc, value string) {
@@ -171,6 +178,7 @@ func New(cfg Config, client kubernetes.Interface, dp Datapath, ct conntrack.Inte
 		RequestPass: d.runner.Run,
 	})
 	d.leaseTrust = newLeaseTrust(client.CoreV1(), cfg.Clock, cfg.Logger, d.runner.Run)
+	d.gone = d.newGonePeers()
 	d.registerHandlers()
 	return d
 }
@@ -216,12 +224,14 @@ func (d *Daemon) Run(ctx context.Context) error {
 	// answer their waiters before the loop that feeds them stops.
 	d.conntrackPolicy.Start(ctx)
 	d.leaseTrust.Start(ctx)
+	d.gone.Start(ctx)
 	d.hosted.Start(ctx)
 	d.runner.Start(ctx)
 	d.runner.Run()
 	<-ctx.Done()
 	d.runner.Stop()
 	d.hosted.Stop("draind is stopping")
+	d.gone.Stop()
 	d.leaseTrust.Stop()
 	d.conntrackPolicy.Stop()
 	return nil
@@ -246,6 +256,9 @@ func (d *Daemon) adoptDatapath() error {
 	}
 	d.reconciler.adopt(dump)
 	d.model.ids.adopt(dump)
+	if err := d.gone.adopt(); err != nil {
+		return fmt.Errorf("reading pinned gone peers: %w", err)
+	}
 	return nil
 }
 

@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
 
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/k8s"
@@ -112,7 +113,7 @@ func FuzzModel(f *testing.F) {
 				st.leases = append(st.leases, dl)
 			}
 		}
-		cl := newClaims()
+		cl := newClaims(clock.RealClock{}, time.Minute)
 		for _, sl := range st.slices {
 			cl.setSlice(sl.Namespace+"/"+sl.Name, sl)
 		}

@@ -53,6 +53,8 @@ type hostedDrain struct {
 	steered     uint64
 	synSamples  []synSample
 	liveChecked bool
+	liveBy      LiveCount // live by source (sockets.go)
+	created     time.Time // the pod's creation (socket counts complete?)
 
 	waiters  []*waiter
 	told     map[string]bool // events sent
@@ -95,8 +97,15 @@ type OfflineResult struct {
 	SYNs            uint64  `json:"syns"`
 	LiveConnections int     `json:"live_connections"`
 	Steered         uint64  `json:"steered"`
-	Error           string  `json:"error,omitempty"`
-	code            int
+	// LiveSockets and LiveConntrack are each source's count of live
+	// connections, LiveSource the one LiveConnections came from
+	// (sockets.go); LiveSocketsPartial: the pod predates socket counting.
+	LiveSockets        *int   `json:"live_sockets,omitempty"`
+	LiveConntrack      *int   `json:"live_conntrack,omitempty"`
+	LiveSource         string `json:"live_source,omitempty"`
+	LiveSocketsPartial bool   `json:"live_sockets_partial,omitempty"`
+	Error              string `json:"error,omitempty"`
+	code               int
 }
 
 // hostedDrainsConfig is what the hosted drains depend on.
@@ -137,6 +146,7 @@ type hostedDrains struct {
 	nwait    int                             // waits of every pod
 	podWaits map[types.UID]int               // waits per pod
 	keysFor  map[types.UID][]bpf.EndpointKey // from the last pass
+	seen     map[types.UID]*k8s.Pod          // local pods at the last look (sockets_gone.go)
 }
 
 func newHostedDrains(cfg hostedDrainsConfig) *hostedDrains {
@@ -222,7 +232,7 @@ func (l *hostedDrains) podDrains() []*podDrain {
 			continue
 		}
 		pd := &podDrain{UID: ld.uid, Namespace: ld.namespace, Name: ld.name, IPs: ld.ips, Reason: ld.reason,
-			Since: ld.started, Holder: l.cfg.Node, Lease: ld.published}
+			Since: ld.started, Holder: l.cfg.Node, Lease: ld.published, State: ld.state}
 		if ld.state == StateGone {
 			pd.Expires = ld.goneAt.Add(l.cfg.Linger)
 		}
@@ -271,6 +281,7 @@ func (l *hostedDrains) annotate(ps *PodStatus) {
 	ps.State = ld.state
 	ps.SYNs, ps.LiveConnections, ps.Steered = ld.syns, ld.live, ld.steered
 	ps.SYNsLast10s = ld.synsSince(l.cfg.Clock.Now(), 10*time.Second)
+	ld.liveBy.fillStatus(ps)
 }
 
 // podByIP finds the local pod (not host-network) owning ip.
@@ -392,6 +403,7 @@ func (l *hostedDrains) observeLocalPods(now time.Time) {
 // drainDeleting is the one place that decides that a deleting local pod
 // drains (l.mu held).
 func (l *hostedDrains) drainDeleting(pods map[types.UID]*k8s.Pod, now time.Time) {
+	l.drainVanished(pods, now)
 	for _, p := range pods {
 		if p.Deleting() && !p.HostNetwork && len(p.IPs) > 0 {
 			if ld := l.pods[p.UID]; ld == nil || ld.state == StateCancelled {
@@ -440,8 +452,12 @@ func (l *hostedDrains) forget(uid types.UID, deleteLease bool) {
 
 // request is the Lease a drain publishes (l.mu held).
 func (l *hostedDrains) request(ld *hostedDrain) k8s.DrainRequest {
-	return k8s.DrainRequest{PodNamespace: ld.namespace, PodName: ld.name, PodUID: ld.uid, IPs: ld.ips,
+	r := k8s.DrainRequest{PodNamespace: ld.namespace, PodName: ld.name, PodUID: ld.uid, IPs: ld.ips,
 		Node: l.cfg.Node, Reason: ld.reason, Duration: l.cfg.LeaseDuration}
+	if ld.state == StateGone {
+		r.State = StateGone // a pod that vanished: gone from the first write
+	}
+	return r
 }
 
 // leaseWritten records a Lease write that landed or failed (the writer's
@@ -481,7 +497,7 @@ func result(err error) string {
 // when adopting a drain already in progress (a Lease found at start-up).
 func (l *hostedDrains) start(p *k8s.Pod, reason string, since time.Time, announce bool) *hostedDrain {
 	ld := &hostedDrain{uid: p.UID, namespace: p.Namespace, name: p.Name, ips: slices.Clone(p.IPs),
-		reason: reason, started: since, state: StateDraining}
+		reason: reason, started: since, state: StateDraining, created: p.CreationTimestamp.Time}
 	l.pods[p.UID] = ld
 	if !announce {
 		l.cfg.Log.Info("drain adopted", logKeyPod, p.Namespace+"/"+p.Name, logKeyReason, reason)
@@ -558,20 +574,11 @@ func (l *hostedDrains) measure(ctx context.Context, now time.Time) {
 				last = st.LastSYN
 			}
 		}
-		live, checked := 0, true
-		if l.cfg.Conntrack != nil {
-			for _, ip := range j.ips {
-				c, err := l.cfg.Conntrack.Count(ctx, ip)
-				if err != nil {
-					checked = false
-					l.cfg.Metrics.CTErrors.Inc()
-					continue
-				}
-				live += c.LiveTCP()
-			}
-		}
+		lc := l.liveOf(ctx, j.ld, j.ips)
+		live, checked := lc.Live, lc.Checked
 		l.mu.Lock()
 		ld := j.ld
+		ld.liveBy = lc
 		if syns < ld.syns {
 			syns = ld.syns // the stats entry was recreated: counts only grow
 		}
@@ -652,6 +659,7 @@ func ago(now, t time.Time) string {
 func (l *hostedDrains) resultOf(ld *hostedDrain, now time.Time, w *waiter, state string, code int) OfflineResult {
 	r := OfflineResult{Pod: ld.namespace + "/" + ld.name, State: state, Drained: state == StateDrained,
 		SYNs: ld.syns, LiveConnections: ld.live, Steered: ld.steered, code: code}
+	ld.liveBy.fillOffline(&r)
 	if w != nil {
 		r.WaitedSeconds = now.Sub(w.started).Seconds()
 	}

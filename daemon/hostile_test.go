@@ -347,7 +347,14 @@ func TestHostileOfflineWaitsPerPod(t *testing.T) {
 		t.Fatalf("the other pod's wait was refused: %+v", r)
 	}
 	eventually(t, 10*time.Second, "both pods' drain Leases", func() bool { return len(f.d.state.DrainLeases()) == 2 })
-	// The pod's 4 waits end with the test (503, as at a stop).
+	// The pod's 4 waits end with the test (503, as at a stop), once all
+	// of them are queued.
+	eventually(t, 20*time.Second, "the pod's 4 waits to queue", func() bool {
+		f.d.hosted.mu.Lock()
+		defer f.d.hosted.mu.Unlock()
+		ld := f.d.hosted.pods["p0"]
+		return ld != nil && len(ld.waiters) == 4
+	})
 	f.d.hosted.cancelAll("the test is over")
 	for i := 0; i < 4; i++ {
 		if c := <-codes; c != 503 {

@@ -155,6 +155,9 @@ func (d *Daemon) sliceEvent(oldObj, newObj any) {
 	old, _ := oldObj.(*k8s.Slice)
 	cur, _ := newObj.(*k8s.Slice)
 	now := d.clock.Now()
+	if old != nil {
+		d.vanished.observe(d.trusted(old), cur, now) // only trusted slices identify a pod
+	}
 	if cur != nil {
 		d.tracker.markIPs(d.claims.setSlice(cur.Namespace+"/"+cur.Name, d.trusted(cur)))
 	} else if old != nil {

@@ -144,11 +144,14 @@ func (lw *leaseWriter) flush(ctx context.Context) {
 	for _, name := range names {
 		lw.mu.Lock()
 		p := lw.pending[name]
+		var w leaseWrite
+		if p != nil {
+			w = p.w // want may replace it concurrently
+		}
 		lw.mu.Unlock()
 		if p == nil {
 			continue
 		}
-		w := p.w
 		at, err := lw.do(ctx, name, w)
 		lw.mu.Lock()
 		if cur := lw.pending[name]; cur == p {

@@ -121,10 +121,11 @@ type model struct {
 	touched             map[bpf.EndpointKey]struct{}
 	touchedServicePorts map[bpf.ServicePortID]struct{}
 	departures          []departure // since the last pass (conntrack, lease cleanup)
+	vanish              vanishState // endpoints that left without draining (sockets_vanish.go)
 }
 
 func newModel(cfg ModelConfig, st State, cl *claims) *model {
-	return &model{
+	m := &model{
 		cfg: cfg, state: st, claims: cl,
 		results:             map[string]*serviceResult{},
 		servicePortIDs:      map[servicePortKey]bpf.ServicePortID{},
@@ -139,6 +140,8 @@ func newModel(cfg ModelConfig, st State, cl *claims) *model {
 		touched:             map[bpf.EndpointKey]struct{}{},
 		touchedServicePorts: map[bpf.ServicePortID]struct{}{},
 	}
+	m.vanish.init()
+	return m
 }
 
 // policyOf resolves a Service's pod-IP policy, warning once per bad value.
@@ -180,6 +183,7 @@ func (m *model) recomputeService(key string, now time.Time) (changed bool) {
 	} else {
 		delete(m.warned, key)
 	}
+	cat = m.withVanished(key, svc, cat, now)
 	m.withdrawService(old)
 	next := &serviceResult{servicePorts: map[servicePortKey]bpf.ServicePortID{},
 		draining: map[bpf.EndpointKey]contribution{}, pods: cat.drainedPods}

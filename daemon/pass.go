@@ -23,6 +23,7 @@ func (d *Daemon) sync() time.Time {
 	m := d.model
 
 	d.hosted.observeLocalPods(now)
+	m.addVanished(d.vanished.take())
 	podAt := dirty.podEventAt(now)
 	changedDrains := m.setPodDrains(d.podDrains(now))
 	podViaServices := false
@@ -34,12 +35,14 @@ func (d *Daemon) sync() time.Time {
 			}
 		}
 	}
+	m.markVanished(dirty.services, podAt, now)
 	var changedAt []time.Time
 	for svc, at := range dirty.services {
 		if m.recomputeService(svc, now) {
 			changedAt = append(changedAt, at)
 		}
 	}
+	d.revisitVanished(now)
 	if len(changedDrains) > 0 && !podViaServices {
 		changedAt = append(changedAt, podAt) // a registry-only pod: no Service carried it
 	}
@@ -51,6 +54,7 @@ func (d *Daemon) sync() time.Time {
 	}
 	m.expireLingering(now)
 	d.apply(now, changedAt)
+	d.gone.pass(m, now)
 	d.hosted.setKeys(m.keysOf(d.hosted.uids()))
 	for _, dep := range m.takeDepartures() {
 		d.conntrackPolicy.departed(dep)

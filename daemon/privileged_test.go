@@ -44,10 +44,16 @@ type e2e struct {
 	vip6   netip.AddrPort
 }
 
-func newE2E(t *testing.T) *e2e {
+func newE2E(t *testing.T) *e2e { return newE2EWith(t, e2eOptions{}) }
+
+func newE2EWith(t *testing.T, o e2eOptions) *e2e {
 	bed.RequirePrivileged(t)
-	if _, err := bpf.Probe(); err != nil {
+	feat, err := bpf.Probe()
+	if err != nil {
 		t.Skipf("SKIP: kernel cannot run the datapath: %v", err)
+	}
+	if o.sockets && !feat.Sockets {
+		t.Skipf("SKIP: kernel cannot run the socket hooks: %s", feat.SocketsMissing)
 	}
 	e := &e2e{t: t, client: fake.NewClientset(),
 		vip4: netip.MustParseAddrPort("10.96.0.10:80"), vip6: netip.MustParseAddrPort("[fd00:96::10]:80")}
@@ -111,7 +117,7 @@ func newE2E(t *testing.T) *e2e {
 	dir, unmount, err := bed.NewBPFFS()
 	must(t, err)
 	t.Cleanup(func() { unmount() })
-	e.dp, err = bpf.Load(bpf.Options{PinDir: dir})
+	e.dp, err = bpf.Load(bpf.Options{PinDir: dir, Sockets: o.sockets})
 	must(t, err)
 	t.Cleanup(func() { e.dp.Close() })
 	must(t, e.dp.Attach(e.node.Pods.Path))
@@ -119,8 +125,11 @@ func newE2E(t *testing.T) *e2e {
 	must(t, err)
 	t.Cleanup(func() { ct.Close() })
 
+	if o.beforeStart != nil {
+		o.beforeStart(e)
+	}
 	e.d = New(Config{Node: "n0", Namespace: "draind-system", PollEvery: 50 * time.Millisecond, Quiet: time.Second,
-		RegistryOnlyPolicy: bpf.PolicyRefuse, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, e.client, e.dp, ct)
+		RegistryOnlyPolicy: bpf.PolicyRefuse, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, e.client, o.datapath(e.dp), ct)
 	e.d.SetAttached(true)
 	done := make(chan struct{})
 	go func() { e.d.Run(ctx); close(done) }()

@@ -35,6 +35,13 @@ type PodStatus struct {
 	LiveConnections int      `json:"live_connections"`
 	Steered         uint64   `json:"steered"`
 	Entries         []string `json:"entries,omitempty"`
+	// Live connections by source (sockets.go): each source's count, the
+	// one LiveConnections came from, and whether the socket count misses
+	// connections older than counting on this node.
+	LiveSockets        *int   `json:"live_sockets,omitempty"`
+	LiveConntrack      *int   `json:"live_conntrack,omitempty"`
+	LiveSource         string `json:"live_source,omitempty"`
+	LiveSocketsPartial bool   `json:"live_sockets_partial,omitempty"`
 }
 
 // Health levels of Status.Health.
@@ -68,6 +75,7 @@ type Status struct {
 	Informers map[string]bool `json:"informers"`
 	Counters  []CounterStat   `json:"counters"`
 	Maps      []bpf.MapStat   `json:"maps"`
+	Sockets   SocketStatus    `json:"sockets"`
 	Pods      []PodStatus     `json:"pods"`
 }
 
@@ -159,6 +167,8 @@ func (d *Daemon) Status(src StatusSource) Status {
 		// expire by itself.
 		st.Problems = append(st.Problems, fmt.Sprintf("no datapath pass for %v (steering entries expire after %v)", age.Round(time.Second), d.cfg.EntryTTL))
 	}
+	var sockWarnings []string
+	st.Sockets, sockWarnings = d.socketStatus(src.Features, src.Config)
 	st.Conntrack.Enabled = d.conntrack != nil
 	if !st.Conntrack.Enabled {
 		st.Conntrack.Timestamps = false
@@ -166,8 +176,9 @@ func (d *Daemon) Status(src StatusSource) Status {
 		if reason == "" {
 			reason = "disabled"
 		}
-		st.Warnings = append(st.Warnings, "conntrack off ("+reason+"): drained means only no new SYN, live connections are not counted, stale flows are not expired")
+		st.Warnings = append(st.Warnings, conntrackOffWarning(reason, st.Sockets.Loaded))
 	}
+	st.Warnings = append(st.Warnings, sockWarnings...)
 	st.Healthy = len(st.Problems) == 0
 	switch {
 	case !st.Healthy:

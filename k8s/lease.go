@@ -144,6 +144,9 @@ type DrainRequest struct {
 	Node                  string // hosting node: the holder
 	Reason                string
 	Duration              time.Duration
+	// State, if set, is published with the Lease (AnnState) from its
+	// creation: a pod that is already gone when its drain starts.
+	State string
 }
 
 func (r *DrainRequest) build(ns string, now time.Time) *coordinationv1.Lease {
@@ -163,7 +166,7 @@ func (r *DrainRequest) build(ns string, now time.Time) *coordinationv1.Lease {
 	}
 	holder := r.Node
 	mt := metav1.NewMicroTime(now)
-	return &coordinationv1.Lease{
+	l := &coordinationv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: LeaseName(r.PodUID), Namespace: ns, Labels: labels,
 			Annotations: map[string]string{
@@ -175,6 +178,10 @@ func (r *DrainRequest) build(ns string, now time.Time) *coordinationv1.Lease {
 			HolderIdentity: &holder, LeaseDurationSeconds: &secs, AcquireTime: &mt, RenewTime: &mt,
 		},
 	}
+	if r.State != "" {
+		l.Annotations[AnnState] = r.State
+	}
+	return l
 }
 
 // Publish creates the pod's drain Lease, or renews it if it exists (joining

@@ -24,6 +24,10 @@ const ManagedByController = "endpointslice-controller.k8s.io"
 // AnnotationPodIPSteering selects a Service's pod-IP policy.
 const AnnotationPodIPSteering = "draind.io/pod-ip-steering"
 
+// AnnotationEndDeadConnections set to "false" on a Service keeps draind from
+// ending client sockets to its pods once they are gone.
+const AnnotationEndDeadConnections = "draind.io/end-dead-connections"
+
 // Family is an IP family.
 type Family uint8
 
@@ -61,6 +65,8 @@ type Service struct {
 	PodIPSteering string
 	// HasSelector: the EndpointSlice controller lists its pods.
 	HasSelector bool
+	// EndDeadConnections is the raw draind.io/end-dead-connections value.
+	EndDeadConnections string
 }
 
 // ServicePort is one port of a Service.
@@ -145,6 +151,12 @@ func (p *Pod) Finished() bool {
 
 // Deleting reports whether the pod has been asked to stop.
 func (p *Pod) Deleting() bool { return p.DeletionTimestamp != nil }
+
+// KilledWithoutGrace reports whether the pod is being deleted with a grace
+// period of 0: its containers are killed at once, no preStop runs.
+func (p *Pod) KilledWithoutGrace() bool {
+	return p.DeletionTimestamp != nil && p.DeletionGracePeriodSeconds != nil && *p.DeletionGracePeriodSeconds == 0
+}
 
 // slimMeta keeps the identity of an object and nothing else.
 func slimMeta(m *metav1.ObjectMeta) metav1.ObjectMeta {
@@ -238,11 +250,12 @@ func SliceFrom(s *discoveryv1.EndpointSlice) (sl *Slice, skipped int) {
 // ServiceFrom converts a Service. Unparseable cluster IPs are skipped.
 func ServiceFrom(s *corev1.Service) (*Service, int) {
 	out := &Service{
-		ObjectMeta:       slimMeta(&s.ObjectMeta),
-		AffinityClientIP: s.Spec.SessionAffinity == corev1.ServiceAffinityClientIP,
-		InternalLocal:    s.Spec.InternalTrafficPolicy != nil && *s.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal,
-		PodIPSteering:    s.Annotations[AnnotationPodIPSteering],
-		HasSelector:      len(s.Spec.Selector) > 0,
+		ObjectMeta:         slimMeta(&s.ObjectMeta),
+		AffinityClientIP:   s.Spec.SessionAffinity == corev1.ServiceAffinityClientIP,
+		InternalLocal:      s.Spec.InternalTrafficPolicy != nil && *s.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal,
+		PodIPSteering:      s.Annotations[AnnotationPodIPSteering],
+		HasSelector:        len(s.Spec.Selector) > 0,
+		EndDeadConnections: s.Annotations[AnnotationEndDeadConnections],
 	}
 	skipped := 0
 	if s.Spec.Type != corev1.ServiceTypeExternalName {
@@ -281,6 +294,11 @@ func PodFrom(p *corev1.Pod) *Pod {
 		HostNetwork: p.Spec.HostNetwork,
 		Phase:       p.Status.Phase,
 	}
+	// When the pod was created: its connections were all seen by draind's
+	// socket counting if that started earlier.
+	out.CreationTimestamp = p.CreationTimestamp
+	// A deletion with no grace (0 s): the pod is killed now, gone.
+	out.DeletionGracePeriodSeconds = p.DeletionGracePeriodSeconds
 	ips := p.Status.PodIPs
 	if len(ips) == 0 && p.Status.PodIP != "" {
 		ips = []corev1.PodIP{{IP: p.Status.PodIP}}

@@ -11,6 +11,6 @@ func newRootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newRunCmd(), newStatusCmd(), newDrainCmd(), newUndrainCmd(), newDrainsCmd(), newBPFCmd(), newOfflineCmd(), newCopySelfCmd(), newVersionCmd())
+	root.AddCommand(newRunCmd(), newStatusCmd(), newDrainCmd(), newUndrainCmd(), newDrainsCmd(), newBPFCmd(), withThen(newOfflineCmd()), newCopySelfCmd(), newWebhookCmd(), newVersionCmd())
 	return root
 }

@@ -40,6 +40,7 @@ type runOptions struct {
 	maxConnections              int
 	registryOnlyPolicy          string
 	conntrack                   bool
+	socketHooks                 bool
 	conntrackZone               uint16
 	logFormat, logLevel         string
 	apiQPS                      float32
@@ -100,6 +101,7 @@ their /v1/offline calls; expire stale conntrack flows; serve metrics and status.
 	f.DurationVar(&o.minSync, "min-sync-interval", 0, "bounded frequency: at most one datapath pass per interval (0: as events arrive)")
 	f.StringVar(&o.registryOnlyPolicy, "registry-only-policy", "refuse", "pod-IP policy for drained pods no EndpointSlice lists: refuse or off")
 	f.BoolVar(&o.conntrack, "conntrack", true, "expire stale conntrack flows and count live connections")
+	f.BoolVar(&o.socketHooks, "socket-hooks", true, "count live connections from the pods' sockets and end client sockets to gone pods (sock_ops and cgroup_skb egress; used where the kernel has them)")
 	f.Uint16Var(&o.conntrackZone, "conntrack-zone", 0, "conntrack zone of the pods' flows: expiry and counting act only there")
 	f.StringVar(&o.logFormat, "log-format", "json", "log format: json or text")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
@@ -173,7 +175,11 @@ func runDaemon(ctx context.Context, o *runOptions) error {
 		return err
 	}
 	defer ls.close()
-	dp, err := bpf.Load(bpf.Options{PinDir: o.pinDir})
+	sockets := o.socketHooks && features.Sockets
+	if o.socketHooks && !features.Sockets {
+		log.Warn("socket hooks unavailable: live connections from conntrack only, sockets to gone pods are not ended", "missing", features.SocketsMissing)
+	}
+	dp, err := bpf.Load(bpf.Options{PinDir: o.pinDir, Sockets: sockets})
 	if err != nil {
 		return err
 	}
@@ -185,15 +191,22 @@ func runDaemon(ctx context.Context, o *runOptions) error {
 		log.Info("pruned orphaned map entries", "entries", n)
 	}
 	ct, ctStatus := openConntrack(o, log)
+	var flows conntrack.FlowLister
 	if ct != nil {
 		defer ct.Close()
+		// A handle of its own for listing a gone pod's client flows: an
+		// expiry pass on the shared one never delays ending their sockets.
+		if fl, err := conntrack.Open(conntrack.Options{Zone: o.conntrackZone}); err == nil {
+			defer fl.Close()
+			flows = fl
+		}
 	}
 	d := daemon.New(daemon.Config{
 		Node: o.node, Namespace: o.namespace, Version: version,
 		EntryTTL: o.entryTTL, Linger: o.linger, LeaseDuration: o.leaseDur, GoneGrace: o.goneGrace,
 		UDPReexpire: o.udpReexpire, MinSyncInterval: o.minSync, RegistryOnlyPolicy: regPolicy,
 		Quiet: o.quiet, MaxWait: o.maxWait, MaxWaiters: o.maxWaiters, MaxWaitersPerPod: o.maxWaitersPerPod,
-		MaxConnections: o.maxConnections, Logger: log,
+		MaxConnections: o.maxConnections, Logger: log, FlowLister: flows,
 	}, client, dp, ct)
 	if err := dp.Attach(cgroup); err != nil {
 		return err

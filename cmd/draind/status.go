@@ -57,11 +57,14 @@ func orDash(s string) string {
 	return s
 }
 
-func conntrackLine(c daemon.ConntrackStatus) string {
+func conntrackLine(c daemon.ConntrackStatus, sockets bool) string {
 	if !c.Enabled {
 		reason := c.Reason
 		if reason == "" {
 			reason = "disabled"
+		}
+		if sockets {
+			return "OFF (" + reason + "): live connections from the pods' sockets only; stale flows are not expired"
 		}
 		return "OFF (" + reason + "): drained means only no new SYN; stale flows are not expired"
 	}
@@ -163,7 +166,8 @@ func printStatus(w io.Writer, st *daemon.Status, output string) error {
 		attached = strings.Join(st.Attached, ", ")
 	}
 	fmt.Fprintf(tw, "Programs:\t%s\n", attached)
-	fmt.Fprintf(tw, "Conntrack:\t%s\n", conntrackLine(st.Conntrack))
+	fmt.Fprintf(tw, "Conntrack:\t%s\n", conntrackLine(st.Conntrack, st.Sockets.Loaded))
+	fmt.Fprintf(tw, "Sockets:\t%s\n", socketsLine(st.Sockets, st.Time))
 	names := make([]string, 0, len(st.Informers))
 	for n := range st.Informers {
 		names = append(names, n)
@@ -219,7 +223,7 @@ func printStatus(w io.Writer, st *daemon.Status, output string) error {
 	for _, p := range st.Pods {
 		syns, live := "-", "-"
 		if p.Local {
-			syns, live = fmt.Sprint(p.SYNsLast10s), fmt.Sprint(p.LiveConnections)
+			syns, live = fmt.Sprint(p.SYNsLast10s), liveCell(p)
 		}
 		line := fmt.Sprintf("%s/%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s", p.Namespace, p.Name, strings.Join(p.IPs, ","), p.Reason,
 			age(st.Time, p.Since), age(st.Time, p.Deadline), syns, live, p.Steered, p.State)
@@ -229,4 +233,39 @@ func printStatus(w io.Writer, st *daemon.Status, output string) error {
 		fmt.Fprintln(tw, line)
 	}
 	return tw.Flush()
+}
+
+// socketsLine says what the socket hooks do on this node.
+func socketsLine(s daemon.SocketStatus, now time.Time) string {
+	live := "live connections from " + strings.Join(s.LiveFrom, "+")
+	if !s.Loaded {
+		return fmt.Sprintf("OFF (%s): %s; client sockets to gone pods are not ended", s.Reason, live)
+	}
+	if !s.CountingSince.IsZero() {
+		live += fmt.Sprintf(" (sockets counted since %s ago)", age(now, s.CountingSince))
+	}
+	var ends []string
+	if s.EndTCP {
+		ends = append(ends, "TCP at the next retransmission timeout")
+	}
+	if s.EndUDP {
+		ends = append(ends, "connected UDP at the next send")
+	}
+	end := "client sockets to gone pods are not ended"
+	if len(ends) > 0 {
+		end = "ends client sockets to gone pods: " + strings.Join(ends, ", ")
+	}
+	return fmt.Sprintf("%s; %s; %d gone peers, %d gone flows", live, end, s.GonePeers, s.GoneFlows)
+}
+
+// liveCell is a pod's live connections with the source that counted them
+// ("partial": the pod predates socket counting on this node).
+func liveCell(p daemon.PodStatus) string {
+	switch {
+	case p.LiveSource == "" || p.LiveSource == daemon.LiveFromNone:
+		return fmt.Sprint(p.LiveConnections)
+	case p.LiveSource == daemon.LiveFromSockets && p.LiveSocketsPartial:
+		return fmt.Sprintf("%d (sockets, partial)", p.LiveConnections)
+	}
+	return fmt.Sprintf("%d (%s)", p.LiveConnections, p.LiveSource)
 }

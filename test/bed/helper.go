@@ -47,6 +47,8 @@ type Response struct {
 	// HTTP answers.
 	Code int    `json:"code,omitempty"`
 	Body string `json:"body,omitempty"`
+	// Timeline of a keep-alive client (keepalive.go).
+	Timeline []Sample `json:"timeline,omitempty"`
 }
 
 // HelperMain runs the helper process if this process is one, and exits;
@@ -235,6 +237,7 @@ type client struct {
 	conns map[string]*bufio.ReadWriter
 	raw   map[string]net.Conn
 	loops map[string]*loop
+	kas   map[string]*keepalive
 }
 
 type loop struct {
@@ -403,6 +406,29 @@ func (c *client) handle(req Request) Response {
 		c.loops[req.ID] = l
 		go runLoop(req, l)
 		return Response{}
+	case "keepalive_start":
+		k := &keepalive{stop: make(chan struct{}), done: make(chan struct{})}
+		if c.kas == nil {
+			c.kas = map[string]*keepalive{}
+		}
+		c.kas[req.ID] = k
+		go runKeepalive(req, k)
+		return Response{}
+	case "keepalive_stop":
+		k, ok := c.kas[req.ID]
+		if !ok {
+			return Response{Err: "no keep-alive client " + req.ID}
+		}
+		delete(c.kas, req.ID)
+		close(k.stop)
+		<-k.done
+		return Response{Timeline: k.timeline()}
+	case "keepalive_peek":
+		k, ok := c.kas[req.ID]
+		if !ok {
+			return Response{Err: "no keep-alive client " + req.ID}
+		}
+		return Response{Timeline: k.timeline()}
 	case "loop_stop":
 		l, ok := c.loops[req.ID]
 		if !ok {

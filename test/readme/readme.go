@@ -172,3 +172,34 @@ func PreStopCommand(b Block, container string) ([]string, error) {
 	}
 	return nil, fmt.Errorf("README line %d: no container %s", b.Line, container)
 }
+
+// CommandLine returns the one command line of an indented code block (four
+// spaces, outside fenced blocks) that contains every one of marks, without
+// its indentation and trailing comment.
+func (d *Doc) CommandLine(marks ...string) (string, error) {
+	outside := d.Text
+	for _, b := range d.Blocks {
+		outside = strings.Replace(outside, b.Text, "", 1)
+	}
+	var found []string
+	for _, line := range strings.Split(outside, "\n") {
+		cmd, ok := strings.CutPrefix(line, "    ")
+		if !ok || strings.HasPrefix(cmd, " ") {
+			continue
+		}
+		all := true
+		for _, m := range marks {
+			all = all && strings.Contains(cmd, m)
+		}
+		if all {
+			if i := strings.Index(cmd, "  #"); i >= 0 {
+				cmd = cmd[:i]
+			}
+			found = append(found, strings.TrimSpace(cmd))
+		}
+	}
+	if len(found) != 1 {
+		return "", fmt.Errorf("%s: want exactly one command line containing %q, found %d", d.Path, marks, len(found))
+	}
+	return found[0], nil
+}

@@ -90,6 +90,32 @@ func TestREADMEOverlays(t *testing.T) {
 				t.Error("the overlay lost the DaemonSet")
 			}
 		},
+		"webhook": func(t *testing.T, objs []*unstructured.Unstructured) {
+			for _, want := range []schema.GroupKind{{Group: "apps", Kind: "DaemonSet"}, {Group: "apps", Kind: "Deployment"}, {Group: "admissionregistration.k8s.io", Kind: "MutatingWebhookConfiguration"}} {
+				name := "draind-webhook"
+				if want.Kind == "DaemonSet" {
+					name = "draind"
+				}
+				if Find(objs, want, name) == nil {
+					t.Errorf("no %s %s", want, name)
+				}
+			}
+			if Find(objs, schema.GroupKind{Kind: "Secret"}, "draind-webhook-tls") == nil {
+				t.Error("no Secret draind-webhook-tls for the self-managed certificates")
+			}
+		},
+		"webhook-cert-manager": func(t *testing.T, objs []*unstructured.Unstructured) {
+			if Find(objs, schema.GroupKind{Group: "cert-manager.io", Kind: "Certificate"}, "draind-webhook") == nil {
+				t.Error("no cert-manager Certificate draind-webhook")
+			}
+			if Find(objs, schema.GroupKind{Kind: "Secret"}, "draind-webhook-tls") != nil {
+				t.Error("the self-managed Secret is still rendered")
+			}
+			mwc := Find(objs, schema.GroupKind{Group: "admissionregistration.k8s.io", Kind: "MutatingWebhookConfiguration"}, "draind-webhook")
+			if mwc == nil || mwc.GetAnnotations()["cert-manager.io/inject-ca-from"] == "" {
+				t.Error("the webhook configuration is not annotated for cert-manager's cainjector")
+			}
+		},
 		"kube-prometheus-stack": func(t *testing.T, objs []*unstructured.Unstructured) {
 			for _, kind := range []string{"PodMonitor", "PrometheusRule"} {
 				o := Find(objs, schema.GroupKind{Group: "monitoring.coreos.com", Kind: kind}, "draind")
@@ -120,7 +146,8 @@ func TestREADMEOverlays(t *testing.T) {
 			}
 			seen[name] = true
 			root := t.TempDir()
-			copyTree(t, base, filepath.Join(root, "deploy", "daemonset"))
+			// All of deploy/: overlays may include its components too.
+			copyTree(t, filepath.Dir(base), filepath.Join(root, "deploy"))
 			dir := filepath.Join(root, "deploy", "overlays", name)
 			if err := os.MkdirAll(dir, 0o755); err != nil {
 				t.Fatal(err)
@@ -133,6 +160,9 @@ func TestREADMEOverlays(t *testing.T) {
 				t.Fatalf("README line %d: %v", b.Line, err)
 			}
 			for _, o := range objs {
+				if o.GroupVersionKind().Group == "cert-manager.io" {
+					continue // no cert-manager types in this module
+				}
 				if _, err := DecodeStrict(s, o); err != nil {
 					t.Error(err)
 				}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/draind/draind/bpf"
@@ -47,7 +48,8 @@ type rolloutResult struct {
 func runRollout(ctx context.Context, t *testing.T, n *realnode.Node, namespace string, spec corev1.PodSpec, during func(ctx context.Context, t *testing.T, res *rolloutResult)) *rolloutResult {
 	t.Helper()
 	cs := n.Cluster.Admin
-	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{}); err != nil {
+	// A namespace the caller created (with labels) is used as it is.
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
 	if err := n.Cluster.WaitServiceAccount(ctx, namespace, "default"); err != nil {
@@ -541,8 +543,8 @@ func uninstall(ctx context.Context, t *testing.T, n *realnode.Node, overlay, bin
 	// What the README says: after delete -k the hooks stay attached (pinned).
 	left := attachedPrograms(t, kubepods)
 	t.Logf("after kubectl delete -k: programs on %s: %v", kubepods, left)
-	if len(left) != len(draindPrograms) {
-		t.Errorf("after kubectl delete -k want draind's %d programs still attached (pinned, as the README says), have %v", len(draindPrograms), left)
+	if want := len(bpf.AttachmentNames()); len(left) != want {
+		t.Errorf("after kubectl delete -k want draind's %d programs still attached (pinned, as the README says), have %v", want, left)
 	}
 	out, err := runHost(ctx, binary, "bpf", "remove")
 	if err != nil {

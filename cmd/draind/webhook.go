@@ -1,0 +1,374 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+	"golang.org/x/sync/errgroup"
+	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
+
+	"github.com/draind/draind/k8s/inject"
+	"github.com/draind/draind/k8s/inject/selfcert"
+)
+
+// Paths of the two entries of the MutatingWebhookConfiguration: the API
+// server cannot tell the webhook the namespace's labels, so each entry
+// selects namespaces one way and calls its own path.
+const (
+	webhookPathNamespace = "/inject/namespace" // the namespace carries draind.io/inject=true
+	webhookPathPod       = "/inject/pod"       // the namespace has no draind.io/inject label
+)
+
+type webhookOptions struct {
+	listen, healthListen  string
+	kubeconfig, namespace string
+	inject                inject.Options
+
+	certDir       string // cert-manager (or any) files: tls.crt, tls.key
+	secret        string
+	webhookConfig string
+	service       string
+	extraSANs     []string
+	caValidity    time.Duration
+	certValidity  time.Duration
+	publishDelay  time.Duration
+	certInterval  time.Duration
+	shutdownDelay time.Duration
+
+	logFormat, logLevel string
+}
+
+func newWebhookCmd() *cobra.Command {
+	o := &webhookOptions{}
+	cmd := &cobra.Command{
+		Use:   "webhook",
+		Short: "Serve the admission webhook that gives opted-in pods draind's preStop call",
+		Long: `Serve a mutating admission webhook for Pods. A pod in a namespace labelled
+draind.io/inject=true (unless the pod says draind.io/inject: "false"), or a pod
+annotated draind.io/inject: "true", gets in each container a preStop hook that
+runs draind offline (copied in by an init container from the draind image),
+HOST_IP from status.hostIP, and a grace period extended by --wait +
+--fallback-sleep. A container's own preStop handler runs after the drain.
+
+TLS: by default the webhook creates a CA and a serving certificate, keeps them
+in --tls-secret, rotates both, and writes the CA bundle into the
+MutatingWebhookConfiguration --webhook-config. With --cert-dir it serves the
+files there instead (cert-manager), reloading them when they change.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return runWebhook(cmd.Context(), o) },
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.listen, "listen", ":9443", "HTTPS listen address of the webhook")
+	f.StringVar(&o.healthListen, "health-listen", ":9444", "HTTP listen address of /healthz, /readyz and /metrics (empty: off)")
+	f.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster configuration)")
+	f.StringVar(&o.namespace, "namespace", "draind-system", "namespace of the webhook's Secret and Service")
+	f.StringVar(&o.inject.Image, "image", "", "draind image of the injected init container: the one the DaemonSet runs (required)")
+	f.StringVar(&o.inject.ImageBinary, "image-binary", inject.DefaultImageBinary, "path of draind inside --image")
+	f.DurationVar(&o.inject.Wait, "wait", inject.DefaultWait, "draind offline --wait of injected pods (a pod's draind.io/wait overrides it)")
+	f.DurationVar(&o.inject.FallbackSleep, "fallback-sleep", inject.DefaultFallbackSleep, "draind offline --fallback-sleep of injected pods")
+	f.StringVar(&o.certDir, "cert-dir", "", "serve tls.crt and tls.key from this directory (cert-manager) instead of managing certificates")
+	f.StringVar(&o.secret, "tls-secret", "draind-webhook-tls", "Secret in --namespace holding the self-managed CA and serving certificate (it must exist)")
+	f.StringVar(&o.webhookConfig, "webhook-config", "draind-webhook", "MutatingWebhookConfiguration whose caBundle the webhook keeps")
+	f.StringVar(&o.service, "service", "draind-webhook", "Service in --namespace the API server calls: the serving certificate's DNS names")
+	f.StringSliceVar(&o.extraSANs, "tls-extra-san", nil, "more names or IP addresses for the serving certificate (a webhook reached by URL)")
+	f.DurationVar(&o.caValidity, "ca-validity", 2*365*24*time.Hour, "lifetime of a self-managed CA (a next one is published when a third is left)")
+	f.DurationVar(&o.certValidity, "cert-validity", 90*24*time.Hour, "lifetime of a serving certificate (re-issued when a third is left)")
+	f.DurationVar(&o.publishDelay, "ca-publish-delay", 5*time.Minute, "how long a next CA is published in the caBundle before it signs")
+	f.DurationVar(&o.certInterval, "cert-check-interval", time.Minute, "how often the certificates are checked and reloaded")
+	f.DurationVar(&o.shutdownDelay, "shutdown-delay", 5*time.Second, "after SIGTERM, keep serving (not ready) this long while the Service drops the pod")
+	f.StringVar(&o.logFormat, "log-format", "json", "log format: json or text")
+	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	withEnv(cmd)
+	return cmd
+}
+
+// serviceNames are the DNS names the API server may use for a Service.
+func serviceNames(service, namespace string) []string {
+	return []string{
+		service,
+		service + "." + namespace,
+		service + "." + namespace + ".svc",
+		service + "." + namespace + ".svc.cluster.local",
+	}
+}
+
+func (o *webhookOptions) certConfig() selfcert.Config {
+	c := selfcert.Config{
+		DNSNames:     serviceNames(o.service, o.namespace),
+		CAValidity:   o.caValidity,
+		CertValidity: o.certValidity,
+		PublishDelay: o.publishDelay,
+	}
+	for _, s := range o.extraSANs {
+		if ip := net.ParseIP(s); ip != nil {
+			c.IPs = append(c.IPs, ip)
+		} else {
+			c.DNSNames = append(c.DNSNames, s)
+		}
+	}
+	return c
+}
+
+// certSource hands the TLS server its current certificate.
+type certSource interface {
+	// run keeps the certificate current until ctx ends.
+	run(ctx context.Context) error
+	current() *tls.Certificate
+}
+
+func runWebhook(ctx context.Context, o *webhookOptions) error {
+	log, err := newLogger(o.logFormat, o.logLevel)
+	if err != nil {
+		return err
+	}
+	klog.SetSlogLogger(log.With("component", "client-go"))
+	if err := o.inject.Validate(); err != nil {
+		return fmt.Errorf("--image/--wait: %w", err)
+	}
+	var certs certSource
+	if o.certDir != "" {
+		certs = &fileCerts{dir: o.certDir, interval: o.certInterval, log: log}
+	} else {
+		cc := o.certConfig()
+		if err := cc.Validate(); err != nil {
+			return fmt.Errorf("certificate flags: %w", err)
+		}
+		cfg, err := restConfig(o.kubeconfig)
+		if err != nil {
+			return fmt.Errorf("loading the API client configuration: %w", err)
+		}
+		cfg.UserAgent = "draind-webhook/" + version
+		client, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			return fmt.Errorf("creating the API client: %w", err)
+		}
+		certs = &certReconciler{
+			client: client, namespace: o.namespace, secret: o.secret, webhookConfig: o.webhookConfig,
+			cfg: cc, interval: o.certInterval, now: time.Now, log: log,
+		}
+	}
+	wh := newWebhookHandler(o.inject, log, prometheus.NewRegistry())
+
+	// Listeners first: a port in use is an error before anything runs.
+	l, err := net.Listen("tcp", o.listen)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", o.listen, err)
+	}
+	var hl net.Listener
+	if o.healthListen != "" {
+		if hl, err = net.Listen("tcp", o.healthListen); err != nil {
+			l.Close()
+			return fmt.Errorf("listening on %s: %w", o.healthListen, err)
+		}
+	}
+	var stopping atomic.Bool
+	srv := &http.Server{
+		Handler:           wh.mux(),
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       15 * time.Second,
+		WriteTimeout:      15 * time.Second,
+		IdleTimeout:       90 * time.Second,
+		TLSConfig: &tls.Config{
+			MinVersion: tls.VersionTLS12,
+			GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+				if c := certs.current(); c != nil {
+					return c, nil
+				}
+				return nil, errors.New("no serving certificate yet")
+			},
+		},
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+	}
+	health := http.NewServeMux()
+	health.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })
+	health.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		switch {
+		case stopping.Load():
+			http.Error(w, "stopping", http.StatusServiceUnavailable)
+		case certs.current() == nil:
+			http.Error(w, "no serving certificate yet", http.StatusServiceUnavailable)
+		default:
+			io.WriteString(w, "ok")
+		}
+	})
+	health.Handle("/metrics", promhttp.HandlerFor(wh.registry, promhttp.HandlerOpts{}))
+	hsrv := &http.Server{Handler: health, ReadHeaderTimeout: 5 * time.Second}
+
+	log.Info("webhook starting", "listen", l.Addr().String(), "health", o.healthListen, "image", o.inject.Image,
+		"wait", o.inject.Wait.String(), "fallback_sleep", o.inject.FallbackSleep.String(), "self_managed_tls", o.certDir == "")
+	g, gctx := errgroup.WithContext(ctx)
+	runCtx, stopCerts := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopCerts()
+	g.Go(func() error { return certs.run(runCtx) })
+	g.Go(func() error {
+		if err := srv.ServeTLS(l, "", ""); !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("serving the webhook: %w", err)
+		}
+		return nil
+	})
+	if hl != nil {
+		g.Go(func() error {
+			if err := hsrv.Serve(hl); !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("serving health: %w", err)
+			}
+			return nil
+		})
+	}
+	g.Go(func() error {
+		<-gctx.Done()
+		// Not ready at once; keep answering the API server while the
+		// Service's endpoints drop this pod, then stop.
+		stopping.Store(true)
+		if ctx.Err() != nil && o.shutdownDelay > 0 {
+			log.Info("stopping: not ready, serving for the shutdown delay", "delay", o.shutdownDelay.String())
+			time.Sleep(o.shutdownDelay)
+		}
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		err := srv.Shutdown(sctx)
+		hsrv.Shutdown(sctx)
+		stopCerts()
+		return err
+	})
+	err = g.Wait()
+	if err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	log.Info("webhook stopped")
+	return nil
+}
+
+// webhookHandler answers AdmissionReviews with inject.Mutate's patch. It
+// never refuses a pod: whatever goes wrong, the answer is "allowed" (and
+// the configuration's failurePolicy is Ignore for the cases where no
+// answer comes at all).
+type webhookHandler struct {
+	opts       inject.Options
+	log        *slog.Logger
+	registry   *prometheus.Registry
+	admissions *prometheus.CounterVec
+	duration   prometheus.Histogram
+}
+
+// Results of an admission, the values of the result label.
+const (
+	admissionInjected = "injected"
+	admissionSkipped  = "skipped"
+	admissionError    = "error"
+)
+
+func newWebhookHandler(opts inject.Options, log *slog.Logger, reg *prometheus.Registry) *webhookHandler {
+	h := &webhookHandler{
+		opts: opts, log: log, registry: reg,
+		admissions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "draind_webhook_admissions_total",
+			Help: "Pod admissions the webhook answered, by result: injected, skipped (not opted in, host network, already injected, nothing injectable) or error (an unreadable request: allowed unchanged).",
+		}, []string{"result"}),
+		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "draind_webhook_admission_duration_seconds",
+			Help:    "Time to answer one admission request.",
+			Buckets: []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1},
+		}),
+	}
+	for _, r := range []string{admissionInjected, admissionSkipped, admissionError} {
+		h.admissions.WithLabelValues(r)
+	}
+	reg.MustRegister(h.admissions, h.duration)
+	return h
+}
+
+func (h *webhookHandler) mux() *http.ServeMux {
+	m := http.NewServeMux()
+	m.HandleFunc("POST "+webhookPathNamespace, func(w http.ResponseWriter, r *http.Request) { h.serve(w, r, true) })
+	m.HandleFunc("POST "+webhookPathPod, func(w http.ResponseWriter, r *http.Request) { h.serve(w, r, false) })
+	return m
+}
+
+// maxReviewBytes bounds a request body: the API server's own request limit
+// is 3 MiB, and a review carries the object once more.
+const maxReviewBytes = 8 << 20
+
+func (h *webhookHandler) serve(w http.ResponseWriter, r *http.Request, namespaceOptedIn bool) {
+	start := time.Now()
+	defer func() { h.duration.Observe(time.Since(start).Seconds()) }()
+	if ct := r.Header.Get("Content-Type"); !strings.HasPrefix(ct, "application/json") {
+		h.admissions.WithLabelValues(admissionError).Inc()
+		http.Error(w, "content type must be application/json", http.StatusUnsupportedMediaType)
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxReviewBytes+1))
+	if err != nil || len(body) > maxReviewBytes {
+		h.admissions.WithLabelValues(admissionError).Inc()
+		http.Error(w, "reading the review: too large or broken", http.StatusBadRequest)
+		return
+	}
+	var review admissionv1.AdmissionReview
+	if err := json.Unmarshal(body, &review); err != nil || review.Request == nil {
+		h.admissions.WithLabelValues(admissionError).Inc()
+		http.Error(w, fmt.Sprintf("decoding the AdmissionReview: %v", err), http.StatusBadRequest)
+		return
+	}
+	resp, result := h.review(review.Request, namespaceOptedIn)
+	h.admissions.WithLabelValues(result).Inc()
+	out := admissionv1.AdmissionReview{TypeMeta: review.TypeMeta, Response: resp}
+	if out.APIVersion == "" {
+		out.APIVersion, out.Kind = "admission.k8s.io/v1", "AdmissionReview"
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if err := json.NewEncoder(w).Encode(out); err != nil {
+		h.log.Warn("writing the admission response", "err", err)
+	}
+}
+
+// review decides one request. Anything but the creation of a pod is
+// allowed unchanged.
+func (h *webhookHandler) review(req *admissionv1.AdmissionRequest, namespaceOptedIn bool) (*admissionv1.AdmissionResponse, string) {
+	resp := &admissionv1.AdmissionResponse{UID: req.UID, Allowed: true}
+	if req.Kind.Kind != "Pod" || req.Kind.Group != "" || req.Operation != admissionv1.Create || req.SubResource != "" {
+		return resp, admissionSkipped
+	}
+	var pod corev1.Pod
+	if err := json.Unmarshal(req.Object.Raw, &pod); err != nil {
+		h.log.Warn("decoding a pod under admission: allowed unchanged", "namespace", req.Namespace, "err", err)
+		return resp, admissionError
+	}
+	name := pod.Name
+	if name == "" {
+		name = pod.GenerateName + "*"
+	}
+	res, err := inject.Mutate(&pod, namespaceOptedIn, h.opts)
+	if err != nil {
+		h.log.Error("computing the injection: allowed unchanged", "pod", req.Namespace+"/"+name, "err", err)
+		return resp, admissionError
+	}
+	resp.Warnings = res.Warnings
+	if len(res.Patch) == 0 {
+		h.log.Debug("not injected", "pod", req.Namespace+"/"+name, "reason", res.Skipped[""], "containers", res.Skipped, "warnings", res.Warnings)
+		return resp, admissionSkipped
+	}
+	patch, err := res.PatchJSON()
+	if err != nil {
+		h.log.Error("encoding the patch: allowed unchanged", "pod", req.Namespace+"/"+name, "err", err)
+		return resp, admissionError
+	}
+	pt := admissionv1.PatchTypeJSONPatch
+	resp.Patch, resp.PatchType = patch, &pt
+	h.log.Info("injected", "pod", req.Namespace+"/"+name, "containers", res.Injected, "dry_run", req.DryRun != nil && *req.DryRun, "warnings", res.Warnings)
+	return resp, admissionInjected
+}

@@ -1,0 +1,225 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/draind/draind/k8s/inject/selfcert"
+)
+
+// certReconciler keeps the self-managed TLS material: it reads the Secret
+// and the webhook configuration, lets selfcert.Plan decide, writes the
+// Secret (optimistic concurrency: a replica that loses the race reads the
+// winner's result next pass), publishes the CA bundle into every entry of
+// the webhook configuration, and serves the Secret's certificate. Its RBAC
+// is exactly that: get/update of one Secret, get/patch of one
+// MutatingWebhookConfiguration.
+type certReconciler struct {
+	client        kubernetes.Interface
+	namespace     string
+	secret        string
+	webhookConfig string
+	cfg           selfcert.Config
+	interval      time.Duration
+	now           func() time.Time
+	log           *slog.Logger
+
+	cert   atomic.Pointer[tls.Certificate]
+	loaded []byte // PEM of the loaded certificate; only run's goroutine touches it
+}
+
+var _ certSource = (*certReconciler)(nil)
+
+func (r *certReconciler) current() *tls.Certificate { return r.cert.Load() }
+
+// run reconciles every interval, and after a failure again within a
+// second or two (growing to the interval), until ctx ends.
+func (r *certReconciler) run(ctx context.Context) error {
+	retry := time.Second
+	for {
+		wait := r.interval
+		if err := r.reconcile(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			if apierrors.IsConflict(err) {
+				r.log.Info("another replica changed the TLS material first; reading it again", "err", err)
+				wait = 0
+			} else {
+				r.log.Warn("keeping the webhook's TLS material", "err", err, "retry_in", retry.String())
+				wait = retry
+				retry = min(2*retry, r.interval)
+			}
+		} else {
+			retry = time.Second
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+	}
+}
+
+// reconcile is one pass. The Secret is written before the bundle is
+// published, and Plan signs with a new CA only once it is published, so
+// the certificate served is always one the API server already trusts
+// (except the very first, which nothing trusted before).
+func (r *certReconciler) reconcile(ctx context.Context) error {
+	s, err := r.client.CoreV1().Secrets(r.namespace).Get(ctx, r.secret, metav1.GetOptions{})
+	if err != nil {
+		if apierrors.IsNotFound(err) {
+			return fmt.Errorf("reading Secret %s/%s: it must exist (deploy/webhook creates it empty): %w", r.namespace, r.secret, err)
+		}
+		return fmt.Errorf("reading Secret %s/%s: %w", r.namespace, r.secret, err)
+	}
+	var published [][]byte
+	var names []string
+	mwc, err := r.client.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, r.webhookConfig, metav1.GetOptions{})
+	if err != nil {
+		// Serve anyway: the configuration may be installed after us.
+		r.log.Warn("reading the webhook configuration; its caBundle is not kept until it can be read", "name", r.webhookConfig, "err", err)
+		mwc = nil
+	} else {
+		for _, w := range mwc.Webhooks {
+			published = append(published, w.ClientConfig.CABundle)
+			names = append(names, w.Name)
+		}
+	}
+	data, changes, err := selfcert.Plan(s.Data, published, r.now(), r.cfg)
+	if err != nil {
+		return fmt.Errorf("planning the TLS material: %w", err)
+	}
+	if len(changes) > 0 {
+		s.Data = data
+		if _, err := r.client.CoreV1().Secrets(r.namespace).Update(ctx, s, metav1.UpdateOptions{}); err != nil {
+			return fmt.Errorf("writing Secret %s/%s: %w", r.namespace, r.secret, err)
+		}
+		r.log.Info("TLS material updated", "secret", r.namespace+"/"+r.secret, "changes", changes)
+	}
+	if mwc != nil {
+		if err := r.publish(ctx, mwc.ResourceVersion, names, published, data[selfcert.KeyBundle]); err != nil {
+			return err
+		}
+	}
+	return r.load(data[selfcert.KeyCert], data[selfcert.KeyKey])
+}
+
+// publish writes bundle into the caBundle of every entry that differs, by
+// JSON patch: a test of each entry's name at its index guards against a
+// concurrent edit of the list (the patch then fails and the next pass
+// reads again).
+func (r *certReconciler) publish(ctx context.Context, rv string, names []string, published [][]byte, bundle []byte) error {
+	type op struct {
+		Op    string `json:"op"`
+		Path  string `json:"path"`
+		Value any    `json:"value"`
+	}
+	var ops []op
+	for i, name := range names {
+		if bytes.Equal(published[i], bundle) {
+			continue
+		}
+		ops = append(ops,
+			op{Op: "test", Path: fmt.Sprintf("/webhooks/%d/name", i), Value: name},
+			op{Op: "add", Path: fmt.Sprintf("/webhooks/%d/clientConfig/caBundle", i), Value: bundle})
+	}
+	if len(ops) == 0 {
+		return nil
+	}
+	patch, err := json.Marshal(ops)
+	if err != nil {
+		return err
+	}
+	if _, err := r.client.AdmissionregistrationV1().MutatingWebhookConfigurations().Patch(ctx, r.webhookConfig, types.JSONPatchType, patch, metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("publishing the CA bundle in MutatingWebhookConfiguration %s (seen at version %s): %w", r.webhookConfig, rv, err)
+	}
+	r.log.Info("CA bundle published", "webhook_config", r.webhookConfig, "entries", len(ops)/2, "cas", len(selfcert.Certificates(bundle)))
+	return nil
+}
+
+func (r *certReconciler) load(certPEM, keyPEM []byte) error {
+	if r.cert.Load() != nil && bytes.Equal(certPEM, r.loaded) {
+		return nil
+	}
+	c, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return fmt.Errorf("loading the serving certificate: %w", err)
+	}
+	r.cert.Store(&c)
+	r.loaded = certPEM
+	r.log.Info("serving certificate loaded", "certificate", selfcert.Describe(certPEM))
+	return nil
+}
+
+// fileCerts serves tls.crt and tls.key of a directory (a mounted
+// cert-manager Secret), reloading them when they change. The kubelet
+// replaces a Secret volume's files atomically (a symlink swap).
+type fileCerts struct {
+	dir      string
+	interval time.Duration
+	log      *slog.Logger
+
+	cert   atomic.Pointer[tls.Certificate]
+	mu     sync.Mutex
+	loaded []byte
+}
+
+var _ certSource = (*fileCerts)(nil)
+
+func (f *fileCerts) current() *tls.Certificate { return f.cert.Load() }
+
+func (f *fileCerts) run(ctx context.Context) error {
+	interval := min(f.interval, 10*time.Second)
+	for {
+		if err := f.reload(); err != nil {
+			f.log.Warn("loading the serving certificate", "dir", f.dir, "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(interval):
+		}
+	}
+}
+
+func (f *fileCerts) reload() error {
+	certPEM, err := os.ReadFile(filepath.Join(f.dir, selfcert.KeyCert))
+	if err != nil {
+		return fmt.Errorf("reading %s: %w", selfcert.KeyCert, err)
+	}
+	keyPEM, err := os.ReadFile(filepath.Join(f.dir, selfcert.KeyKey))
+	if err != nil {
+		return fmt.Errorf("reading %s: %w", selfcert.KeyKey, err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.cert.Load() != nil && bytes.Equal(certPEM, f.loaded) {
+		return nil
+	}
+	c, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		// Between the two reads the files may have been swapped: the next
+		// pass reads a matching pair.
+		return errors.Join(errors.New("the pair does not load (mid-rotation?)"), err)
+	}
+	f.cert.Store(&c)
+	f.loaded = certPEM
+	f.log.Info("serving certificate loaded", "dir", f.dir, "certificate", selfcert.Describe(certPEM))
+	return nil
+}

@@ -1,0 +1,149 @@
+package daemon
+
+import (
+	"context"
+	"net/netip"
+	"time"
+
+	"github.com/draind/draind/bpf"
+	"github.com/draind/draind/conntrack"
+)
+
+// The socket hooks in the daemon (issue 15): a draining pod's live
+// connections are read from its own sockets (the sock_ops counts), with the
+// node's conntrack table as a cross-check where it has the flows; client
+// sockets to gone pods are ended (sockets_gone.go); endpoints that vanish
+// from their Service without draining are steered away from like departed
+// ones (sockets_vanish.go).
+//
+// Live connections, and where they come from:
+//
+//   - sockets: the connections the pod accepted since counting started on
+//     the node (bpf.Datapath.CountingSince: the first time a draind with
+//     the socket hooks attached to fresh maps). For a pod created after
+//     that instant the count is complete, whatever the CNI does;
+//   - conntrack: the node's flows whose reply source is the pod. Only CNIs
+//     that pass pod traffic through the host's netfilter have them; for a
+//     pod created before counting started they are the only record of its
+//     older connections.
+//
+// A pod's live count is the larger of the two where both are read: each
+// can only miss connections (the sockets those that predate counting,
+// conntrack those its CNI never showed it), never invent them. The offline
+// answer and `draind status` say which source gave the count.
+
+// SocketDatapath is what the socket hooks add to a Datapath. *bpf.Datapath
+// implements it; SocketsLoaded says whether the hooks are in place. A
+// Datapath without it (FakeDatapath, or a draind run without the socket
+// hooks) counts live connections from conntrack alone and ends no sockets.
+type SocketDatapath interface {
+	SocketsLoaded() bool
+	Connections(netip.Addr) (bpf.ConnCount, error)
+	CountingSince() (time.Time, error)
+	UpsertGonePeer(bpf.GonePeer) error
+	DeleteGonePeer(netip.Addr) error
+	UpsertGoneFlow(bpf.GoneFlow) error
+	DeleteGoneFlow(local, remote netip.AddrPort) error
+	GoneEntries() ([]bpf.GonePeer, []bpf.GoneFlow, error)
+	SocketCounters() (bpf.SocketCounters, error)
+	PruneConnections(keep func(netip.Addr) bool) (int, error)
+}
+
+var _ SocketDatapath = (*bpf.Datapath)(nil)
+
+// socketsOf returns the datapath's socket hooks, or nil when it has none
+// loaded.
+func socketsOf(dp Datapath) SocketDatapath {
+	if sd, ok := dp.(SocketDatapath); ok && sd.SocketsLoaded() {
+		return sd
+	}
+	return nil
+}
+
+// Sources of a live-connection count.
+const (
+	LiveFromSockets   = "sockets"
+	LiveFromConntrack = "conntrack"
+	// LiveFromNone: neither source is available; "drained" then means only
+	// "no new SYN for quiet".
+	LiveFromNone = "none"
+)
+
+// LiveCount is what this node knows of a hosted pod's live connections.
+type LiveCount struct {
+	Live int
+	// Checked: at least one source was read (or none is configured).
+	Checked bool
+	// Sockets and Conntrack are each source's count (nil: not read).
+	Sockets, Conntrack *int
+	// SocketsPartial: the pod was created before counting started, so
+	// Sockets misses the connections it accepted before.
+	SocketsPartial bool
+	// Source is the source Live came from.
+	Source string
+}
+
+// countLive reads a pod's live connections from every source it has.
+// created is the pod's creation time (zero if unknown: partial).
+func countLive(ctx context.Context, sd SocketDatapath, ct conntrack.Interface, ips []netip.Addr, created time.Time, ctError func()) LiveCount {
+	lc := LiveCount{Checked: true, Source: LiveFromNone}
+	if sd != nil {
+		n, ok := 0, true
+		for _, ip := range ips {
+			c, err := sd.Connections(ip)
+			if err != nil {
+				ok = false
+				break
+			}
+			n += c.Live()
+		}
+		if ok {
+			lc.Sockets = &n
+			since, err := sd.CountingSince()
+			lc.SocketsPartial = err != nil || since.IsZero() || created.IsZero() || created.Before(since)
+		}
+	}
+	if ct != nil {
+		n, ok := 0, true
+		for _, ip := range ips {
+			c, err := ct.Count(ctx, ip)
+			if err != nil {
+				ok = false
+				if ctError != nil {
+					ctError()
+				}
+				continue
+			}
+			n += c.LiveTCP()
+		}
+		if ok {
+			lc.Conntrack = &n
+		}
+	}
+	switch {
+	case lc.Sockets != nil && (lc.Conntrack == nil || *lc.Sockets >= *lc.Conntrack):
+		lc.Live, lc.Source = *lc.Sockets, LiveFromSockets
+	case lc.Conntrack != nil:
+		lc.Live, lc.Source = *lc.Conntrack, LiveFromConntrack
+	case sd != nil || ct != nil:
+		// A source exists but could not be read: not checked, so not
+		// drained on this pass.
+		lc.Checked = false
+	}
+	return lc
+}
+
+// liveOf reads a hosted drain's live connections (measure's goroutine).
+func (l *hostedDrains) liveOf(ctx context.Context, ld *hostedDrain, ips []netip.Addr) LiveCount {
+	return countLive(ctx, socketsOf(l.cfg.Datapath), l.cfg.Conntrack, ips, ld.created, l.cfg.Metrics.CTErrors.Inc)
+}
+
+// fillLive copies a drain's live count by source into an offline answer.
+func (lc LiveCount) fillOffline(r *OfflineResult) {
+	r.LiveSockets, r.LiveConntrack, r.LiveSource, r.LiveSocketsPartial = lc.Sockets, lc.Conntrack, lc.Source, lc.SocketsPartial
+}
+
+// fillStatus copies a drain's live count by source into a status row.
+func (lc LiveCount) fillStatus(ps *PodStatus) {
+	ps.LiveSockets, ps.LiveConntrack, ps.LiveSource, ps.LiveSocketsPartial = lc.Sockets, lc.Conntrack, lc.Source, lc.SocketsPartial
+}

@@ -1,0 +1,564 @@
+package daemon
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	testingclock "k8s.io/utils/clock/testing"
+
+	"github.com/draind/draind/bpf"
+	"github.com/draind/draind/conntrack"
+	"github.com/draind/draind/k8s"
+)
+
+// fakeSockets is FakeDatapath with the socket hooks: connection counts set
+// by the test, gone entries recorded.
+type fakeSockets struct {
+	*FakeDatapath
+	mu    sync.Mutex
+	conns map[netip.Addr]bpf.ConnCount
+	since time.Time
+	peers map[netip.Addr]bpf.GonePeer
+	flows map[[2]netip.AddrPort]bpf.GoneFlow
+	ops   int
+}
+
+var _ SocketDatapath = (*fakeSockets)(nil)
+
+func newFakeSockets(since time.Time) *fakeSockets {
+	return &fakeSockets{FakeDatapath: NewFakeDatapath(), conns: map[netip.Addr]bpf.ConnCount{}, since: since,
+		peers: map[netip.Addr]bpf.GonePeer{}, flows: map[[2]netip.AddrPort]bpf.GoneFlow{}}
+}
+
+func (f *fakeSockets) SocketsLoaded() bool { return true }
+func (f *fakeSockets) Connections(a netip.Addr) (bpf.ConnCount, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.conns[a], nil
+}
+func (f *fakeSockets) setLive(a netip.Addr, n int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.conns[a] = bpf.ConnCount{Opened: uint64(n) + 3, Closed: 3}
+}
+func (f *fakeSockets) CountingSince() (time.Time, error) { return f.since, nil }
+func (f *fakeSockets) UpsertGonePeer(p bpf.GonePeer) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.ops++
+	f.peers[p.Addr] = p
+	return nil
+}
+func (f *fakeSockets) DeleteGonePeer(a netip.Addr) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.ops++
+	delete(f.peers, a)
+	return nil
+}
+func (f *fakeSockets) UpsertGoneFlow(g bpf.GoneFlow) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.flows[[2]netip.AddrPort{g.Local, g.Remote}] = g
+	return nil
+}
+func (f *fakeSockets) DeleteGoneFlow(l, r netip.AddrPort) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.flows, [2]netip.AddrPort{l, r})
+	return nil
+}
+func (f *fakeSockets) GoneEntries() ([]bpf.GonePeer, []bpf.GoneFlow, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var p []bpf.GonePeer
+	for _, x := range f.peers {
+		p = append(p, x)
+	}
+	var fl []bpf.GoneFlow
+	for _, x := range f.flows {
+		fl = append(fl, x)
+	}
+	return p, fl, nil
+}
+func (f *fakeSockets) SocketCounters() (bpf.SocketCounters, error) { return bpf.SocketCounters{}, nil }
+func (f *fakeSockets) PruneConnections(func(netip.Addr) bool) (int, error) {
+	return 0, nil
+}
+
+func (f *fakeSockets) gonePeers() []netip.Addr {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []netip.Addr
+	for a := range f.peers {
+		out = append(out, a)
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out
+}
+
+func (f *fakeSockets) peer(a string) (bpf.GonePeer, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p, ok := f.peers[netip.MustParseAddr(a)]
+	return p, ok
+}
+
+// newSocketHarness is newHarness over a datapath with the socket hooks.
+func newSocketHarness(t *testing.T, mod ...func(*Config)) (*harness, *fakeSockets) {
+	t.Helper()
+	clk := testingclock.NewFakeClock(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
+	sd := newFakeSockets(clk.Now().Add(-time.Hour))
+	h := &harness{t: t, client: fake.NewClientset(), dp: sd.FakeDatapath, ct: conntrack.NewFake(), clock: clk}
+	cfg := Config{Node: testNode, Namespace: testNS, Clock: h.clock, RegistryOnlyPolicy: bpf.PolicyRefuse,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	for _, m := range mod {
+		m(&cfg)
+	}
+	h.d = New(cfg, h.client, sd, h.ct)
+	h.d.hosted.startEvents()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(func() {
+		cancel()
+		h.d.hosted.stopEvents()
+	})
+	h.ctx = ctx
+	h.d.inf.Run(ctx)
+	if err := h.d.inf.WaitForSync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	h.d.synced.Store(true)
+	h.d.SetAttached(true)
+	return h, sd
+}
+
+// goneLease publishes a drain Lease that says the pod is gone, as the node
+// hosting it does when its pod object disappears.
+func (h *harness) goneLease(uid types.UID, name, holder string, ips ...string) {
+	var addrs []netip.Addr
+	for _, ip := range ips {
+		addrs = append(addrs, netip.MustParseAddr(ip))
+	}
+	h.do(&h.d.events.leases, 1, func(ctx context.Context) error {
+		l := &k8s.Leases{Client: h.client, Namespace: testNS}
+		_, _, err := l.Publish(ctx, k8s.DrainRequest{PodNamespace: "default", PodName: name, PodUID: uid, IPs: addrs,
+			Node: holder, Reason: ReasonVanished, Duration: time.Minute, State: StateGone}, h.clock.Now())
+		return err
+	})
+}
+
+func withEndDead(v string) svcOpt {
+	return func(s *corev1.Service) {
+		if s.Annotations == nil {
+			s.Annotations = map[string]string{}
+		}
+		s.Annotations[k8s.AnnotationEndDeadConnections] = v
+	}
+}
+
+// TestVanishedEndpointSteeredOnceGone: an endpoint that leaves its slice
+// while ready (a force delete) is left alone until the node hosting its pod
+// says the pod is gone; then the VIP is steered to the rest and the pod IP
+// gets the Service's policy at once, and from the next pass it lingers as a
+// departed endpoint. A ready endpoint that leaves without a gone Lease (a
+// label change, a rebalance) is never steered.
+func TestVanishedEndpointSteeredOnceGone(t *testing.T) {
+	h := newHarness(t)
+	h.addService(webService())
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(ready("10.0.0.1", "a"), "node-b"),
+		ready("10.0.0.2", "b"), ready("10.0.0.3", "c")))
+	h.pass()
+	h.check(expect{})
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.2", "b"), ready("10.0.0.3", "c")))
+	h.pass()
+	h.check(expect{}) // no gone Lease: maybe a label change
+	h.goneLease("a", "pod-a", "node-b", "10.0.0.1")
+	h.pass()
+	want := expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080", "10.0.0.3:8080"}},
+		drains: map[bpf.EndpointKey]bpf.Policy{
+			key("10.0.0.1:8080", bpf.TCP): bpf.PolicyRewrite,
+			// The pod drain's all-ports entries: listed by a rewrite
+			// Service, the other ports pass while it is listed.
+			wildcard("10.0.0.1", bpf.TCP): bpf.PolicyOff, wildcard("10.0.0.1", bpf.UDP): bpf.PolicyOff,
+		}}
+	h.check(want)
+	if got := h.d.model.results["default/web"].draining[key("10.0.0.1:8080", bpf.TCP)].reason; got != ReasonVanished {
+		t.Errorf("reason %q, want %q", got, ReasonVanished)
+	}
+	// The next pass (asked for by the first) makes it a departure: it
+	// lingers, the VIP stays steered; the pod's other ports are refused
+	// now that no Service lists it (registry-only policy).
+	h.pass()
+	want.drains[wildcard("10.0.0.1", bpf.TCP)] = bpf.PolicyRefuse
+	want.drains[wildcard("10.0.0.1", bpf.UDP)] = bpf.PolicyRefuse
+	h.check(want)
+	if l := h.d.model.lingering[key("10.0.0.1:8080", bpf.TCP)]; l == nil || l.c.uid != "a" {
+		t.Errorf("vanished endpoint does not linger: %+v", l)
+	}
+}
+
+// TestVanishedCandidateExpires: without a gone Lease within vanishWait the
+// candidate is dropped; a gone Lease after that steers nothing by the
+// Service (only the pod drain's own all-ports entries remain).
+func TestVanishedCandidateExpires(t *testing.T) {
+	h := newHarness(t)
+	h.addService(webService())
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(ready("10.0.0.1", "a"), "node-b"), ready("10.0.0.2", "b")))
+	h.pass()
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.2", "b")))
+	h.pass()
+	h.clock.Step(vanishWait + time.Second)
+	h.pass()
+	if len(h.d.model.vanish.pending) != 0 {
+		t.Errorf("candidates kept past vanishWait: %v", h.d.model.vanish.pending)
+	}
+	h.goneLease("a", "pod-a", "node-b", "10.0.0.1")
+	h.pass()
+	h.check(expect{drains: map[bpf.EndpointKey]bpf.Policy{
+		wildcard("10.0.0.1", bpf.TCP): bpf.PolicyRefuse, wildcard("10.0.0.1", bpf.UDP): bpf.PolicyRefuse}})
+}
+
+// TestGonePeersFollowGoneLeases: a pod its hosting node says is gone is
+// listed as a gone peer (every IP, stamped with the instant this node
+// learned it); an IP another pod claims is unlisted at once; a Service
+// that opts out (draind.io/end-dead-connections: "false") keeps its pods'
+// clients alone, and the most cautious Service wins.
+func TestGonePeersFollowGoneLeases(t *testing.T) {
+	h, sd := newSocketHarness(t)
+	h.addService(webService())
+	h.addService(svc("opt", []string{"10.96.0.20"}, []corev1.ServicePort{port("http", 80, corev1.ProtocolTCP)}, withEndDead("false")))
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(ready("10.0.0.1", "a"), "node-b"), onNode(ready("10.0.0.2", "b"), "node-b")))
+	h.putSlice(slice("web-2", "web", v6, httpPorts(8080), onNode(ready("fd00::1", "a"), "node-b")))
+	h.putSlice(slice("opt-1", "opt", v4, httpPorts(8080), onNode(ready("10.0.0.5", "e"), "node-b"), onNode(ready("10.0.0.2", "b"), "node-b")))
+	h.pass()
+	if got := sd.gonePeers(); len(got) != 0 {
+		t.Fatalf("gone peers with nothing gone: %v", got)
+	}
+	// A draining pod is not gone.
+	h.lease("a", "default", "pod-a", "node-b", k8s.ReasonOffline, time.Minute, "10.0.0.1", "fd00::1")
+	h.pass()
+	if got := sd.gonePeers(); len(got) != 0 {
+		t.Fatalf("gone peers while the pod only drains: %v", got)
+	}
+	learned := h.clock.Now().Add(time.Second)
+	h.clock.SetTime(learned)
+	h.goneLeaseUpdate("a", "10.0.0.1", "fd00::1")
+	h.pass()
+	if got := sd.gonePeers(); !slices.Equal(got, []netip.Addr{netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("fd00::1")}) {
+		t.Fatalf("gone peers: %v", got)
+	}
+	if p, _ := sd.peer("10.0.0.1"); !p.GoneAt.Equal(learned) || p.Expires.After(learned.Add(time.Minute)) {
+		t.Errorf("gone peer %+v: want gone at %v, expiring with its Lease", p, learned)
+	}
+	// Refreshes keep the instant it went.
+	h.clock.Step(45 * time.Second)
+	h.pass()
+	if p, _ := sd.peer("10.0.0.1"); !p.GoneAt.Equal(learned) {
+		t.Errorf("gone peer's instant moved on refresh: %+v", p)
+	}
+	// A new pod claims the IPv4 address: unlisted at once.
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.1", "new"), onNode(ready("10.0.0.2", "b"), "node-b")))
+	h.pass()
+	if got := sd.gonePeers(); !slices.Equal(got, []netip.Addr{netip.MustParseAddr("fd00::1")}) {
+		t.Errorf("after the IP was claimed: %v", got)
+	}
+	// A pod of the opting-out Service (it vanished, listed by it) is never
+	// listed, even though its Lease says gone.
+	h.putSlice(slice("opt-1", "opt", v4, httpPorts(8080), onNode(ready("10.0.0.2", "b"), "node-b")))
+	h.pass()
+	h.goneLease("e", "pod-e", "node-b", "10.0.0.5")
+	h.pass()
+	h.pass()
+	if !h.d.model.goneDrain("e") {
+		t.Fatal("the gone Lease of a pod listed on its holder until it vanished is not believed")
+	}
+	if _, ok := sd.peer("10.0.0.5"); ok {
+		t.Errorf("a pod of a Service with %s=false was listed gone", k8s.AnnotationEndDeadConnections)
+	}
+	// Pod b is in both Services: the opt-out wins.
+	h.goneLease("b", "pod-b", "node-b", "10.0.0.2")
+	h.pass()
+	if !h.d.model.goneDrain("b") {
+		t.Fatal("the gone Lease of pod b is not believed")
+	}
+	if _, ok := sd.peer("10.0.0.2"); ok {
+		t.Error("a pod listed by an opting-out Service and another was listed gone (most cautious must win)")
+	}
+	// The Lease goes (its linger ended): unlisted.
+	h.deleteLease("a")
+	h.pass()
+	if got := sd.gonePeers(); len(got) != 0 {
+		t.Errorf("after the Lease went: %v", got)
+	}
+}
+
+// goneLeaseUpdate renews a pod's Lease with state gone, as its hosting node
+// does when the pod object disappears.
+func (h *harness) goneLeaseUpdate(uid types.UID, ips ...string) {
+	h.do(&h.d.events.leases, 1, func(ctx context.Context) error {
+		l := &k8s.Leases{Client: h.client, Namespace: testNS}
+		_, err := l.Renew(ctx, k8s.LeaseName(uid), time.Minute, h.clock.Now(), map[string]string{k8s.AnnState: StateGone})
+		return err
+	})
+}
+
+// TestVanishedLocalPodPublishesGone: a pod on this node that disappears
+// without a drain (a force delete) gets a drain Lease that says gone from
+// its first write, and its IPs become gone peers here.
+func TestVanishedLocalPodPublishesGone(t *testing.T) {
+	h, sd := newSocketHarness(t)
+	h.addService(webService())
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.1", "p0"), onNode(ready("10.0.0.2", "p1"), "node-b")))
+	h.putPod(pod("pod-p0", "p0", "10.0.0.1"))
+	h.pass()
+	h.d.hosted.reconcile(h.ctx)
+	h.deletePod("default", "pod-p0")
+	h.pass()
+	h.d.hosted.reconcile(h.ctx)
+	flush(h)
+	h.waitLeases(1)
+	l := h.d.state.DrainLeases()[0]
+	if l.State != StateGone || l.Reason != ReasonVanished || l.PodUID != "p0" {
+		t.Fatalf("lease of the vanished pod: %+v", l)
+	}
+	h.pass()
+	if _, ok := sd.peer("10.0.0.1"); !ok {
+		t.Errorf("the vanished local pod is no gone peer: %v", sd.gonePeers())
+	}
+}
+
+// flush runs the Lease writer once.
+func flush(h *harness) { h.d.hosted.writer.flush(h.ctx) }
+
+// TestGoneFlowsFromConntrack: client flows this node translated from a VIP
+// to the gone pod are listed gone (the socket knows only the VIP); a flow
+// to the pod IP itself is covered by the peer entry, and a flow younger
+// than the departure belongs to whoever holds the IP now.
+func TestGoneFlowsFromConntrack(t *testing.T) {
+	h, sd := newSocketHarness(t)
+	now := h.clock.Now()
+	vip := netip.MustParseAddrPort("10.96.0.10:80")
+	pod := netip.MustParseAddrPort("10.0.0.1:8080")
+	flow := func(src string, dst netip.AddrPort, start time.Time) conntrack.Flow {
+		s := netip.MustParseAddrPort(src)
+		return conntrack.Flow{Proto: conntrack.TCP, Orig: conntrack.Tuple{Src: s, Dst: dst},
+			Reply: conntrack.Tuple{Src: pod, Dst: s}, Start: start, State: conntrack.TCPEstablished}
+	}
+	h.ct.AddFlow(flow("10.0.1.5:40000", vip, now.Add(-time.Minute)), flow("10.0.1.5:40001", pod, now.Add(-time.Minute)),
+		flow("10.0.1.6:40002", vip, now.Add(time.Minute)))
+	h.d.gone.flows.loop.start(h.ctx, h.d.gone.flows.run)
+	t.Cleanup(h.d.gone.flows.loop.stop)
+	// The pod was listed on node-b (whose Lease is believed only so), and
+	// left its slice before its node said it is gone.
+	h.addService(webService())
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(ready("10.0.0.1", "a"), "node-b")))
+	h.pass()
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080)))
+	h.pass()
+	h.goneLease("a", "pod-a", "node-b", "10.0.0.1")
+	h.pass()
+	eventually(t, 5*time.Second, "the VIP flow to be listed", func() bool {
+		sd.mu.Lock()
+		defer sd.mu.Unlock()
+		return len(sd.flows) == 1
+	})
+	sd.mu.Lock()
+	_, ok := sd.flows[[2]netip.AddrPort{netip.MustParseAddrPort("10.0.1.5:40000"), vip}]
+	sd.mu.Unlock()
+	if !ok {
+		t.Errorf("listed flows %v, want the VIP flow of 10.0.1.5:40000", sd.flows)
+	}
+	h.deleteLease("a")
+	h.pass()
+	eventually(t, 5*time.Second, "the flow to be unlisted with its peer", func() bool {
+		sd.mu.Lock()
+		defer sd.mu.Unlock()
+		return len(sd.flows) == 0
+	})
+}
+
+// TestLiveFromSocketsAndConntrack: the live count is the larger of the two
+// sources; the answer says which, and whether the sockets miss older
+// connections of a pod created before counting started.
+func TestLiveFromSocketsAndConntrack(t *testing.T) {
+	ip := []netip.Addr{netip.MustParseAddr("10.0.0.1")}
+	since := time.Date(2026, 11, 29, 11, 0, 0, 0, time.UTC)
+	ctFlows := func(n int) *conntrack.Fake {
+		f := conntrack.NewFake()
+		for i := 0; i < n; i++ {
+			f.AddFlow(conntrack.Flow{Proto: conntrack.TCP, State: conntrack.TCPEstablished,
+				Orig:  conntrack.Tuple{Src: netip.AddrPortFrom(netip.MustParseAddr("10.0.9.9"), uint16(1000+i)), Dst: netip.MustParseAddrPort("10.0.0.1:80")},
+				Reply: conntrack.Tuple{Src: netip.MustParseAddrPort("10.0.0.1:80"), Dst: netip.AddrPortFrom(netip.MustParseAddr("10.0.9.9"), uint16(1000+i))}})
+		}
+		return f
+	}
+	for _, tc := range []struct {
+		name        string
+		sockets     int // -1: no socket hooks
+		ct          int // -1: no conntrack
+		created     time.Time
+		live        int
+		source      string
+		partial     bool
+		noCheckable bool
+	}{
+		{"sockets only (a CNI without host conntrack)", 2, 0, since.Add(time.Minute), 2, LiveFromSockets, false, false},
+		{"both agree", 1, 1, since.Add(time.Minute), 1, LiveFromSockets, false, false},
+		{"conntrack sees older connections", 1, 3, since.Add(-time.Minute), 3, LiveFromConntrack, true, false},
+		{"no socket hooks", -1, 2, since, 2, LiveFromConntrack, false, false},
+		{"no conntrack", 4, -1, since.Add(time.Minute), 4, LiveFromSockets, false, false},
+		{"neither", -1, -1, since, 0, LiveFromNone, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var sd SocketDatapath
+			if tc.sockets >= 0 {
+				f := newFakeSockets(since)
+				f.setLive(ip[0], tc.sockets)
+				sd = f
+			}
+			var ct conntrack.Interface
+			if tc.ct >= 0 {
+				ct = ctFlows(tc.ct)
+			}
+			lc := countLive(context.Background(), sd, ct, ip, tc.created, nil)
+			if lc.Live != tc.live || lc.Source != tc.source || lc.SocketsPartial != tc.partial || !lc.Checked {
+				t.Errorf("got %+v, want live %d from %s (partial %v)", lc, tc.live, tc.source, tc.partial)
+			}
+			if (lc.Sockets != nil) != (tc.sockets >= 0) || (lc.Conntrack != nil) != (tc.ct >= 0) {
+				t.Errorf("sources read: sockets %v conntrack %v", lc.Sockets, lc.Conntrack)
+			}
+		})
+	}
+}
+
+// TestOfflineWaitsForSocketsWithoutConntrack: with an empty conntrack table
+// (a CNI that bypasses it) the offline call waits while the pod's sockets
+// say a connection is open, answers once it closes, and says the count
+// came from its sockets.
+func TestOfflineWaitsForSocketsWithoutConntrack(t *testing.T) {
+	h, sd := newSocketHarness(t)
+	h.addService(webService())
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.1", "p0"), onNode(ready("10.0.0.2", "p1"), "node-b")))
+	p := pod("pod-p0", "p0", "10.0.0.1")
+	p.CreationTimestamp = metav1.NewTime(h.clock.Now().Add(-time.Minute)) // after counting started
+	h.putPod(p)
+	h.pass()
+	sd.setLive(podIP, 1)
+	call := h.offline(podIP, time.Minute, time.Second)
+	h.pass()
+	h.clock.Step(3 * time.Second)
+	h.d.hosted.reconcile(h.ctx)
+	if r, done := call.result(t); done {
+		t.Fatalf("answered while the pod's socket count says 1 (conntrack 0): %+v", r)
+	}
+	sd.setLive(podIP, 0)
+	h.clock.Step(time.Second)
+	h.d.hosted.reconcile(h.ctx)
+	r, done := call.result(t)
+	if !done || !r.Drained || r.LiveSource != LiveFromSockets || r.LiveSockets == nil || *r.LiveSockets != 0 ||
+		r.LiveConntrack == nil || *r.LiveConntrack != 0 || r.LiveSocketsPartial {
+		t.Fatalf("after the connection closed: done %v %+v", done, r)
+	}
+}
+
+// TestSocketStatus: status says what the socket hooks do on the node.
+func TestSocketStatus(t *testing.T) {
+	h, sd := newSocketHarness(t)
+	h.pass()
+	must(t, sd.UpsertGonePeer(bpf.GonePeer{Addr: netip.MustParseAddr("10.0.0.9"), GoneAt: h.clock.Now()}))
+	st := h.d.Status(StatusSource{Features: bpf.Features{Sockets: true, UserTimeoutFromBPF: true, SocketIterators: "not loadable: needs CAP_PERFMON"}})
+	s := st.Sockets
+	if !s.Loaded || !s.EndTCP || !s.EndUDP || !slices.Equal(s.LiveFrom, []string{LiveFromSockets, LiveFromConntrack}) ||
+		s.GonePeers != 1 || !s.CountingSince.Equal(sd.since) || s.Iterators == "" || len(s.Events) != bpf.NumSocketEvents {
+		t.Errorf("socket status %+v", s)
+	}
+	// Without the hooks: said, and no warning of its own.
+	h2 := newHarness(t)
+	h2.pass()
+	st = h2.d.Status(StatusSource{Features: bpf.Features{SocketsMissing: "sock_ops programs"}})
+	if st.Sockets.Loaded || !strings.Contains(st.Sockets.Reason, "sock_ops programs") || !slices.Equal(st.Sockets.LiveFrom, []string{LiveFromConntrack}) {
+		t.Errorf("socket status without hooks %+v", st.Sockets)
+	}
+	for _, w := range st.Warnings {
+		if strings.Contains(w, "socket") {
+			t.Errorf("warning %q", w)
+		}
+	}
+}
+
+// TestKilledWithoutGraceIsGone: a local pod deleted with a grace period of
+// 0 is killed at once: it is gone (its clients' sockets end) as soon as its
+// deletion is seen, before its object disappears.
+func TestKilledWithoutGraceIsGone(t *testing.T) {
+	h, sd := newSocketHarness(t)
+	h.addService(webService())
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.1", "p0"), onNode(ready("10.0.0.2", "p1"), "node-b")))
+	p := pod("pod-p0", "p0", "10.0.0.1")
+	h.putPod(p)
+	h.pass()
+	// A graceful deletion is not gone.
+	grace := int64(30)
+	now := metav1.NewTime(h.clock.Now())
+	p.DeletionTimestamp, p.DeletionGracePeriodSeconds = &now, &grace
+	h.putPod(p)
+	h.pass()
+	if got := sd.gonePeers(); len(got) != 0 {
+		t.Fatalf("a graceful deletion made the pod gone: %v", got)
+	}
+	zero := int64(0)
+	p.DeletionGracePeriodSeconds = &zero
+	h.putPod(p)
+	h.pass()
+	if _, ok := sd.peer("10.0.0.1"); !ok {
+		t.Fatalf("a pod killed without grace is no gone peer: %v", sd.gonePeers())
+	}
+	h.d.hosted.reconcile(h.ctx)
+	flush(h)
+	h.waitLeases(1)
+	eventually(t, 5*time.Second, "the Lease to say gone", func() bool {
+		ls := h.d.state.DrainLeases()
+		return len(ls) == 1 && ls[0].State == StateGone
+	})
+}
+
+// TestGoneLeaseBelievedOnlyFromTheDepartedHost: a pod that left its slice
+// (deleted without grace) is remembered with the node that hosted it, so
+// that node's gone Lease is believed; the same Lease held by another node
+// is not, nor is it once the memory ends (linger + Lease duration).
+func TestGoneLeaseBelievedOnlyFromTheDepartedHost(t *testing.T) {
+	h := newHarness(t)
+	h.addService(webService())
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(ready("10.0.0.1", "a"), "node-b"),
+		onNode(ready("10.0.0.3", "c"), "node-b"), ready("10.0.0.2", "b")))
+	h.pass()
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.2", "b")))
+	h.pass()
+	h.goneLease("a", "pod-a", "node-c", "10.0.0.1") // not its host
+	h.pass()
+	if h.d.model.goneDrain("a") {
+		t.Error("a gone Lease from a node that never hosted the pod was believed")
+	}
+	h.goneLease("c", "pod-c", "node-b", "10.0.0.3")
+	h.pass()
+	if !h.d.model.goneDrain("c") {
+		t.Error("the gone Lease of the pod's own host was not believed")
+	}
+	if node, ok := h.d.claims.hostOf(netip.MustParseAddr("10.0.0.3"), "c"); !ok || node != "node-b" {
+		t.Errorf("host of the departed pod: %q %v", node, ok)
+	}
+	h.clock.Step(h.d.cfg.Linger + h.d.cfg.LeaseDuration)
+	if _, ok := h.d.claims.hostOf(netip.MustParseAddr("10.0.0.3"), "c"); ok {
+		t.Error("a departed host is remembered past linger + Lease duration")
+	}
+}
