@@ -339,9 +339,10 @@ type attachment struct {
 	typ  ebpf.AttachType
 }
 
-// AttachmentNames names what Attach attaches, in order (status, tests).
+// AttachmentNames names what Attach attaches with the socket hooks (the
+// default wherever the kernel has them), in order (status, tests).
 func AttachmentNames() []string {
-	var d Datapath
+	d := Datapath{sockets: true}
 	var out []string
 	for _, a := range d.attachments() {
 		out = append(out, a.name)
@@ -349,10 +350,10 @@ func AttachmentNames() []string {
 	return out
 }
 
-// AttachTypes are the cgroup attach points Attach uses, in order (tests
-// that ask the kernel what is attached).
+// AttachTypes are the cgroup attach points Attach uses with the socket
+// hooks, in order (tests that ask the kernel what is attached).
 func AttachTypes() []ebpf.AttachType {
-	var d Datapath
+	d := Datapath{sockets: true}
 	var out []ebpf.AttachType
 	for _, a := range d.attachments() {
 		out = append(out, a.typ)
