@@ -33,6 +33,9 @@ const dnsSleepSeconds = 5
 // gone: a client still pinned to a gone backend shows it here.
 const dnsTail = 5 * time.Second
 
+// dnsLinger is draind's --linger in the DNS rollout (see Install).
+const dnsLinger = 20 * time.Second
+
 var dnsClientKinds = []string{realnode.DNSClientGo, realnode.DNSClientSendto}
 
 // dnsRollout is one `kubectl rollout restart` of the DNS Deployment.
@@ -94,7 +97,16 @@ func TestDNSRollout(t *testing.T) {
 		// The next variant runs alone: no clients or servers of this one.
 		kubectl(ctx, t, n, "delete", "namespace", "dns-kube-proxy", "--timeout=2m")
 	})
-	must("Install", func(t *testing.T) { install(ctx, t, n, b.root, b.overlay) })
+	must("Install", func(t *testing.T) {
+		install(ctx, t, n, b.root, b.overlay)
+		// A gone pod's steering lingers --linger (2 min) for stale
+		// registry caches; a DNS client asks the ClusterIP, so a
+		// shorter linger changes nothing for it but brings the hand-back
+		// to kube-proxy's rules (steering ends) into the measured run.
+		kubectl(ctx, t, n, "-n", "draind-system", "patch", "ds/draind", "--type=json",
+			"-p", fmt.Sprintf(`[{"op":"add","path":"/spec/template/spec/containers/0/args/-","value":"--linger=%v"}]`, dnsLinger))
+		kubectl(ctx, t, n, "-n", "draind-system", "rollout", "status", "ds/draind", "--timeout=3m")
+	})
 	must("WithDraind", func(t *testing.T) {
 		pinned, err := bpf.OpenPinned(bpf.DefaultPinDir)
 		if err != nil {
