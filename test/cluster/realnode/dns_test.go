@@ -33,6 +33,10 @@ const dnsSleepSeconds = 5
 // gone: a client still pinned to a gone backend shows it here.
 const dnsTail = 5 * time.Second
 
+// dnsWarm is how many lookups in a row each client must have had
+// answered before the rollout starts.
+const dnsWarm = 25
+
 // dnsLinger is draind's --linger in the DNS rollout (see Install).
 const dnsLinger = 20 * time.Second
 
@@ -210,25 +214,39 @@ func runDNSRollout(ctx context.Context, t *testing.T, n *realnode.Node, v dnsVar
 		}
 		clientIP[kind] = p.Status.PodIP
 	}
-	// Warm: every client has been answered, and nothing failed so far.
+	// Warm: each client's last dnsWarm finished lookups were answered. A
+	// client may start before kube-proxy has the Service's rules (its
+	// first lookups refused); only lookups from the restart on count.
 	deadline := time.Now().Add(time.Minute)
 	for {
 		ok := true
+		var last map[string][]realnode.Lookup
 		for _, kind := range dnsClientKinds {
-			st, err := n.ReadClientStats(ctx, clientIP[kind])
+			ls, err := n.ReadLookups(ctx, clientIP[kind], 0)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if st.Failed() != 0 {
-				t.Fatalf("the %s client failed before the rollout: %s %v", kind, st.FailKinds(), st.Errors)
+			var done []realnode.Lookup
+			for _, l := range ls {
+				if !l.Pending() {
+					done = append(done, l)
+				}
 			}
-			ok = ok && st.OK >= 10
+			done = done[max(0, len(done)-dnsWarm):]
+			ok = ok && len(done) == dnsWarm && len(failures(done)) == 0
+			if last == nil {
+				last = map[string][]realnode.Lookup{}
+			}
+			last[kind] = done
 		}
 		if ok {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("DNS clients not answered within a minute")
+			for kind, done := range last {
+				t.Logf("the %s client's last lookups: %d finished, failures %s", kind, len(done), failKinds(failures(done)))
+			}
+			t.Fatalf("DNS clients not answering %d lookups in a row within a minute", dnsWarm)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
