@@ -339,10 +339,9 @@ type attachment struct {
 	typ  ebpf.AttachType
 }
 
-// AttachmentNames names what Attach attaches with the socket hooks (the
-// default wherever the kernel has them), in order (status, tests).
-func AttachmentNames() []string {
-	d := Datapath{sockets: true}
+// AttachmentNames names what Attach attaches, in order (status, tests).
+func AttachmentNames(o Options) []string {
+	d := Datapath{sockets: o.Sockets}
 	var out []string
 	for _, a := range d.attachments() {
 		out = append(out, a.name)
@@ -350,10 +349,10 @@ func AttachmentNames() []string {
 	return out
 }
 
-// AttachTypes are the cgroup attach points Attach uses with the socket
-// hooks, in order (tests that ask the kernel what is attached).
-func AttachTypes() []ebpf.AttachType {
-	d := Datapath{sockets: true}
+// AttachTypes are the cgroup attach points Attach uses, in order (tests
+// that ask the kernel what is attached).
+func AttachTypes(o Options) []ebpf.AttachType {
+	d := Datapath{sockets: o.Sockets}
 	var out []ebpf.AttachType
 	for _, a := range d.attachments() {
 		out = append(out, a.typ)

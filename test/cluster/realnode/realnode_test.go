@@ -264,7 +264,7 @@ func install(ctx context.Context, t *testing.T, n *realnode.Node, root, overlay 
 	if !st.Healthy {
 		t.Errorf("draind status: unhealthy: %v", st.Problems)
 	}
-	wantProgs := bpf.AttachmentNames()
+	wantProgs := bpf.AttachmentNames(shippedDatapath)
 	sort.Strings(st.Attached)
 	sort.Strings(wantProgs)
 	if !slices.Equal(st.Attached, wantProgs) {
@@ -362,7 +362,7 @@ func attachedPrograms(t *testing.T, cgroup string) map[string]ebpf.ProgramID {
 	}
 	defer f.Close()
 	out := map[string]ebpf.ProgramID{}
-	for _, at := range bpf.AttachTypes() {
+	for _, at := range bpf.AttachTypes(shippedDatapath) {
 		res, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: at})
 		if err != nil {
 			t.Fatalf("querying %s programs on %s: %v", at, cgroup, err)
@@ -413,3 +413,7 @@ func checkHostClean(t *testing.T, n *realnode.Node) {
 func runHost(ctx context.Context, bin string, args ...string) ([]byte, error) {
 	return exec.CommandContext(ctx, bin, args...).CombinedOutput()
 }
+
+// shippedDatapath is what the shipped DaemonSet loads: draind run's
+// defaults (--socket-hooks is on unless the manifest turns it off).
+var shippedDatapath = bpf.Options{Sockets: true}
