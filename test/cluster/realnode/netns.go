@@ -185,3 +185,10 @@ func (n *Node) DialContext(ctx context.Context, network, addr string) (net.Conn,
 	})
 	return c, err
 }
+
+// InNode runs a command in the node's network namespace (conntrack,
+// iptables-save: what an operator on the node would run) and returns its
+// standard output.
+func (n *Node) InNode(ctx context.Context, name string, args ...string) ([]byte, error) {
+	return run(ctx, filepath.Base(n.NetnsPath), name, args...)
+}

@@ -57,9 +57,64 @@ func requireRealNode(t *testing.T) {
 // node for the whole test, the scenarios as ordered subtests.
 func TestRealNode(t *testing.T) {
 	requireRealNode(t)
-	bins := kube.Binaries(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
+	start := time.Now()
+	b := startDraindBed(ctx, t)
+	n, root, overlay := b.n, b.root, b.overlay
+	offlineSpec, err := realnode.WithRecipe(b.recipe)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	var results []*rolloutResult
+	must := func(name string, f func(t *testing.T)) {
+		if !t.Run(name, f) {
+			t.FailNow()
+		}
+	}
+	must("WithoutDraind", func(t *testing.T) {
+		res := runRollout(ctx, t, n, "without-draind", realnode.SleepPodSpec(5), nil)
+		results = append(results, res)
+		if res.clients[realnode.ClientStale].Failed() == 0 {
+			t.Errorf("without draind the stale pod-IP client saw no failure: the scenario tests nothing")
+		}
+	})
+	must("Install", func(t *testing.T) { install(ctx, t, n, root, overlay) })
+	must("WithDraind", func(t *testing.T) {
+		obs := &drainObserver{n: n, namespace: "with-draind"}
+		res := runRollout(ctx, t, n, "with-draind", offlineSpec, obs.run)
+		results = append(results, res)
+		for kind, st := range res.clients {
+			if st.Failed() != 0 {
+				t.Errorf("with draind the %s client saw %d failed requests (%s): %v", kind, st.Failed(), st.FailKinds(), st.Errors)
+			}
+		}
+		obs.check(ctx, t, res)
+	})
+	must("Upgrade", func(t *testing.T) { results = append(results, upgrade(ctx, t, n, offlineSpec)) })
+	printTable(t, results)
+	must("Uninstall", func(t *testing.T) { uninstall(ctx, t, n, overlay, b.img.Binary) })
+	t.Logf("real-node figures: TestRealNode wall time (node start, images, every scenario; Stop follows): %v", time.Since(start).Round(time.Second))
+}
+
+// draindBed is a started real node with draind's image imported and the
+// README's curl-less recipe read: what the tests that install the shipped
+// DaemonSet share.
+type draindBed struct {
+	n       *realnode.Node
+	root    string // the repository
+	recipe  []byte // the README's curl-less preStop recipe, as printed
+	img     *realnode.DraindImage
+	overlay string // the operator's overlay: the base with the image tag changed
+}
+
+// startDraindBed starts a real node (stopped, and the host checked clean,
+// when the test ends), builds draind's image and imports it under the
+// overlay's tag and the recipe's.
+func startDraindBed(ctx context.Context, t *testing.T) *draindBed {
+	t.Helper()
+	bins := kube.Binaries(t)
 	start := time.Now()
 	n, err := realnode.Start(ctx, realnode.Config{Binaries: bins, Log: kube.TestLogger(t)})
 	if err != nil {
@@ -80,70 +135,38 @@ func TestRealNode(t *testing.T) {
 		}
 		checkHostClean(t, n)
 	})
-
-	root, err := deploycheck.RepoRoot()
+	b := &draindBed{n: n}
+	if b.root, err = deploycheck.RepoRoot(); err != nil {
+		t.Fatal(err)
+	}
+	readme, err := os.ReadFile(filepath.Join(b.root, "README.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if b.recipe, err = realnode.READMEBlock(readme, recipeMarker); err != nil {
+		t.Fatal(err)
+	}
+	spec, err := realnode.WithRecipe(b.recipe)
 	if err != nil {
 		t.Fatal(err)
 	}
-	recipe, err := realnode.READMEBlock(readme, recipeMarker)
-	if err != nil {
-		t.Fatal(err)
-	}
-	offlineSpec, err := realnode.WithRecipe(recipe)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(offlineSpec.InitContainers) != 1 {
-		t.Fatalf("the README's recipe has %d init containers, want 1 (the draind copy)", len(offlineSpec.InitContainers))
+	if len(spec.InitContainers) != 1 {
+		t.Fatalf("the README's recipe has %d init containers, want 1 (the draind copy)", len(spec.InitContainers))
 	}
 	overlayImage := image.DraindRepository + ":" + overlayTag
 	refs := []string{overlayImage}
-	if r := offlineSpec.InitContainers[0].Image; r != overlayImage {
+	if r := spec.InitContainers[0].Image; r != overlayImage {
 		refs = append(refs, r)
 	}
-	img, err := realnode.BuildDraindImage(ctx, filepath.Join(n.Dir, "draind-image"), overlayTag, refs...)
-	if err != nil {
+	if b.img, err = realnode.BuildDraindImage(ctx, filepath.Join(n.Dir, "draind-image"), overlayTag, refs...); err != nil {
 		t.Fatal(err)
 	}
-	if err := n.ImportImages(ctx, img.Archive); err != nil {
+	if err := n.ImportImages(ctx, b.img.Archive); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("draind image built and imported as %v (the README recipe's image: %s)", refs, offlineSpec.InitContainers[0].Image)
-
-	var results []*rolloutResult
-	must := func(name string, f func(t *testing.T)) {
-		if !t.Run(name, f) {
-			t.FailNow()
-		}
-	}
-	must("WithoutDraind", func(t *testing.T) {
-		res := runRollout(ctx, t, n, "without-draind", realnode.SleepPodSpec(5), nil)
-		results = append(results, res)
-		if res.clients[realnode.ClientStale].Failed() == 0 {
-			t.Errorf("without draind the stale pod-IP client saw no failure: the scenario tests nothing")
-		}
-	})
-	overlay := writeOverlay(t, root)
-	must("Install", func(t *testing.T) { install(ctx, t, n, root, overlay) })
-	must("WithDraind", func(t *testing.T) {
-		obs := &drainObserver{n: n, namespace: "with-draind"}
-		res := runRollout(ctx, t, n, "with-draind", offlineSpec, obs.run)
-		results = append(results, res)
-		for kind, st := range res.clients {
-			if st.Failed() != 0 {
-				t.Errorf("with draind the %s client saw %d failed requests (%s): %v", kind, st.Failed(), st.FailKinds(), st.Errors)
-			}
-		}
-		obs.check(ctx, t, res)
-	})
-	must("Upgrade", func(t *testing.T) { results = append(results, upgrade(ctx, t, n, offlineSpec)) })
-	printTable(t, results)
-	must("Uninstall", func(t *testing.T) { uninstall(ctx, t, n, overlay, img.Binary) })
-	t.Logf("real-node figures: TestRealNode wall time (node start, images, every scenario; Stop follows): %v", time.Since(start).Round(time.Second))
+	t.Logf("draind image built and imported as %v (the README recipe's image: %s)", refs, spec.InitContainers[0].Image)
+	b.overlay = writeOverlay(t, b.root)
+	return b
 }
 
 // writeOverlay writes the overlay an operator would: the shipped base with
@@ -330,7 +353,7 @@ func kubepodsCgroup(t *testing.T) string {
 }
 
 // attachedPrograms asks the kernel which programs are attached to cgroup
-// at draind's three hooks: program name → id.
+// at draind's hooks: program name → id.
 func attachedPrograms(t *testing.T, cgroup string) map[string]ebpf.ProgramID {
 	t.Helper()
 	f, err := os.Open(cgroup)

@@ -79,6 +79,12 @@ func appPodSpec() corev1.PodSpec {
 // the top) into the application's pod spec the way kubectl merges a patch:
 // containers by name, env by name, volumes by name.
 func WithRecipe(recipe []byte) (corev1.PodSpec, error) {
+	return MergeRecipe(appPodSpec(), recipe)
+}
+
+// MergeRecipe merges a README recipe into base as WithRecipe does; the
+// recipe names the container "app", so base's container must be named so.
+func MergeRecipe(base corev1.PodSpec, recipe []byte) (corev1.PodSpec, error) {
 	var doc struct {
 		Spec json.RawMessage `json:"spec"`
 	}
@@ -89,11 +95,11 @@ func WithRecipe(recipe []byte) (corev1.PodSpec, error) {
 	if err := json.Unmarshal(js, &doc); err != nil || len(doc.Spec) == 0 {
 		return corev1.PodSpec{}, fmt.Errorf("reading the recipe: want a spec: at the top (%v)", err)
 	}
-	base, err := json.Marshal(appPodSpec())
+	baseJSON, err := json.Marshal(base)
 	if err != nil {
 		return corev1.PodSpec{}, err
 	}
-	merged, err := strategicpatch.StrategicMergePatch(base, doc.Spec, corev1.PodSpec{})
+	merged, err := strategicpatch.StrategicMergePatch(baseJSON, doc.Spec, corev1.PodSpec{})
 	if err != nil {
 		return corev1.PodSpec{}, fmt.Errorf("merging the recipe into the pod: %w", err)
 	}

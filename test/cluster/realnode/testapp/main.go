@@ -1,11 +1,13 @@
 // Command testapp is the one static binary inside the real-node bed's test
-// images: the pod sandbox's pause process, the HTTP server the rollout
-// replaces, and the clients that measure it. One binary keeps the images
-// small and the build to a single link.
+// images: the pod sandbox's pause process, the HTTP and DNS servers the
+// rollouts replace, and the clients that measure them. One binary keeps the
+// images small and the build to a single link.
 //
 //	testapp pause
 //	testapp server -port 8080
 //	testapp client -target 10.96.0.10:80 -interval 20ms [-keepalive -max-age 1s] -stats :9000
+//	testapp dns-server -port 53 -name dns-test.draind.test -ready :8181
+//	testapp dns-client -mode go|sendto -server 10.96.0.10:53 -name dns-test.draind.test -interval 20ms -timeout 1s -stats :9000
 package main
 
 import (
@@ -28,7 +30,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: testapp pause|server|client [flags]")
+		fmt.Fprintln(os.Stderr, "usage: testapp pause|server|client|dns-server|dns-client [flags]")
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -41,6 +43,10 @@ func main() {
 		err = server(ctx, os.Args[2:])
 	case "client":
 		err = client(ctx, os.Args[2:])
+	case "dns-server":
+		err = dnsServer(ctx, os.Args[2:])
+	case "dns-client":
+		err = dnsClient(ctx, os.Args[2:])
 	default:
 		err = fmt.Errorf("unknown mode %q", os.Args[1])
 	}
