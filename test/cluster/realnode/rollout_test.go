@@ -97,26 +97,34 @@ func runRollout(ctx context.Context, t *testing.T, n *realnode.Node, namespace s
 		}
 		return out
 	}
-	// Warm: every client has been answered, and no failure so far.
+	// Warm: every client has been answered 10 times since its last failure.
+	// A client may start before kube-proxy has the new Service's rules
+	// (refused): those failures precede the scenario; every failure after
+	// the warm-up counts.
 	deadline := time.Now().Add(time.Minute)
 	var before map[string]realnode.ClientStats
+	okSinceFail := map[string]int{} // OK count at the last failure seen
+	failed := map[string]int{}
 	for {
 		before = readAll()
 		ok := true
-		for _, st := range before {
-			ok = ok && st.OK >= 10
+		for kind, st := range before {
+			if st.Failed() != failed[kind] {
+				failed[kind], okSinceFail[kind] = st.Failed(), st.OK
+			}
+			ok = ok && st.OK-okSinceFail[kind] >= 10
 		}
 		if ok {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("clients not answered within a minute: %+v", before)
+			t.Fatalf("clients not answered 10 times in a row within a minute: %+v", before)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
 	for kind, st := range before {
 		if st.Failed() != 0 {
-			t.Fatalf("the %s client failed before the rollout: %s %v", kind, st.FailKinds(), st.Errors)
+			t.Logf("the %s client failed during its warm-up (before the Service answered steadily): %s", kind, st.FailKinds())
 		}
 	}
 
