@@ -121,6 +121,11 @@ func countLive(ctx context.Context, sd SocketDatapath, ct conntrack.Interface, i
 		}
 	}
 	switch {
+	case lc.Sockets != nil && lc.SocketsPartial && ct != nil && lc.Conntrack == nil:
+		// The pod predates socket counting: its older connections are only
+		// in conntrack, which could not be read. Not checked, so not
+		// drained on this pass.
+		lc.Checked = false
 	case lc.Sockets != nil && (lc.Conntrack == nil || *lc.Sockets >= *lc.Conntrack):
 		lc.Live, lc.Source = *lc.Sockets, LiveFromSockets
 	case lc.Conntrack != nil:

@@ -432,6 +432,14 @@ func TestLiveFromSocketsAndConntrack(t *testing.T) {
 				ct = ctFlows(tc.ct)
 			}
 			lc := countLive(context.Background(), sd, ct, ip, tc.created, nil)
+			if tc.ct >= 0 {
+				// Conntrack unreadable: the sockets alone decide only for a
+				// pod they counted from its start.
+				ct.(*conntrack.Fake).FailNext(len(ip), nil)
+				if failed := countLive(context.Background(), sd, ct, ip, tc.created, nil); failed.Checked == (tc.sockets < 0 || tc.partial) {
+					t.Errorf("conntrack unreadable: checked %v (sockets %d, partial %v)", failed.Checked, tc.sockets, tc.partial)
+				}
+			}
 			if lc.Live != tc.live || lc.Source != tc.source || lc.SocketsPartial != tc.partial || !lc.Checked {
 				t.Errorf("got %+v, want live %d from %s (partial %v)", lc, tc.live, tc.source, tc.partial)
 			}
