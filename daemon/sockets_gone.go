@@ -166,6 +166,9 @@ func (g *gonePeers) noteServices(uid types.UID, svcs ...string) {
 	}
 	set := g.services[uid]
 	if set == nil {
+		if len(svcs) == 0 {
+			return // nothing to record: no empty sets to leak
+		}
 		set = map[string]struct{}{}
 		g.services[uid] = set
 	}
@@ -237,8 +240,8 @@ func (g *gonePeers) desired(m *model, now time.Time) map[netip.Addr]bpf.GonePeer
 			delete(g.firstGone, uid)
 		}
 	}
-	for uid, set := range g.services {
-		if m.podDrains[uid] == nil && len(set) > 0 && !g.vanishedRecently(uid, m) {
+	for uid := range g.services {
+		if m.podDrains[uid] == nil && !g.vanishedRecently(uid, m) {
 			delete(g.services, uid)
 		}
 	}

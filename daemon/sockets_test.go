@@ -570,3 +570,20 @@ func TestGoneLeaseBelievedOnlyFromTheDepartedHost(t *testing.T) {
 		t.Error("a departed host is remembered past linger + Lease duration")
 	}
 }
+
+// TestGonePeersForgetPodsNoServiceListed: the Services recorded for a pod's
+// opt-out are forgotten with its pod drain, also for a pod no Service ever
+// listed (a Job's pod, a registry-only workload).
+func TestGonePeersForgetPodsNoServiceListed(t *testing.T) {
+	h, _ := newSocketHarness(t)
+	h.putPod(pod("pod-j", "j", "10.0.0.7"))
+	h.pass()
+	h.lease("j", "default", "pod-j", testNode, k8s.ReasonOffline, time.Minute, "10.0.0.7")
+	h.pass()
+	h.deleteLease("j")
+	h.deletePod("default", "pod-j")
+	h.pass()
+	if n := len(h.d.gone.services); n != 0 {
+		t.Errorf("%d pods' Services kept after their drains ended: %v", n, h.d.gone.services)
+	}
+}
