@@ -349,7 +349,7 @@ func (c *claims) readyElsewhere(r readyClaim, n int32) bool {
 func (c *claims) setLocalPods(pods []*k8s.Pod) []netip.Addr {
 	next := map[netip.Addr]types.UID{}
 	for _, p := range pods {
-		if p.HostNetwork || p.Deleting() {
+		if p.HostNetwork || p.Deleting() || p.Finished() { // a finished pod released its IPs
 			continue
 		}
 		for _, ip := range p.IPs {

@@ -49,7 +49,7 @@ const ReasonVanished = "vanished"
 // say so at once too (l.mu held).
 func (l *hostedDrains) drainVanished(pods map[types.UID]*k8s.Pod, now time.Time) {
 	for uid, p := range pods {
-		if !p.KilledWithoutGrace() || p.HostNetwork || len(p.IPs) == 0 {
+		if !p.KilledWithoutGrace() || p.HostNetwork || p.Finished() || len(p.IPs) == 0 {
 			continue
 		}
 		ld := l.pods[uid]
@@ -66,7 +66,10 @@ func (l *hostedDrains) drainVanished(pods map[types.UID]*k8s.Pod, now time.Time)
 		l.cfg.Log.Info("pod killed without grace: gone", logKeyPod, p.Namespace+"/"+p.Name)
 	}
 	for uid, p := range l.seen {
-		if pods[uid] != nil || p.HostNetwork || len(p.IPs) == 0 {
+		// A finished pod (a Job's, an evicted one) released its IPs when
+		// it finished: removing its object later ends nobody's connections,
+		// and its IPs may be another pod's by then.
+		if pods[uid] != nil || p.HostNetwork || p.Finished() || len(p.IPs) == 0 {
 			continue
 		}
 		if ld := l.pods[uid]; ld != nil && ld.state != StateCancelled {

@@ -587,3 +587,27 @@ func TestGonePeersForgetPodsNoServiceListed(t *testing.T) {
 		t.Errorf("%d pods' Services kept after their drains ended: %v", n, h.d.gone.services)
 	}
 }
+
+// TestFinishedLocalPodNeverVanishes: a pod that finished (its IPs released
+// when it did) and whose object is removed later is no vanished pod: no
+// gone drain, so no node ends connections to an IP another pod may hold.
+func TestFinishedLocalPodNeverVanishes(t *testing.T) {
+	h, _ := newSocketHarness(t)
+	p := pod("pod-f", "f", "10.0.0.8")
+	p.Status.Phase = corev1.PodSucceeded
+	h.putPod(p)
+	h.pass()
+	h.d.hosted.reconcile(h.ctx)
+	h.deletePod("default", "pod-f")
+	h.pass()
+	h.d.hosted.reconcile(h.ctx)
+	h.d.hosted.mu.Lock()
+	ld := h.d.hosted.pods["f"]
+	h.d.hosted.mu.Unlock()
+	if ld != nil {
+		t.Errorf("a finished pod removed later got a drain: state %s", ld.state)
+	}
+	if _, ok := h.d.claims.localOwner(netip.MustParseAddr("10.0.0.8")); ok {
+		t.Error("a finished pod claims the IP it released")
+	}
+}
