@@ -20,9 +20,11 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/k8s"
@@ -294,6 +296,7 @@ func newFixture(t *testing.T, prefix string, names ...string) *fixture {
 
 	// Every bed hands out the same pod addresses: an earlier test's slice
 	// or Lease still naming one would be a claim on (or a drain of) it.
+	sweepOrphanSlices(ctx, t, admin)
 	if sl, err := admin.DiscoveryV1().EndpointSlices("").List(ctx, metav1.ListOptions{}); err != nil {
 		t.Fatalf("listing endpointslices: %v", err)
 	} else {
@@ -768,3 +771,36 @@ func countLog(path, s string) (int, error) {
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.0f ms", float64(d)/float64(time.Millisecond)) }
+
+// sweepOrphanSlices deletes slices whose Service is gone until none comes
+// back for 2 s (at most 30 s). An earlier test's cleanup deletes its slices,
+// but the EndpointSlice controller may write one again for a Service it has
+// not yet seen deleted (its watch reconnects with a backoff after an API
+// server restart). Slices of live Services are left to the check that
+// follows.
+func sweepOrphanSlices(ctx context.Context, t *testing.T, admin kubernetes.Interface) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	quietSince := time.Now()
+	for time.Since(quietSince) < 2*time.Second && time.Now().Before(deadline) {
+		sl, err := admin.DiscoveryV1().EndpointSlices("").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatalf("listing endpointslices: %v", err)
+		}
+		for _, s := range sl.Items {
+			svc := s.Labels[discoveryv1.LabelServiceName]
+			if svc == "" {
+				continue
+			}
+			if _, err := admin.CoreV1().Services(s.Namespace).Get(ctx, svc, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+				continue
+			}
+			if err := admin.DiscoveryV1().EndpointSlices(s.Namespace).Delete(ctx, s.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+				t.Fatalf("deleting orphaned endpointslice %s/%s: %v", s.Namespace, s.Name, err)
+			}
+			t.Logf("deleted endpointslice %s/%s: written again after its Service was deleted", s.Namespace, s.Name)
+			quietSince = time.Now()
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
