@@ -118,6 +118,7 @@ type gonePeers struct {
 	firstGone map[types.UID]time.Time           // when this node first saw the pod gone
 	services  map[types.UID]map[string]struct{} // Services seen listing the pod
 	applied   map[netip.Addr]bpf.GonePeer
+	relist    map[netip.Addr]bool // adopted peers whose flows are listed again
 	warned    map[string]string
 	lastPrune time.Time
 
@@ -126,7 +127,7 @@ type gonePeers struct {
 
 func newGonePeers(cfg goneConfig) *gonePeers {
 	g := &gonePeers{cfg: cfg, firstGone: map[types.UID]time.Time{}, services: map[types.UID]map[string]struct{}{},
-		applied: map[netip.Addr]bpf.GonePeer{}, warned: map[string]string{}}
+		applied: map[netip.Addr]bpf.GonePeer{}, relist: map[netip.Addr]bool{}, warned: map[string]string{}}
 	g.flows.init(cfg)
 	return g
 }
@@ -154,10 +155,17 @@ func (g *gonePeers) adopt() error {
 	}
 	for _, p := range peers {
 		g.applied[p.Addr] = p
+		g.relist[p.Addr] = true
 	}
-	// Flows have no peer on record: they are listed again when their peer
-	// is, and otherwise end at their expiry.
-	_ = flows
+	// Flows have no peer on record: they are deleted (nothing else would
+	// ever delete them, and while any is listed every connect and egress
+	// packet takes the gone path) and listed again with their peer, in the
+	// first pass.
+	for _, f := range flows {
+		if err := g.cfg.Sockets.DeleteGoneFlow(f.Local, f.Remote); err != nil {
+			g.cfg.Log.Error("deleting an adopted gone flow (it ends at its expiry)", "local", f.Local, "remote", f.Remote, logKeyErr, err)
+		}
+	}
 	return nil
 }
 
@@ -271,7 +279,8 @@ func (g *gonePeers) pass(m *model, now time.Time) {
 	want := g.desired(m, now)
 	for ip, p := range want {
 		cur, ok := g.applied[ip]
-		if ok && cur.GoneAt.Equal(p.GoneAt) && cur.Expires.Sub(now) >= g.cfg.EntryTTL/2 && !p.Expires.Before(cur.Expires.Add(-time.Second)) {
+		relist := g.relist[ip]
+		if ok && !relist && cur.GoneAt.Equal(p.GoneAt) && cur.Expires.Sub(now) >= g.cfg.EntryTTL/2 && !p.Expires.Before(cur.Expires.Add(-time.Second)) {
 			continue
 		}
 		if ok && !cur.GoneAt.IsZero() && cur.GoneAt.Before(p.GoneAt) {
@@ -285,8 +294,9 @@ func (g *gonePeers) pass(m *model, now time.Time) {
 		if !ok {
 			g.cfg.Log.Info("pod gone: ending client sockets to it", logKeyIP, ip)
 		}
-		g.flows.want(ip, p, !ok) // listed, or refreshed with the peer
+		g.flows.want(ip, p, !ok || relist) // listed, or refreshed with the peer
 		g.applied[ip] = p
+		delete(g.relist, ip)
 	}
 	g.pruneConnections(now)
 	for ip := range g.applied {
@@ -299,6 +309,7 @@ func (g *gonePeers) pass(m *model, now time.Time) {
 			continue
 		}
 		delete(g.applied, ip)
+		delete(g.relist, ip)
 		g.flows.drop(ip)
 	}
 }

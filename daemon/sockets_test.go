@@ -611,3 +611,46 @@ func TestFinishedLocalPodNeverVanishes(t *testing.T) {
 		t.Error("a finished pod claims the IP it released")
 	}
 }
+
+// TestGoneEntriesAdoptedAfterRestart: a restarted draind deletes the gone
+// flows a previous one left (nothing else would: they have no peer on
+// record) and lists its adopted peers' flows again in its first pass.
+func TestGoneEntriesAdoptedAfterRestart(t *testing.T) {
+	h, sd := newSocketHarness(t)
+	now := h.clock.Now()
+	vip := netip.MustParseAddrPort("10.96.0.10:80")
+	pod := netip.MustParseAddrPort("10.0.0.1:8080")
+	stale := bpf.GoneFlow{Local: netip.MustParseAddrPort("10.0.1.9:1234"), Remote: vip, GoneAt: now.Add(-time.Minute), Expires: now.Add(time.Minute)}
+	sd.UpsertGoneFlow(stale)
+	sd.UpsertGonePeer(bpf.GonePeer{Addr: pod.Addr(), GoneAt: now.Add(-time.Minute), Expires: now.Add(time.Minute)})
+	client := netip.MustParseAddrPort("10.0.1.5:40000")
+	h.ct.AddFlow(conntrack.Flow{Proto: conntrack.TCP, Orig: conntrack.Tuple{Src: client, Dst: vip},
+		Reply: conntrack.Tuple{Src: pod, Dst: client}, Start: now.Add(-2 * time.Minute), State: conntrack.TCPEstablished})
+	h.d.gone.flows.loop.start(h.ctx, h.d.gone.flows.run)
+	t.Cleanup(h.d.gone.flows.loop.stop)
+	// What the restarted draind's informers list before its first pass:
+	// the pod left its slice on node-b, which says it is gone.
+	h.addService(webService())
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(ready("10.0.0.1", "a"), "node-b")))
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080)))
+	h.goneLease("a", "pod-a", "node-b", "10.0.0.1")
+	if err := h.d.gone.adopt(); err != nil {
+		t.Fatal(err)
+	}
+	sd.mu.Lock()
+	left := len(sd.flows)
+	sd.mu.Unlock()
+	if left != 0 {
+		t.Fatalf("adopted gone flows kept: %d", left)
+	}
+	h.pass()
+	eventually(t, 5*time.Second, "the adopted peer's VIP flow to be listed again", func() bool {
+		sd.mu.Lock()
+		defer sd.mu.Unlock()
+		_, ok := sd.flows[[2]netip.AddrPort{client, vip}]
+		return ok
+	})
+	if p, _ := sd.peer("10.0.0.1"); !p.GoneAt.Equal(now.Add(-time.Minute)) {
+		t.Errorf("the adopted peer's instant moved: %+v", p)
+	}
+}
