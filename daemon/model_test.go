@@ -640,3 +640,40 @@ func TestUDPExpiredWhileDraining(t *testing.T) {
 		t.Errorf("failed expiry not retried: %d calls", n)
 	}
 }
+
+// TestRefreshRoundOverrunFinishesAtOnce: when a refresh round is not
+// finished by the time the next begins (passes too rare for the batch:
+// --min-sync-interval), the next pass refreshes the whole round, so no
+// entry runs out of its TTL for want of a turn.
+func TestRefreshRoundOverrunFinishesAtOnce(t *testing.T) {
+	h := newHarness(t)
+	const services = 100
+	for i := range services {
+		name := fmt.Sprintf("web%d", i)
+		h.addService(svc(name, []string{fmt.Sprintf("10.96.1.%d", i)}, []corev1.ServicePort{port("http", 80, corev1.ProtocolTCP)}))
+		h.putSlice(slice(name+"-1", name, v4, httpPorts(8080),
+			terminating(fmt.Sprintf("10.0.%d.1", i), name+"-a"), ready(fmt.Sprintf("10.0.%d.2", i), name+"-b")))
+	}
+	h.pass()
+	h.clock.Step(h.d.cfg.EntryTTL/4 + time.Second)
+	h.pass() // the round starts: one batch
+	if !h.d.reconciler.refreshing() {
+		t.Fatal("a round of 200 targets ended in one pass")
+	}
+	h.clock.Step(h.d.cfg.EntryTTL/4 + time.Second)
+	h.pass() // the next round begins before the first ended
+	if h.d.reconciler.refreshing() {
+		t.Error("an overrun round was not finished in one pass")
+	}
+	fresh := h.clock.Now().Add(h.d.cfg.EntryTTL - time.Second)
+	for k, d := range h.dp.Drains {
+		if d.Expires.Before(fresh) {
+			t.Errorf("drain %v not refreshed: expires %v", k, d.Expires)
+		}
+	}
+	for k, f := range h.dp.Frontends {
+		if f.Expires.Before(fresh) {
+			t.Errorf("frontend %v not refreshed: expires %v", k, f.Expires)
+		}
+	}
+}

@@ -32,6 +32,11 @@ type reconciler struct {
 	// takes at most refreshBatch of it (see startRefresh).
 	refreshServicePorts []bpf.ServicePortID
 	refreshKeys         []bpf.EndpointKey
+	// refreshAll: the previous round was not finished when this one began
+	// (passes too rare for the batch size: --min-sync-interval), so the
+	// next pass takes the whole round; no entry goes unrefreshed for more
+	// than two rounds (half the entry TTL).
+	refreshAll bool
 
 	onError func(what string, err error)
 	// onDrain is told when a drain entry appears or goes.
@@ -130,6 +135,7 @@ const refreshStep = 5 * time.Millisecond
 // batch at a time. What changes meanwhile is evaluated by its own pass
 // anyway; what is queued twice or is gone by its turn costs a lookup.
 func (r *reconciler) startRefresh(m *model) {
+	r.refreshAll = r.refreshing()
 	r.refreshServicePorts = r.refreshServicePorts[:0]
 	for id := range m.servicePorts {
 		r.refreshServicePorts = append(r.refreshServicePorts, id)
@@ -163,12 +169,16 @@ func (r *reconciler) refreshing() bool {
 // takeRefresh moves the next batch of the refresh round into the pass's
 // targets.
 func (r *reconciler) takeRefresh(spSet map[bpf.ServicePortID]struct{}, keySet map[bpf.EndpointKey]struct{}) {
-	n := min(refreshBatch, len(r.refreshServicePorts))
+	batch := refreshBatch
+	if r.refreshAll {
+		batch, r.refreshAll = len(r.refreshServicePorts)+len(r.refreshKeys), false
+	}
+	n := min(batch, len(r.refreshServicePorts))
 	for _, id := range r.refreshServicePorts[len(r.refreshServicePorts)-n:] {
 		spSet[id] = struct{}{}
 	}
 	r.refreshServicePorts = r.refreshServicePorts[:len(r.refreshServicePorts)-n]
-	k := min(refreshBatch-n, len(r.refreshKeys))
+	k := min(batch-n, len(r.refreshKeys))
 	for _, key := range r.refreshKeys[len(r.refreshKeys)-k:] {
 		keySet[key] = struct{}{}
 	}
