@@ -199,6 +199,8 @@ func runDaemon(ctx context.Context, o *runOptions) error {
 		if fl, err := conntrack.Open(conntrack.Options{Zone: o.conntrackZone}); err == nil {
 			defer fl.Close()
 			flows = fl
+		} else {
+			log.Warn("a second conntrack handle for gone pods' client flows: sharing the first", "err", err)
 		}
 	}
 	d := daemon.New(daemon.Config{
