@@ -456,22 +456,7 @@ func TestRefreshSpreadOverPasses(t *testing.T) {
 	if passes < 2 {
 		t.Errorf("the refresh of %d targets took %d pass, want it spread", 2*services, passes)
 	}
-	fresh := h.clock.Now().Add(h.d.cfg.EntryTTL / 2)
-	for k, d := range h.dp.Drains {
-		if d.Expires.Before(fresh) {
-			t.Errorf("drain %v not refreshed: expires %v", k, d.Expires)
-		}
-	}
-	for k, f := range h.dp.Frontends {
-		if f.Expires.Before(fresh) {
-			t.Errorf("frontend %v not refreshed: expires %v", k, f.Expires)
-		}
-	}
-	for id, b := range h.dp.Backends {
-		if b.Expires.Before(fresh) {
-			t.Errorf("backends of %d not refreshed: expires %v", id, b.Expires)
-		}
-	}
+	checkRefreshed(t, h, h.clock.Now().Add(h.d.cfg.EntryTTL/2))
 	if ops := h.pass(); ops != 0 {
 		t.Errorf("a pass after the round cost %d operations", ops)
 	}
@@ -665,7 +650,12 @@ func TestRefreshRoundOverrunFinishesAtOnce(t *testing.T) {
 	if h.d.reconciler.refreshing() {
 		t.Error("an overrun round was not finished in one pass")
 	}
-	fresh := h.clock.Now().Add(h.d.cfg.EntryTTL - time.Second)
+	checkRefreshed(t, h, h.clock.Now().Add(h.d.cfg.EntryTTL-time.Second))
+}
+
+// checkRefreshed fails for every entry that expires before fresh.
+func checkRefreshed(t *testing.T, h *harness, fresh time.Time) {
+	t.Helper()
 	for k, d := range h.dp.Drains {
 		if d.Expires.Before(fresh) {
 			t.Errorf("drain %v not refreshed: expires %v", k, d.Expires)
@@ -674,6 +664,11 @@ func TestRefreshRoundOverrunFinishesAtOnce(t *testing.T) {
 	for k, f := range h.dp.Frontends {
 		if f.Expires.Before(fresh) {
 			t.Errorf("frontend %v not refreshed: expires %v", k, f.Expires)
+		}
+	}
+	for id, b := range h.dp.Backends {
+		if b.Expires.Before(fresh) {
+			t.Errorf("backends of %d not refreshed: expires %v", id, b.Expires)
 		}
 	}
 }
