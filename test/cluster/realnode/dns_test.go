@@ -109,7 +109,7 @@ func TestDNSRollout(t *testing.T) {
 		// to kube-proxy's rules (steering ends) into the measured run.
 		kubectl(ctx, t, n, "-n", "draind-system", "patch", "ds/draind", "--type=json",
 			"-p", fmt.Sprintf(`[{"op":"add","path":"/spec/template/spec/containers/0/args/-","value":"--linger=%v"}]`, dnsLinger))
-		kubectl(ctx, t, n, "-n", "draind-system", "rollout", "status", "ds/draind", "--timeout=3m")
+		waitDraindRolledOut(ctx, t, n)
 	})
 	must("WithDraind", func(t *testing.T) {
 		pinned, err := bpf.OpenPinned(bpf.DefaultPinDir)

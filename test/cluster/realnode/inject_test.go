@@ -282,10 +282,5 @@ func installInject(ctx context.Context, t *testing.T, n *realnode.Node, overlay 
 	} else {
 		t.Logf("kubectl apply -k overlay:\n%s", out)
 	}
-	if out, err := n.Kubectl(ctx, "-n", "draind-system", "rollout", "status", "ds/draind", "--timeout=3m"); err != nil {
-		t.Fatalf("waiting for the DaemonSet: %v\n%s", err, out)
-	}
-	if pod := draindPod(ctx, t, n); pod.Status.Phase != corev1.PodRunning || !podReady(pod) {
-		t.Fatalf("draind pod %s: phase %s, ready %v", pod.Name, pod.Status.Phase, podReady(pod))
-	}
+	waitDraindRolledOut(ctx, t, n)
 }

@@ -204,13 +204,7 @@ func install(ctx context.Context, t *testing.T, n *realnode.Node, root, overlay 
 	} else {
 		t.Logf("kubectl apply -k overlay:\n%s", out)
 	}
-	if out, err := n.Kubectl(ctx, "-n", "draind-system", "rollout", "status", "ds/draind", "--timeout=3m"); err != nil {
-		t.Fatalf("waiting for the DaemonSet: %v\n%s", err, out)
-	}
-	pod := draindPod(ctx, t, n)
-	if pod.Status.Phase != corev1.PodRunning || !podReady(pod) {
-		t.Fatalf("draind pod %s: phase %s, ready %v", pod.Name, pod.Status.Phase, podReady(pod))
-	}
+	pod := waitDraindRolledOut(ctx, t, n)
 
 	// Exactly the shipped securityContext (pod and container).
 	objs, err := deploycheck.Render(filepath.Join(root, "deploy", "daemonset"))
@@ -297,6 +291,55 @@ func podReady(p *corev1.Pod) bool {
 		}
 	}
 	return false
+}
+
+// The DaemonSet controller labels each pod with the template generation
+// the API server keeps in the DaemonSet's annotation.
+const (
+	dsTemplateGeneration  = "deprecated.daemonset.template.generation"
+	podTemplateGeneration = "pod-template-generation"
+)
+
+// waitDraindRolledOut waits until the DaemonSet's rollout is done and its
+// one pod of the current template is Ready as the API server shows it.
+// `kubectl rollout status` alone is not enough: it trusts the DaemonSet's
+// status, which can say "rolled out" before the pod's Ready condition
+// reaches the API server (seen here: rollout status returned while the pod
+// was still 0/1, its first readiness probe a second later).
+func waitDraindRolledOut(ctx context.Context, t *testing.T, n *realnode.Node) *corev1.Pod {
+	t.Helper()
+	if out, err := n.Kubectl(ctx, "-n", "draind-system", "rollout", "status", "ds/draind", "--timeout=3m"); err != nil {
+		t.Fatalf("waiting for the DaemonSet: %v\n%s", err, out)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	var last string
+	for {
+		ds, err := n.Cluster.Admin.AppsV1().DaemonSets("draind-system").Get(ctx, "draind", metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("reading the DaemonSet: %v", err)
+		}
+		pods, err := n.Cluster.Admin.CoreV1().Pods("draind-system").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=draind"})
+		if err != nil {
+			t.Fatalf("listing draind's pods: %v", err)
+		}
+		var current []corev1.Pod
+		last = ""
+		for _, p := range pods.Items {
+			last += fmt.Sprintf(" %s(phase %s, ready %v, deleting %v, template generation %s)", p.Name, p.Status.Phase, podReady(&p), p.DeletionTimestamp != nil, p.Labels[podTemplateGeneration])
+			if p.DeletionTimestamp == nil && p.Labels[podTemplateGeneration] == ds.Annotations[dsTemplateGeneration] {
+				current = append(current, p)
+			}
+		}
+		if len(current) == 1 && current[0].Status.Phase == corev1.PodRunning && podReady(&current[0]) {
+			return &current[0]
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("draind's DaemonSet rolled out (template generation %s) but no single pod of it is Ready:%s", ds.Annotations[dsTemplateGeneration], last)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 func draindPod(ctx context.Context, t *testing.T, n *realnode.Node) *corev1.Pod {

@@ -521,7 +521,7 @@ func upgrade(ctx context.Context, t *testing.T, n *realnode.Node, spec corev1.Po
 	if err := <-restarted; err != nil {
 		t.Fatalf("restarting draind: %v", err)
 	}
-	after := draindPod(ctx, t, n)
+	after := waitDraindRolledOut(ctx, t, n)
 	if after.UID == before.UID {
 		t.Errorf("draind's pod was not replaced (%s)", after.Name)
 	}
