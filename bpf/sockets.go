@@ -66,9 +66,9 @@ func (d *Datapath) socketAttachments() []attachment {
 }
 
 // afterAttach finishes Attach: without the socket hooks, links of them that
-// an earlier draind pinned are detached (the configuration changed); with
-// them, the instant counting started is recorded unless the maps already
-// hold one.
+// an earlier draind pinned are detached (the configuration changed) and the
+// counts are reset; with them, the instant counting started is recorded
+// unless the maps already hold one.
 func (d *Datapath) afterAttach(linkDir string) error {
 	if !d.sockets {
 		for _, name := range socketAttachNames {
@@ -85,7 +85,7 @@ func (d *Datapath) afterAttach(linkDir string) error {
 				return fmt.Errorf("detaching the %s program (socket hooks are off): %w", name, err)
 			}
 		}
-		return nil
+		return d.resetCounting()
 	}
 	zero := uint32(0)
 	var info sockopsSockInfo
@@ -98,6 +98,30 @@ func (d *Datapath) afterAttach(linkDir string) error {
 	info.CountingSinceNs = uint64(bootNow())
 	if err := d.put(MapSockInfo, d.steer.DraindSockInfo, &zero, &info); err != nil {
 		return fmt.Errorf("recording when connection counting started: %w", err)
+	}
+	return nil
+}
+
+// resetCounting forgets the connection counts and when counting started:
+// while the hooks are off no close is counted, so counts kept across that
+// gap would hold connections that ended in it for ever (a pod never
+// drained). The next draind with the hooks starts counting afresh, and the
+// sock_ops program ignores the close of a socket counted before that.
+func (d *Datapath) resetCounting() error {
+	all, err := d.AllConnections()
+	if err != nil {
+		return err
+	}
+	for a := range all {
+		k := sockopsAddrKey{Addr: addr16(a)}
+		if err := d.del(MapLocalConns, d.steer.DraindLocalConns, &k); err != nil {
+			return fmt.Errorf("resetting connection counts (socket hooks are off): %w", err)
+		}
+	}
+	zero := uint32(0)
+	var info sockopsSockInfo
+	if err := d.put(MapSockInfo, d.steer.DraindSockInfo, &zero, &info); err != nil {
+		return fmt.Errorf("resetting when connection counting started (socket hooks are off): %w", err)
 	}
 	return nil
 }

@@ -172,6 +172,59 @@ func TestPrivilegedSocketCountingStartsAtAttach(t *testing.T) {
 	waitLive(t, f.dp, f.pods[0].IP4, 1)
 }
 
+// TestPrivilegedSocketCountsResetWhenHooksOff: a draind without the socket
+// hooks (--socket-hooks=false) after one with them resets the counts and
+// when counting started. Closes in the hook-less gap go uncounted, so kept
+// counts would hold those connections as live for ever (the pod never
+// drained); the next draind with the hooks counts afresh and ignores the
+// close of a socket counted before the gap.
+func TestPrivilegedSocketCountsResetWhenHooksOff(t *testing.T) {
+	f := newFixtureWith(t, true)
+	sock := startSockHelper(t, f.cli.NS, f.cli.Cgroup)
+	srv1 := netip.AddrPortFrom(f.pods[0].IP4, podPort)
+	open := func(id string) {
+		t.Helper()
+		if r := sock.call(t, sockReq{Op: "tcp_open", Family: "4", Addr: srv1.String(), ID: id}); r.OK != 1 {
+			t.Fatalf("opening %s: %+v", id, r)
+		}
+	}
+	open("old0")
+	open("old1")
+	waitLive(t, f.dp, f.pods[0].IP4, 2)
+
+	must(t, f.dp.Close())
+	f.sockets = false
+	f.load()
+	if c, err := f.dp.Connections(f.pods[0].IP4); err != nil || c != (bpf.ConnCount{}) {
+		t.Errorf("with the socket hooks off the counts are %+v (%v), want none", c, err)
+	}
+	if since, err := f.dp.CountingSince(); err != nil || !since.IsZero() {
+		t.Errorf("with the socket hooks off counting started at %v (%v), want never", since, err)
+	}
+	sock.call(t, sockReq{Op: "close", ID: "old0"}) // in the gap: not seen
+
+	must(t, f.dp.Close())
+	before := time.Now()
+	f.sockets = true
+	f.load()
+	since, err := f.dp.CountingSince()
+	must(t, err)
+	if since.Before(before.Add(-time.Second)) {
+		t.Errorf("counting since %v after the hooks came back at %v", since, before)
+	}
+	open("new0")
+	waitLive(t, f.dp, f.pods[0].IP4, 1)
+	// old1 was counted before the gap: its close must not take new0's place.
+	sock.call(t, sockReq{Op: "close", ID: "old1"})
+	time.Sleep(100 * time.Millisecond) // let any (wrong) decrement land
+	waitLive(t, f.dp, f.pods[0].IP4, 1)
+	if c, err := f.dp.Connections(f.pods[0].IP4); err != nil || c != (bpf.ConnCount{Opened: 1}) {
+		t.Errorf("counts after old1 closed: %+v (%v), want 1 opened, 0 closed", c, err)
+	}
+	sock.call(t, sockReq{Op: "close", ID: "new0"})
+	waitLive(t, f.dp, f.pods[0].IP4, 0)
+}
+
 // TestPrivilegedSocketEndsTCPToGonePod: a client's keep-alive connection to
 // a pod that vanished (no FIN, no RST, packets black-holed) fails with
 // ETIMEDOUT at its next request's first retransmission timeout once the pod

@@ -9,8 +9,10 @@
  *  - counts live connections: each passively established connection is
  *    counted under its local (pod) address in draind_local_conns, and its
  *    close (leaving ESTABLISHED/CLOSE_WAIT) is counted too, once, only for a
- *    socket that was counted (draind_sock_state says so). "Drained" reads
- *    these counts: no conntrack table is needed;
+ *    socket that was counted (draind_sock_state says so) since counting
+ *    last started (draind_sock_info: a draind without the socket hooks
+ *    resets the counts and that instant). "Drained" reads these counts: no
+ *    conntrack table is needed;
  *  - ends client sockets to gone pods: every established socket asks for
  *    the retransmission-timeout callback; when it fires for a socket whose
  *    peer is a gone pod IP (draind_gone_peers), or whose flow conntrack
@@ -168,8 +170,10 @@ static __always_inline void on_state(struct bpf_sock_ops *skops)
 {
 	struct bpf_sock *sk = skops->sk;
 	struct addr_key key = {};
+	struct sock_info *si;
 	struct conn_count *cc;
 	struct sock_state *ss;
+	__u32 zero = 0;
 
 	/* args[0]: old state, args[1]: new state. */
 	if (live_state(skops->args[1]) || !sk)
@@ -180,6 +184,12 @@ static __always_inline void on_state(struct bpf_sock_ops *skops)
 	if (!ss || !(ss->flags & SOCK_COUNTED) || (ss->flags & SOCK_UNCOUNTED))
 		return;
 	ss->flags |= SOCK_UNCOUNTED;
+	/* Counted before counting last (re)started: the hooks were off for a
+	 * while and the counts were reset then (Go), so this socket is not in
+	 * them. */
+	si = bpf_map_lookup_elem(&draind_sock_info, &zero);
+	if (si && ss->since_ns < si->counting_since_ns)
+		return;
 	local_addr(skops, key.addr);
 	cc = bpf_map_lookup_elem(&draind_local_conns, &key);
 	if (cc)
