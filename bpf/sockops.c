@@ -224,9 +224,10 @@ static __always_inline void on_active(struct bpf_sock_ops *skops)
 	struct bpf_sock *sk = skops->sk;
 	struct addr_key peer = {};
 	struct sock_state *ss;
+	__u32 flags = skops->bpf_sock_ops_cb_flags;
 	int by_flow;
 
-	bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_RTO_CB_FLAG);
+	bpf_sock_ops_cb_flags_set(skops, flags | BPF_SOCK_OPS_RTO_CB_FLAG);
 	if ((ns && !ns->gone) || !sk)
 		return;
 	/* A socket is timestamped only if its peer (or flow) is listed gone
@@ -239,6 +240,9 @@ static __always_inline void on_active(struct bpf_sock_ops *skops)
 		return;
 	ss = bpf_sk_storage_get(&draind_sock_state, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
 	if (!ss) {
+		/* It cannot say it is newer than the departure: it never asks
+		 * for the callback that could end it (fail open). */
+		bpf_sock_ops_cb_flags_set(skops, flags & ~BPF_SOCK_OPS_RTO_CB_FLAG);
 		count_sock(SOCK_EV_NO_STORAGE, family_of(skops, peer.addr));
 		return;
 	}
