@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/conntrack"
+	"github.com/draind/draind/k8s"
 	"github.com/draind/draind/test/bed"
 )
 
@@ -209,6 +211,14 @@ func TestPrivilegedSocketVanishedPodEndsClients(t *testing.T) {
 					peers, _, err := e.dp.GoneEntries()
 					return err == nil && len(peers) == 2
 				})
+				// A reconnect through the second VIP must not meet
+				// kube-proxy's stale rule to web-0: the VIP is steered.
+				e.waitFor("the second VIP steered to the live pods", func() bool {
+					dm, err := e.dp.Dump()
+					return err == nil && slices.ContainsFunc(dm.Frontends, func(f bpf.Frontend) bool {
+						return f.Key == bpf.EndpointKey{Addr: vip.Addr(), Port: vip.Port(), Proto: bpf.TCP}
+					})
+				})
 			}
 			time.Sleep(reqTimeout + 2*time.Second) // let the clients live through it
 			for _, id := range []string{"direct", "vip"} {
@@ -271,7 +281,9 @@ func (e *e2e) addVIP(vip netip.AddrPort) error {
 		}
 		n := sl.DeepCopy()
 		n.Name, n.ResourceVersion = "web2-"+strings.ToLower(string(fam)), ""
-		n.Labels = map[string]string{discoveryv1.LabelServiceName: "web2"}
+		// The EndpointSlice controller's, as web's: draind steers a
+		// vanished endpoint only for the slices it trusts.
+		n.Labels = map[string]string{discoveryv1.LabelServiceName: "web2", discoveryv1.LabelManagedBy: k8s.ManagedByController}
 		if _, err := e.client.DiscoveryV1().EndpointSlices("default").Create(ctx, n, metav1.CreateOptions{}); err != nil {
 			return err
 		}
