@@ -4,10 +4,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -29,7 +29,8 @@ import (
 // a steered VIP, a draining pod IP rewritten to the server, a second VIP
 // behind 5,000 kube-proxy-style service rules in the namespace's nat OUTPUT
 // chain, and a second server inside the pods cgroup (what the SYN observer
-// sees). The kernel's BPF run-time statistics are on for the whole run.
+// sees). The kernel's BPF run-time statistics are on unless a benchmark
+// turns them off (setStats).
 type benchBed struct {
 	node        *bed.Node
 	pod         *bed.Pod
@@ -44,6 +45,28 @@ type benchBed struct {
 	vipIPT      netip.AddrPort
 	podSteer    netip.AddrPort // a draining pod IP, rewritten to srv
 	draining    bool
+	stats       io.Closer // the kernel's run-time statistics, while on
+}
+
+// setStats turns the kernel's BPF run-time statistics on or off (as far as
+// this process is concerned: another may hold them on). They cost every
+// program invocation two clock reads, so a wall-clock comparison that must
+// resolve a few hundred ns runs with them off.
+func (bb *benchBed) setStats(b *testing.B, on bool) {
+	b.Helper()
+	switch {
+	case on && bb.stats == nil:
+		c, err := bpf.EnableRunTimeStats()
+		if err != nil {
+			b.Fatal(err)
+		}
+		bb.stats = c
+	case !on && bb.stats != nil:
+		if err := bb.stats.Close(); err != nil {
+			b.Fatalf("turning the BPF run-time statistics off: %v", err)
+		}
+		bb.stats = nil
+	}
 }
 
 func newBenchBed(b *testing.B) *benchBed { return newBenchBedWith(b, false) }
@@ -61,11 +84,9 @@ func newBenchBedWith(b *testing.B, sockets bool) *benchBed {
 	if sockets && !feat.Sockets {
 		b.Skipf("SKIP: kernel cannot run the socket hooks: %s", feat.SocketsMissing)
 	}
-	stats, err := bpf.EnableRunTimeStats()
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { stats.Close() })
+	bb := &benchBed{}
+	bb.setStats(b, true)
+	b.Cleanup(func() { bb.setStats(b, false) })
 	tb, err := bed.New()
 	if err != nil {
 		b.Fatal(err)
@@ -101,7 +122,8 @@ func newBenchBedWith(b *testing.B, sockets bool) *benchBed {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { observed.Kill() })
-	bb := &benchBed{
+	*bb = benchBed{
+		stats:       bb.stats,
 		node:        node,
 		pod:         pod,
 		plainCg:     plainCg,
@@ -303,8 +325,11 @@ type kernelMetric struct {
 	unit string
 }
 
-func reportKernel(b *testing.B, before, after map[string]bpf.ProgramStat, ms []kernelMetric) {
+// reportKernel reports each program's ns per invocation between the
+// snapshots before and after, and returns them in the order of ms.
+func reportKernel(b *testing.B, before, after map[string]bpf.ProgramStat, ms []kernelMetric) []float64 {
 	b.Helper()
+	var out []float64
 	for _, m := range ms {
 		n := after[m.prog].RunCount - before[m.prog].RunCount
 		if n == 0 {
@@ -312,7 +337,9 @@ func reportKernel(b *testing.B, before, after map[string]bpf.ProgramStat, ms []k
 		}
 		d := after[m.prog].RunTime - before[m.prog].RunTime
 		b.ReportMetric(float64(d)/float64(n), m.unit)
+		out = append(out, float64(d)/float64(n))
 	}
+	return out
 }
 
 // connect runs n connect+close from the client, in cgroup cg, to a and
@@ -337,10 +364,12 @@ type connectPath struct {
 	a    netip.AddrPort
 }
 
-// BenchmarkConnect measures TCP connect+close through each path, each one
-// interleaved in short rounds with the no-hook baseline (and hook_steer with
-// iptables_5000) so that machine noise hits both sides alike; it reports the
-// median per-connect time and the median of the per-round ratios. The
+// BenchmarkConnect measures TCP connect+close through each path, in blocks
+// of 1,000 interleaved with the no-hook baseline (and hook_steer with
+// iptables_5000, hook_idle with the empty programs) by the shared harness
+// (interleave_test.go): it reports the median per-connect time and the
+// median of the pair ratios with its confidence interval. The baseline is
+// measured against itself, which shows what the harness resolves. The
 // hooks' own cost, far below that noise, comes from the kernel's run-time
 // statistics of the programs: ns per invocation of connect4 when nothing
 // drains (idle), when something else drains (miss), on a ClusterIP steer
@@ -350,6 +379,7 @@ func BenchmarkConnect(b *testing.B) {
 	bb := newBenchBed(b)
 	hooked := bb.pod.Cgroup
 	baseline := connectPath{"baseline", bb.plainCg, bb.srv}
+	empty := connectPath{"empty_prog", bb.emptyCg, bb.srv}
 	ipt := connectPath{"iptables_5000", bb.plainCg, bb.vipIPT}
 	cases := []struct {
 		path     connectPath
@@ -357,10 +387,10 @@ func BenchmarkConnect(b *testing.B) {
 		draining bool
 		kernel   []kernelMetric
 	}{
-		{baseline, nil, false, nil},
-		{connectPath{"empty_prog", bb.emptyCg, bb.srv}, []connectPath{baseline}, false,
+		{baseline, []connectPath{baseline}, false, nil},
+		{empty, []connectPath{baseline}, false,
 			[]kernelMetric{{"empty_connect4", "empty-ns/invocation"}, {"empty_ingress", "observe-empty-ns/invocation"}}},
-		{connectPath{"hook_idle", hooked, bb.srv}, []connectPath{baseline}, false,
+		{connectPath{"hook_idle", hooked, bb.srv}, []connectPath{baseline, empty}, false,
 			[]kernelMetric{{"connect4", "idle-ns/invocation"}, {"observe_ingress", "observe-idle-ns/invocation"}}},
 		{connectPath{"hook_miss", hooked, bb.srv}, []connectPath{baseline}, true,
 			[]kernelMetric{{"connect4", "miss-ns/invocation"}, {"observe_ingress", "observe-ns/invocation"}}},
@@ -381,34 +411,23 @@ func BenchmarkConnect(b *testing.B) {
 				}
 			}
 			const chunk = 1000
-			rounds := max(b.N/chunk, *benchRounds)
-			var own []float64
-			ratios := make([][]float64, len(c.compare))
-			others := make([][]float64, len(c.compare))
+			paths := append([]connectPath{c.path}, c.compare...)
+			names := make([]string, len(paths))
+			for i, p := range paths {
+				names[i] = p.name
+			}
 			before := bb.programStats(b)
 			b.ResetTimer()
-			for r := 0; r < rounds; r++ {
-				d, err := bb.connect(c.path.cg, c.path.a, chunk)
+			m := measure(max(b.N/chunk, *benchRounds), names, func(i int) float64 {
+				d, err := bb.connect(paths[i].cg, paths[i].a, chunk)
 				if err != nil {
 					b.Fatal(err)
 				}
-				own = append(own, float64(d))
-				for i, o := range c.compare {
-					od, err := bb.connect(o.cg, o.a, chunk)
-					if err != nil {
-						b.Fatal(err)
-					}
-					others[i] = append(others[i], float64(od))
-					ratios[i] = append(ratios[i], float64(d)/float64(od))
-				}
-			}
+				return float64(d)
+			})
 			b.StopTimer()
 			reportKernel(b, before, bb.programStats(b), c.kernel)
-			b.ReportMetric(median(own), "ns/connect")
-			for i, o := range c.compare {
-				b.ReportMetric(median(others[i]), o.name+"-ns/connect")
-				b.ReportMetric(median(ratios[i]), "x-"+o.name)
-			}
+			m.report(b, "ns/connect", "")
 		})
 	}
 }
@@ -422,75 +441,132 @@ type sendPath struct {
 	a    netip.AddrPort
 }
 
-func roundTrips(b *testing.B, p *sockProc, path sendPath, n int) float64 {
-	if err := moveTo(p.cmd.Process.Pid, path.cg); err != nil {
-		b.Fatal(err)
-	}
-	r := p.call(b, sockReq{Op: "bench", Family: "4", Addr: path.a.String(), N: n})
-	return float64(r.Elapsed) / float64(n)
-}
-
 // BenchmarkSendmsg measures UDP request/response round trips (sendto +
-// recvfrom) with no hook (baseline), through the hooks with nothing draining
-// (hook_idle) and with something else draining (hook_miss), and steered to a
-// backend with the reply's source translated back (hook_steer), interleaved
-// with the baseline like BenchmarkConnect; plus the kernel's ns per
-// invocation of sendmsg4 and recvmsg4.
+// recvfrom on unconnected sockets) with no hook (baseline), with empty
+// programs at the same hooks (empty_prog: the cgroup-BPF dispatch's own
+// cost), through the hooks with nothing draining (hook_idle) and with
+// something else draining (hook_miss), and steered to a backend with the
+// reply's source translated back (hook_steer). Each path has its own
+// socket, created in its cgroup; one process on one thread takes turns
+// between them round trip by round trip (interleave: A B B A ...), so that
+// the machine's noise hits every path alike. Each block of
+// -bench.udp.datagrams round trips per path gives a ratio of the paths'
+// mean round trips (x-...) and one of their medians (p50-x-...), and the
+// figures are the medians of the blocks' ratios with their confidence
+// intervals. The hooks add about the same to every round trip, so both
+// ratios see them; the median's is the tighter, as the bursts of other
+// work on a shared machine (a round trip of a millisecond now and then)
+// move a block's mean but hardly its median. The
+// baseline is measured against itself (what the harness resolves) and
+// hook_idle against the empty programs too (x-empty_prog: draind's
+// programs' logic alone). The kernel's run-time statistics give ns per
+// invocation of sendmsg4, recvmsg4 and the ingress observer (which sees the
+// reply), and their sum per round trip (prog-ns/datagram).
 func BenchmarkSendmsg(b *testing.B) {
 	bb := newBenchBed(b)
 	client := startSockHelper(b, bb.pod.NS, bb.plainCg)
 	hooked := bb.pod.Cgroup
 	baseline := sendPath{"baseline", bb.plainCg, bb.srv}
+	empty := sendPath{"empty_prog", bb.emptyCg, bb.srv}
 	cases := []struct {
 		path     sendPath
-		compare  *sendPath
+		compare  []sendPath
 		draining bool
 		kernel   []kernelMetric
 	}{
-		{baseline, nil, false, nil},
-		{sendPath{"empty_prog", bb.emptyCg, bb.srv}, &baseline, false,
-			[]kernelMetric{{"empty_sendmsg4", "sendmsg4-empty-ns/invocation"}, {"empty_recvmsg4", "recvmsg4-empty-ns/invocation"}}},
-		{sendPath{"hook_idle", hooked, bb.srv}, &baseline, false,
-			[]kernelMetric{{"sendmsg4", "sendmsg4-idle-ns/invocation"}, {"recvmsg4", "recvmsg4-idle-ns/invocation"}}},
-		{sendPath{"hook_miss", hooked, bb.srv}, &baseline, true,
-			[]kernelMetric{{"sendmsg4", "sendmsg4-miss-ns/invocation"}, {"recvmsg4", "recvmsg4-miss-ns/invocation"}}},
-		{sendPath{"hook_steer", hooked, bb.vipSteer}, &baseline, true,
-			[]kernelMetric{{"sendmsg4", "sendmsg4-steer-ns/invocation"}, {"recvmsg4", "recvmsg4-steer-ns/invocation"}}},
+		{baseline, []sendPath{baseline}, false, nil},
+		{empty, []sendPath{baseline}, false,
+			[]kernelMetric{{"empty_sendmsg4", "sendmsg4-empty-ns/invocation"}, {"empty_recvmsg4", "recvmsg4-empty-ns/invocation"}, {"empty_ingress", "ingress-empty-ns/invocation"}}},
+		{sendPath{"hook_idle", hooked, bb.srv}, []sendPath{baseline, empty}, false,
+			[]kernelMetric{{"sendmsg4", "sendmsg4-idle-ns/invocation"}, {"recvmsg4", "recvmsg4-idle-ns/invocation"}, {"observe_ingress", "ingress-idle-ns/invocation"}}},
+		{sendPath{"hook_miss", hooked, bb.srv}, []sendPath{baseline}, true,
+			[]kernelMetric{{"sendmsg4", "sendmsg4-miss-ns/invocation"}, {"recvmsg4", "recvmsg4-miss-ns/invocation"}, {"observe_ingress", "ingress-miss-ns/invocation"}}},
+		{sendPath{"hook_steer", hooked, bb.vipSteer}, []sendPath{baseline}, true,
+			[]kernelMetric{{"sendmsg4", "sendmsg4-steer-ns/invocation"}, {"recvmsg4", "recvmsg4-steer-ns/invocation"}, {"observe_ingress", "ingress-steer-ns/invocation"}}},
 	}
 	for _, c := range cases {
 		b.Run(c.path.name, func(b *testing.B) {
 			if bb.draining != c.draining {
 				bb.setDraining(b, c.draining)
 			}
-			const chunk = 1000
-			rounds := max(b.N/chunk, *benchRounds)
-			var own, others, ratios []float64
-			before := bb.programStats(b)
+			paths := append([]sendPath{c.path}, c.compare...)
+			names := make([]string, len(paths))
+			for i, p := range paths {
+				names[i] = p.name
+			}
+			block := func(reverse bool) (mean, p50 []float64) {
+				order := make([]int, len(paths)) // place -> path
+				for k := range order {
+					order[k] = k
+					if reverse {
+						order[k] = len(paths) - 1 - k
+					}
+				}
+				// New sockets for every block: a socket keeps the
+				// cgroup it was created in, and whatever differs
+				// between two sockets (their ports, where they hash)
+				// varies from block to block instead of favouring one
+				// path for the whole run.
+				req := sockReq{Op: "bench", Family: "4", N: *benchDatagrams}
+				for k, i := range order {
+					if err := moveTo(client.cmd.Process.Pid, paths[i].cg); err != nil {
+						b.Fatal(err)
+					}
+					id := fmt.Sprintf("place%d", k)
+					client.call(b, sockReq{Op: "udp_open", Family: "4", ID: id})
+					req.IDs = append(req.IDs, id)
+					req.Addrs = append(req.Addrs, paths[i].a.String())
+				}
+				r := client.call(b, req)
+				if len(r.Paths) != len(paths) {
+					b.Fatalf("bench: %d paths timed, want %d", len(r.Paths), len(paths))
+				}
+				mean, p50 = make([]float64, len(paths)), make([]float64, len(paths))
+				for k, i := range order {
+					mean[i], p50[i] = float64(r.Paths[k].Mean), float64(r.Paths[k].Median)
+				}
+				return mean, p50
+			}
 			b.ResetTimer()
-			for r := 0; r < rounds; r++ {
-				d := roundTrips(b, client, c.path, chunk)
-				own = append(own, d)
-				if c.compare != nil {
-					od := roundTrips(b, client, *c.compare, chunk)
-					others = append(others, od)
-					ratios = append(ratios, d/od)
+			// The programs' own cost, with the kernel's statistics on.
+			bb.setStats(b, true)
+			before := bb.programStats(b)
+			for n := range udpStatBlocks {
+				block(n%2 == 1)
+			}
+			after := bb.programStats(b)
+			var sum float64
+			for _, v := range reportKernel(b, before, after, c.kernel) {
+				sum += v
+			}
+			if len(c.kernel) > 0 {
+				b.ReportMetric(sum, "prog-ns/datagram")
+			}
+			// The wall-clock comparison, with them off.
+			bb.setStats(b, false)
+			before = bb.programStats(b)
+			means, p50s := measureWithin(max(b.N / *benchDatagrams, *benchUDPBlocks), names, block)
+			after = bb.programStats(b)
+			b.StopTimer()
+			bb.setStats(b, true)
+			for _, m := range c.kernel {
+				if after[m.prog].RunTime != before[m.prog].RunTime {
+					b.Logf("the BPF run-time statistics stayed on during the wall-clock blocks (another process holds them on): the ratios include their cost")
+					break
 				}
 			}
-			b.StopTimer()
-			reportKernel(b, before, bb.programStats(b), c.kernel)
-			b.ReportMetric(median(own), "ns/datagram")
-			if c.compare != nil {
-				b.ReportMetric(median(others), "baseline-ns/datagram")
-				b.ReportMetric(median(ratios), "x-baseline")
-			}
+			means.report(b, "ns/datagram", "")
+			p50s.report(b, "p50-ns/datagram", "p50-")
 		})
 	}
 }
 
-var benchRounds = flag.Int("bench.rounds", 15, "rounds of 1,000 per path in BenchmarkConnect and BenchmarkSendmsg (CI runs a short form)")
+// udpStatBlocks blocks of BenchmarkSendmsg measure the programs' own cost,
+// before the wall-clock blocks.
+const udpStatBlocks = 20
 
-func median(v []float64) float64 {
-	s := slices.Clone(v)
-	slices.Sort(s)
-	return s[len(s)/2]
-}
+var (
+	benchRounds    = flag.Int("bench.rounds", 15, "rounds of 1,000 connects per path in BenchmarkConnect (CI runs a short form)")
+	benchUDPBlocks = flag.Int("bench.udp.blocks", 120, "blocks per sub-benchmark in BenchmarkSendmsg (at least; and at least a second)")
+	benchDatagrams = flag.Int("bench.udp.datagrams", 250, "round trips per path in a block of BenchmarkSendmsg")
+)

@@ -92,25 +92,16 @@ func BenchmarkSocketHooks(b *testing.B) {
 			}
 			const chunk = 1000
 			rounds := max(b.N/chunk, 15)
-			var own, others, ratios []float64
+			paths := []connectPath{c.path, baseline} // the baseline against itself: what the harness resolves
 			before := bb.programStats(b)
 			b.ResetTimer()
-			for r := 0; r < rounds; r++ {
-				d, err := bb.connect(c.path.cg, c.path.a, chunk)
+			m := measure(rounds, []string{paths[0].name, paths[1].name}, func(i int) float64 {
+				d, err := bb.connect(paths[i].cg, paths[i].a, chunk)
 				if err != nil {
 					b.Fatal(err)
 				}
-				own = append(own, float64(d))
-				if c.path.name == baseline.name {
-					continue
-				}
-				od, err := bb.connect(baseline.cg, baseline.a, chunk)
-				if err != nil {
-					b.Fatal(err)
-				}
-				others = append(others, float64(od))
-				ratios = append(ratios, float64(d)/float64(od))
-			}
+				return float64(d)
+			})
 			b.StopTimer()
 			after := bb.programStats(b)
 			conns := float64(rounds * chunk)
@@ -128,10 +119,8 @@ func BenchmarkSocketHooks(b *testing.B) {
 					b.ReportMetric(float64(dr)/conns, p+"-ns/connection")
 					b.ReportMetric(float64(dn)/conns, p+"-runs/connection")
 				}
-				b.ReportMetric(median(others), "baseline-ns/connect")
-				b.ReportMetric(median(ratios), "x-baseline")
 			}
-			b.ReportMetric(median(own), "ns/connect")
+			m.report(b, "ns/connect", "")
 		})
 	}
 }

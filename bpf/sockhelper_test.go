@@ -38,6 +38,9 @@ type sockReq struct {
 	// ID names a socket kept between requests (tcp_open, tcp_req, and
 	// connect/exchange on a named UDP socket); "" is the default UDP socket.
 	ID string `json:"id,omitempty"`
+	// IDs and Addrs are the sockets and their destinations of bench.
+	IDs   []string `json:"ids,omitempty"`
+	Addrs []string `json:"addrs,omitempty"`
 	// Timeout bounds a read (SO_RCVTIMEO); 2 s if zero.
 	Timeout time.Duration `json:"timeout,omitempty"`
 }
@@ -49,8 +52,17 @@ type sockResp struct {
 	Sources map[string]int `json:"sources,omitempty"` // answers by the source recvfrom reported
 	Fails   map[string]int `json:"fails,omitempty"`
 	Elapsed time.Duration  `json:"elapsed,omitempty"`
+	// Paths are bench's round-trip times by socket.
+	Paths []pathTime `json:"paths,omitempty"`
 	// Local is the socket's own address (tcp_open, connect).
 	Local string `json:"local,omitempty"`
+}
+
+// pathTime is one path's round trips in a bench request: their mean time
+// and their median.
+type pathTime struct {
+	Mean   time.Duration `json:"mean"`
+	Median time.Duration `json:"median"`
 }
 
 // sockHelperMain runs the helper if this process is one, and exits.
@@ -281,32 +293,86 @@ func (h *sockHelper) handle(req sockReq) sockResp {
 			name, err := fastOpen(req.Family, sa)
 			tallySock(&r, name, "", err)
 		}
-	case "bench": // sendto + recvfrom round trips on a new socket, timed here
-		if h.fd >= 0 {
-			unix.Close(h.fd)
-			h.fd = -1
+	case "udp_open": // a new unconnected UDP socket named req.ID, in the helper's cgroup of now
+		if fd, ok := h.named[req.ID]; ok {
+			unix.Close(fd)
+			delete(h.named, req.ID)
 		}
-		if err := h.socket(req.Family); err != nil {
+		fd, err := newSocket(req.Family, unix.SOCK_DGRAM)
+		if err != nil {
 			return sockResp{Err: err.Error()}
 		}
-		buf := make([]byte, 256)
-		msg := []byte("hi\n")
-		for i := -20; i < n; i++ { // 20 untimed: caches, neighbour entries
-			if i == 0 {
-				start = time.Now()
-			}
-			if err := retry(func() error { return unix.Sendto(h.fd, msg, 0, sa) }); err != nil {
-				return sockResp{Err: err.Error()}
-			}
-			if err := retry(func() error { _, _, err := unix.Recvfrom(h.fd, buf, 0); return err }); err != nil {
-				return sockResp{Err: "recvfrom: " + err.Error()}
-			}
-		}
-		r.OK = n
+		h.named[req.ID] = fd
+		r.OK = 1
+	case "bench": // interleaved sendto + recvfrom round trips, timed here
+		return h.bench(req)
 	default:
 		return sockResp{Err: "unknown op " + req.Op}
 	}
 	r.Elapsed = time.Since(start)
+	return r
+}
+
+// bench times req.N rounds of sendto + recvfrom round trips on the named
+// sockets req.IDs, socket i sending to req.Addrs[i], in the order of the
+// benchmarks' harness (interleave: one round trip per socket, forward then
+// backward), so that the paths take turns at the scale of single round
+// trips and the machine's noise, which comes in bursts far longer than
+// that, hits them alike. Each socket keeps the cgroup it was created in,
+// so one process on one thread times every path. 20 rounds before are not
+// timed (caches, neighbour entries).
+func (h *sockHelper) bench(req sockReq) sockResp {
+	if len(req.IDs) == 0 || len(req.IDs) != len(req.Addrs) {
+		return sockResp{Err: fmt.Sprintf("bench: %d sockets for %d addresses", len(req.IDs), len(req.Addrs))}
+	}
+	fds := make([]int, len(req.IDs))
+	sas := make([]unix.Sockaddr, len(req.IDs))
+	for i, id := range req.IDs {
+		fd, ok := h.named[id]
+		if !ok {
+			return sockResp{Err: "bench: no socket " + id}
+		}
+		ap, err := netip.ParseAddrPort(req.Addrs[i])
+		if err != nil {
+			return sockResp{Err: err.Error()}
+		}
+		if sas[i], err = sockaddrOf(req.Family, ap); err != nil {
+			return sockResp{Err: err.Error()}
+		}
+		fds[i] = fd
+	}
+	buf := make([]byte, 256)
+	msg := []byte("hi\n")
+	var failed error
+	last := time.Now()
+	roundTrip := func(i int) float64 {
+		if failed != nil {
+			return 0
+		}
+		if err := retry(func() error { return unix.Sendto(fds[i], msg, 0, sas[i]) }); err != nil {
+			failed = fmt.Errorf("sendto %s: %w", req.Addrs[i], err)
+		} else if err := retry(func() error { _, _, err := unix.Recvfrom(fds[i], buf, 0); return err }); err != nil {
+			failed = fmt.Errorf("recvfrom after sending to %s: %w", req.Addrs[i], err)
+		}
+		now := time.Now()
+		d := now.Sub(last)
+		last = now
+		return float64(d)
+	}
+	interleave(20, len(fds), roundTrip)
+	last = time.Now()
+	times := interleave(max(req.N, 1), len(fds), roundTrip)
+	if failed != nil {
+		return sockResp{Err: failed.Error()}
+	}
+	r := sockResp{OK: len(times[0])}
+	for _, t := range times {
+		var sum float64
+		for _, d := range t {
+			sum += d
+		}
+		r.Paths = append(r.Paths, pathTime{Mean: time.Duration(sum / float64(len(t))), Median: time.Duration(median(t))})
+	}
 	return r
 }
 
