@@ -446,22 +446,31 @@ type sendPath struct {
 // programs at the same hooks (empty_prog: the cgroup-BPF dispatch's own
 // cost), through the hooks with nothing draining (hook_idle) and with
 // something else draining (hook_miss), and steered to a backend with the
-// reply's source translated back (hook_steer). Each path has its own
-// socket, created in its cgroup; one process on one thread takes turns
-// between them round trip by round trip (interleave: A B B A ...), so that
-// the machine's noise hits every path alike. Each block of
-// -bench.udp.datagrams round trips per path gives a ratio of the paths'
-// mean round trips (x-...) and one of their medians (p50-x-...), and the
-// figures are the medians of the blocks' ratios with their confidence
-// intervals. The hooks add about the same to every round trip, so both
-// ratios see them; the median's is the tighter, as the bursts of other
-// work on a shared machine (a round trip of a millisecond now and then)
-// move a block's mean but hardly its median. The
-// baseline is measured against itself (what the harness resolves) and
-// hook_idle against the empty programs too (x-empty_prog: draind's
-// programs' logic alone). The kernel's run-time statistics give ns per
-// invocation of sendmsg4, recvmsg4 and the ingress observer (which sees the
-// reply), and their sum per round trip (prog-ns/datagram).
+// reply's source translated back (hook_steer).
+//
+// The hooks' cost is a few hundred ns in a round trip of tens of µs, and
+// the noise of a shared machine comes in bursts far longer than a round
+// trip. So the paths take turns round trip by round trip: every block,
+// the helper process makes one socket per path, each in the path's cgroup
+// (a socket keeps the cgroup it was created in; the moves are outside the
+// timed part), then runs -bench.udp.datagrams round trips per path in the
+// order A B B A ... on one thread. Blocks alternate the paths' order (which
+// socket is made first and goes first), and a pair of blocks gives one
+// ratio of the paths' mean round trips (x-...) and one of their medians
+// (p50-x-...); the figures are the medians over the pairs with their 95 %
+// confidence intervals (interleave_test.go). The hooks add about the same
+// to every round trip, so both ratios see them; the median's is the
+// tighter, as a millisecond's stall now and then moves a block's mean but
+// hardly its median. The baseline is measured against itself (what the
+// harness resolves) and hook_idle against the empty programs too
+// (x-empty_prog: draind's programs' logic alone).
+//
+// The wall-clock blocks run with the kernel's run-time statistics off (they
+// cost every invocation two clock reads). 20 blocks before them, with the
+// statistics on, give ns per invocation of sendmsg4, recvmsg4 and the
+// ingress observer (which sees the reply) and their sum per round trip
+// (prog-ns/datagram); each includes those clock reads, the floor that an
+// empty program's figure shows.
 func BenchmarkSendmsg(b *testing.B) {
 	bb := newBenchBed(b)
 	client := startSockHelper(b, bb.pod.NS, bb.plainCg)
