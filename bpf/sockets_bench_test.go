@@ -24,7 +24,7 @@ import (
 func BenchmarkSocketHooks(b *testing.B) {
 	bb := newBenchBedWith(b, true)
 	hooked := bb.pod.Cgroup
-	baseline := connectPath{"baseline", bb.plainCg, bb.srv}
+	baseline := benchPath{"baseline", bb.plainCg, bb.srv}
 	var gone []netip.Addr
 	for i := 0; i < 1000; i++ {
 		gone = append(gone, netip.AddrFrom4([4]byte{10, 244, 200 + byte(i/250), byte(i%250 + 1)}))
@@ -70,15 +70,15 @@ func BenchmarkSocketHooks(b *testing.B) {
 		bb.emptyProgs[name] = p
 	}
 	cases := []struct {
-		path connectPath
+		path benchPath
 		gone bool
 	}{
 		{baseline, false},
-		{connectPath{"empty_progs", floorCg, bb.srv}, false},
-		{connectPath{"active_idle", hooked, bb.srv}, false},
-		{connectPath{"active_gone", hooked, bb.srv}, true},
+		{benchPath{"empty_progs", floorCg, bb.srv}, false},
+		{benchPath{"active_idle", hooked, bb.srv}, false},
+		{benchPath{"active_gone", hooked, bb.srv}, true},
 		// The server of srvObserved runs in the pods cgroup: it accepts.
-		{connectPath{"passive", bb.plainCg, bb.srvObserved}, false},
+		{benchPath{"passive", bb.plainCg, bb.srvObserved}, false},
 	}
 	isGone := false
 	for _, c := range cases {
@@ -92,7 +92,7 @@ func BenchmarkSocketHooks(b *testing.B) {
 			}
 			const chunk = 1000
 			rounds := max(b.N/chunk, 15)
-			paths := []connectPath{c.path, baseline} // the baseline against itself: what the harness resolves
+			paths := []benchPath{c.path, baseline} // the baseline against itself: what the harness resolves
 			before := bb.programStats(b)
 			b.ResetTimer()
 			m := measure(rounds, []string{paths[0].name, paths[1].name}, func(i int) float64 {
