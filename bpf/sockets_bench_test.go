@@ -12,8 +12,9 @@ import (
 )
 
 // BenchmarkSocketHooks measures what the socket hooks (sock_ops, cgroup_skb
-// egress) add to TCP connect+close, interleaved with the no-hook baseline
-// like BenchmarkConnect: the client's own connections with nothing gone
+// egress) add to TCP connect+close, in blocks of 1,000 against the no-hook
+// baseline in A B B A order (measure; the baseline against itself shows
+// what that resolves): the client's own connections with nothing gone
 // (active_idle: the one flag read and callback request per connection) and
 // with gone entries present that do not match (active_gone: a timestamp per
 // connection), and connections a server in the pods cgroup accepts
