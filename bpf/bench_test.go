@@ -4,10 +4,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -29,7 +29,8 @@ import (
 // a steered VIP, a draining pod IP rewritten to the server, a second VIP
 // behind 5,000 kube-proxy-style service rules in the namespace's nat OUTPUT
 // chain, and a second server inside the pods cgroup (what the SYN observer
-// sees). The kernel's BPF run-time statistics are on for the whole run.
+// sees). The kernel's BPF run-time statistics are on unless a benchmark
+// turns them off (setStats).
 type benchBed struct {
 	node        *bed.Node
 	pod         *bed.Pod
@@ -44,6 +45,28 @@ type benchBed struct {
 	vipIPT      netip.AddrPort
 	podSteer    netip.AddrPort // a draining pod IP, rewritten to srv
 	draining    bool
+	stats       io.Closer // the kernel's run-time statistics, while on
+}
+
+// setStats turns the kernel's BPF run-time statistics on or off (as far as
+// this process is concerned: another may hold them on). They cost every
+// program invocation two clock reads, so a wall-clock comparison that must
+// resolve a few hundred ns runs with them off.
+func (bb *benchBed) setStats(b *testing.B, on bool) {
+	b.Helper()
+	switch {
+	case on && bb.stats == nil:
+		c, err := bpf.EnableRunTimeStats()
+		if err != nil {
+			b.Fatal(err)
+		}
+		bb.stats = c
+	case !on && bb.stats != nil:
+		if err := bb.stats.Close(); err != nil {
+			b.Fatalf("turning the BPF run-time statistics off: %v", err)
+		}
+		bb.stats = nil
+	}
 }
 
 func newBenchBed(b *testing.B) *benchBed { return newBenchBedWith(b, false) }
@@ -61,11 +84,9 @@ func newBenchBedWith(b *testing.B, sockets bool) *benchBed {
 	if sockets && !feat.Sockets {
 		b.Skipf("SKIP: kernel cannot run the socket hooks: %s", feat.SocketsMissing)
 	}
-	stats, err := bpf.EnableRunTimeStats()
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { stats.Close() })
+	bb := &benchBed{}
+	bb.setStats(b, true)
+	b.Cleanup(func() { bb.setStats(b, false) })
 	tb, err := bed.New()
 	if err != nil {
 		b.Fatal(err)
@@ -101,7 +122,8 @@ func newBenchBedWith(b *testing.B, sockets bool) *benchBed {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { observed.Kill() })
-	bb := &benchBed{
+	*bb = benchBed{
+		stats:       bb.stats,
 		node:        node,
 		pod:         pod,
 		plainCg:     plainCg,
@@ -303,8 +325,11 @@ type kernelMetric struct {
 	unit string
 }
 
-func reportKernel(b *testing.B, before, after map[string]bpf.ProgramStat, ms []kernelMetric) {
+// reportKernel reports each program's ns per invocation between the
+// snapshots before and after, and returns them in the order of ms.
+func reportKernel(b *testing.B, before, after map[string]bpf.ProgramStat, ms []kernelMetric) []float64 {
 	b.Helper()
+	var out []float64
 	for _, m := range ms {
 		n := after[m.prog].RunCount - before[m.prog].RunCount
 		if n == 0 {
@@ -312,7 +337,9 @@ func reportKernel(b *testing.B, before, after map[string]bpf.ProgramStat, ms []k
 		}
 		d := after[m.prog].RunTime - before[m.prog].RunTime
 		b.ReportMetric(float64(d)/float64(n), m.unit)
+		out = append(out, float64(d)/float64(n))
 	}
+	return out
 }
 
 // connect runs n connect+close from the client, in cgroup cg, to a and
@@ -331,45 +358,153 @@ func (bb *benchBed) connect(cg *bed.Cgroup, a netip.AddrPort, n int) (time.Durat
 	return r.Elapsed / time.Duration(n), nil
 }
 
-type connectPath struct {
+// benchPath is one way through the kernel: a socket created in cgroup cg
+// (with draind's hooks, empty programs or none) talking to a.
+type benchPath struct {
 	name string
 	cg   *bed.Cgroup
 	a    netip.AddrPort
 }
 
-// BenchmarkConnect measures TCP connect+close through each path, each one
-// interleaved in short rounds with the no-hook baseline (and hook_steer with
-// iptables_5000) so that machine noise hits both sides alike; it reports the
-// median per-connect time and the median of the per-round ratios. The
-// hooks' own cost, far below that noise, comes from the kernel's run-time
-// statistics of the programs: ns per invocation of connect4 when nothing
-// drains (idle), when something else drains (miss), on a ClusterIP steer
-// and on a pod-IP rewrite, and of the SYN observer on the idle node and on
-// the packets of a draining endpoint.
+// pathBench says how a sub-benchmark of BenchmarkConnect or
+// BenchmarkSendmsg times its paths.
+type pathBench struct {
+	proto      string // "tcp": connect + close; "udp": sendto + recvfrom round trips
+	n          int    // operations per path in a block
+	statBlocks int    // blocks with the kernel's statistics on
+	// statBlock, if set, times path i in the blocks with the statistics
+	// on instead of the interleaved blocks (BenchmarkConnect: fresh
+	// sockets, one path at a time, as a client connects).
+	statBlock func(i int)
+	blocks    int    // wall-clock blocks (at least; see measureWithin)
+	unit      string // of the time per operation: "ns/connect", "ns/datagram"
+	progUnit  string // if set, the sum of the kernel metrics is reported under it
+}
+
+// comparePaths times paths[0] against each other path through the socket
+// helper client and reports the figures. Every block, the helper makes each
+// path's sockets in the path's cgroup (a socket keeps the cgroup it was
+// created in; the moves are not timed) and runs pb.n operations per path in
+// the order A B B A ... (interleave); blocks alternate the paths' order
+// (which sockets are made first and go first), and a pair of blocks gives
+// one ratio (measureWithin). First pb.statBlocks blocks with the kernel's
+// run-time statistics on give the kernel metrics; then the wall-clock
+// blocks run with them off (they add two clock reads to every invocation).
+func (bb *benchBed) comparePaths(b *testing.B, client *sockProc, pb pathBench, paths []benchPath, kernel []kernelMetric) {
+	b.Helper()
+	names := make([]string, len(paths))
+	for i, p := range paths {
+		names[i] = p.name
+	}
+	block := func(reverse bool) (mean, p50 []float64) {
+		order := make([]int, len(paths)) // place -> path
+		for k := range order {
+			order[k] = k
+			if reverse {
+				order[k] = len(paths) - 1 - k
+			}
+		}
+		// New sockets for every block, so that whatever differs between
+		// two sockets (their ports, where they hash) varies from block to
+		// block instead of favouring one path for the whole run.
+		req := sockReq{Op: "bench", Proto: pb.proto, Family: "4", N: pb.n}
+		for k, i := range order {
+			if err := moveTo(client.cmd.Process.Pid, paths[i].cg); err != nil {
+				b.Fatal(err)
+			}
+			id := fmt.Sprintf("place%d", k)
+			if pb.proto == "tcp" {
+				client.call(b, sockReq{Op: "tcp_pool", ID: id, N: 20 + pb.n})
+			} else {
+				client.call(b, sockReq{Op: "udp_open", Family: "4", ID: id})
+			}
+			req.IDs = append(req.IDs, id)
+			req.Addrs = append(req.Addrs, paths[i].a.String())
+		}
+		r := client.call(b, req)
+		if len(r.Paths) != len(paths) {
+			b.Fatalf("bench: %d paths timed, want %d", len(r.Paths), len(paths))
+		}
+		mean, p50 = make([]float64, len(paths)), make([]float64, len(paths))
+		for k, i := range order {
+			mean[i], p50[i] = float64(r.Paths[k].Mean), float64(r.Paths[k].Median)
+		}
+		return mean, p50
+	}
+	b.ResetTimer()
+	bb.setStats(b, true)
+	before := bb.programStats(b)
+	if pb.statBlock != nil {
+		interleave(pb.statBlocks, len(paths), func(i int) float64 { pb.statBlock(i); return 0 })
+	} else {
+		for n := range pb.statBlocks {
+			block(n%2 == 1)
+		}
+	}
+	after := bb.programStats(b)
+	var sum float64
+	for _, v := range reportKernel(b, before, after, kernel) {
+		sum += v
+	}
+	if pb.progUnit != "" && len(kernel) > 0 {
+		b.ReportMetric(sum, pb.progUnit)
+	}
+	bb.setStats(b, false)
+	before = bb.programStats(b)
+	means, p50s := measureWithin(max(b.N/pb.n, pb.blocks), names, block)
+	after = bb.programStats(b)
+	b.StopTimer()
+	bb.setStats(b, true)
+	for _, m := range kernel {
+		if after[m.prog].RunTime != before[m.prog].RunTime {
+			b.Logf("the BPF run-time statistics stayed on during the wall-clock blocks (another process holds them on): the ratios include their cost")
+			break
+		}
+	}
+	means.report(b, pb.unit, "")
+	p50s.report(b, "p50-"+pb.unit, "p50-")
+}
+
+// BenchmarkConnect measures TCP connect+close through each path against
+// the no-hook baseline (and hook_steer against iptables_5000 too, hook_idle
+// against the empty programs) with comparePaths: connects of the paths take
+// turns one by one (connect + close of sockets made in the path's cgroup
+// before the block; making them is not timed), and the figures are the
+// medians of the ratios of pairs of blocks, of the mean connect (x-...) and
+// of the median one (p50-x-...), with their 95 % confidence intervals. The
+// baseline is measured against itself, which shows what the harness
+// resolves. The hooks' own cost comes from the kernel's run-time
+// statistics of the programs over -bench.rounds rounds of 1,000 connects
+// per path, each on a fresh socket: ns per invocation of connect4 when
+// nothing drains (idle), when something else drains (miss), on a ClusterIP
+// steer and on a pod-IP rewrite, and of the SYN observer on the idle node
+// and on the packets of a draining endpoint.
 func BenchmarkConnect(b *testing.B) {
 	bb := newBenchBed(b)
+	client := startSockHelper(b, bb.pod.NS, bb.plainCg)
 	hooked := bb.pod.Cgroup
-	baseline := connectPath{"baseline", bb.plainCg, bb.srv}
-	ipt := connectPath{"iptables_5000", bb.plainCg, bb.vipIPT}
+	baseline := benchPath{"baseline", bb.plainCg, bb.srv}
+	empty := benchPath{"empty_prog", bb.emptyCg, bb.srv}
+	ipt := benchPath{"iptables_5000", bb.plainCg, bb.vipIPT}
 	cases := []struct {
-		path     connectPath
-		compare  []connectPath
+		path     benchPath
+		compare  []benchPath
 		draining bool
 		kernel   []kernelMetric
 	}{
-		{baseline, nil, false, nil},
-		{connectPath{"empty_prog", bb.emptyCg, bb.srv}, []connectPath{baseline}, false,
+		{baseline, []benchPath{baseline}, false, nil},
+		{empty, []benchPath{baseline}, false,
 			[]kernelMetric{{"empty_connect4", "empty-ns/invocation"}, {"empty_ingress", "observe-empty-ns/invocation"}}},
-		{connectPath{"hook_idle", hooked, bb.srv}, []connectPath{baseline}, false,
+		{benchPath{"hook_idle", hooked, bb.srv}, []benchPath{baseline, empty}, false,
 			[]kernelMetric{{"connect4", "idle-ns/invocation"}, {"observe_ingress", "observe-idle-ns/invocation"}}},
-		{connectPath{"hook_miss", hooked, bb.srv}, []connectPath{baseline}, true,
+		{benchPath{"hook_miss", hooked, bb.srv}, []benchPath{baseline}, true,
 			[]kernelMetric{{"connect4", "miss-ns/invocation"}, {"observe_ingress", "observe-ns/invocation"}}},
-		{connectPath{"hook_steer", hooked, bb.vipSteer}, []connectPath{baseline, ipt}, true,
+		{benchPath{"hook_steer", hooked, bb.vipSteer}, []benchPath{baseline, ipt}, true,
 			[]kernelMetric{{"connect4", "clusterip-ns/invocation"}}},
-		{connectPath{"hook_podip", hooked, bb.podSteer}, []connectPath{baseline}, true,
+		{benchPath{"hook_podip", hooked, bb.podSteer}, []benchPath{baseline}, true,
 			[]kernelMetric{{"connect4", "podip-ns/invocation"}}},
-		{ipt, []connectPath{baseline}, true, nil},
-		{connectPath{"observe_draining", bb.plainCg, bb.srvObserved}, []connectPath{baseline}, true,
+		{ipt, []benchPath{baseline}, true, nil},
+		{benchPath{"observe_draining", bb.plainCg, bb.srvObserved}, []benchPath{baseline}, true,
 			[]kernelMetric{{"observe_ingress", "observe-draining-ns/invocation"}}},
 	}
 	for _, c := range cases {
@@ -380,117 +515,80 @@ func BenchmarkConnect(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			const chunk = 1000
-			rounds := max(b.N/chunk, *benchRounds)
-			var own []float64
-			ratios := make([][]float64, len(c.compare))
-			others := make([][]float64, len(c.compare))
-			before := bb.programStats(b)
-			b.ResetTimer()
-			for r := 0; r < rounds; r++ {
-				d, err := bb.connect(c.path.cg, c.path.a, chunk)
-				if err != nil {
+			paths := append([]benchPath{c.path}, c.compare...)
+			// The kernel figures come from rounds of 1,000 connects per
+			// path, each on a socket made just before (the pooled sockets
+			// of the interleaved blocks are made long before they
+			// connect, and the programs' figures rise with them cold).
+			statBlock := func(i int) {
+				if _, err := bb.connect(paths[i].cg, paths[i].a, 1000); err != nil {
 					b.Fatal(err)
 				}
-				own = append(own, float64(d))
-				for i, o := range c.compare {
-					od, err := bb.connect(o.cg, o.a, chunk)
-					if err != nil {
-						b.Fatal(err)
-					}
-					others[i] = append(others[i], float64(od))
-					ratios[i] = append(ratios[i], float64(d)/float64(od))
-				}
 			}
-			b.StopTimer()
-			reportKernel(b, before, bb.programStats(b), c.kernel)
-			b.ReportMetric(median(own), "ns/connect")
-			for i, o := range c.compare {
-				b.ReportMetric(median(others[i]), o.name+"-ns/connect")
-				b.ReportMetric(median(ratios[i]), "x-"+o.name)
-			}
+			pb := pathBench{proto: "tcp", n: 100, statBlocks: *benchRounds, statBlock: statBlock, blocks: *benchConnectBlocks, unit: "ns/connect"}
+			bb.comparePaths(b, client, pb, paths, c.kernel)
 		})
 	}
 }
 
-// sendPath is a UDP request/response path: sendto + recvfrom on an
-// unconnected socket (as musl's resolver does), from a socket created in
-// cgroup cg.
-type sendPath struct {
-	name string
-	cg   *bed.Cgroup
-	a    netip.AddrPort
-}
-
-func roundTrips(b *testing.B, p *sockProc, path sendPath, n int) float64 {
-	if err := moveTo(p.cmd.Process.Pid, path.cg); err != nil {
-		b.Fatal(err)
-	}
-	r := p.call(b, sockReq{Op: "bench", Family: "4", Addr: path.a.String(), N: n})
-	return float64(r.Elapsed) / float64(n)
-}
-
 // BenchmarkSendmsg measures UDP request/response round trips (sendto +
-// recvfrom) with no hook (baseline), through the hooks with nothing draining
-// (hook_idle) and with something else draining (hook_miss), and steered to a
-// backend with the reply's source translated back (hook_steer), interleaved
-// with the baseline like BenchmarkConnect; plus the kernel's ns per
-// invocation of sendmsg4 and recvmsg4.
+// recvfrom on unconnected sockets) with no hook (baseline), with empty
+// programs at the same hooks (empty_prog: the cgroup-BPF dispatch's own
+// cost), through the hooks with nothing draining (hook_idle) and with
+// something else draining (hook_miss), and steered to a backend with the
+// reply's source translated back (hook_steer).
+//
+// The hooks cost a few hundred ns in a round trip of tens of µs, and the
+// noise of a shared machine comes in bursts far longer than a round trip,
+// so comparePaths has the paths take turns round trip by round trip. A
+// pair of blocks gives a ratio of the paths' mean round trips (x-...) and
+// one of their medians (p50-x-...); the figures are the medians over the
+// pairs with their 95 % confidence intervals. The hooks add about the same
+// to every round trip, so both ratios see them; the median's is the
+// tighter, as a millisecond's stall now and then moves a block's mean but
+// hardly its median. The baseline is measured against itself (what the
+// harness resolves) and hook_idle against the empty programs too
+// (x-empty_prog: draind's programs' logic alone). The kernel's statistics
+// give ns per invocation of sendmsg4, recvmsg4 and the ingress observer
+// (which sees the reply) and their sum per round trip (prog-ns/datagram);
+// each includes the statistics' own clock reads, the floor that an empty
+// program's figure shows.
 func BenchmarkSendmsg(b *testing.B) {
 	bb := newBenchBed(b)
 	client := startSockHelper(b, bb.pod.NS, bb.plainCg)
 	hooked := bb.pod.Cgroup
-	baseline := sendPath{"baseline", bb.plainCg, bb.srv}
+	baseline := benchPath{"baseline", bb.plainCg, bb.srv}
+	empty := benchPath{"empty_prog", bb.emptyCg, bb.srv}
 	cases := []struct {
-		path     sendPath
-		compare  *sendPath
+		path     benchPath
+		compare  []benchPath
 		draining bool
 		kernel   []kernelMetric
 	}{
-		{baseline, nil, false, nil},
-		{sendPath{"empty_prog", bb.emptyCg, bb.srv}, &baseline, false,
-			[]kernelMetric{{"empty_sendmsg4", "sendmsg4-empty-ns/invocation"}, {"empty_recvmsg4", "recvmsg4-empty-ns/invocation"}}},
-		{sendPath{"hook_idle", hooked, bb.srv}, &baseline, false,
-			[]kernelMetric{{"sendmsg4", "sendmsg4-idle-ns/invocation"}, {"recvmsg4", "recvmsg4-idle-ns/invocation"}}},
-		{sendPath{"hook_miss", hooked, bb.srv}, &baseline, true,
-			[]kernelMetric{{"sendmsg4", "sendmsg4-miss-ns/invocation"}, {"recvmsg4", "recvmsg4-miss-ns/invocation"}}},
-		{sendPath{"hook_steer", hooked, bb.vipSteer}, &baseline, true,
-			[]kernelMetric{{"sendmsg4", "sendmsg4-steer-ns/invocation"}, {"recvmsg4", "recvmsg4-steer-ns/invocation"}}},
+		{baseline, []benchPath{baseline}, false, nil},
+		{empty, []benchPath{baseline}, false,
+			[]kernelMetric{{"empty_sendmsg4", "sendmsg4-empty-ns/invocation"}, {"empty_recvmsg4", "recvmsg4-empty-ns/invocation"}, {"empty_ingress", "ingress-empty-ns/invocation"}}},
+		{benchPath{"hook_idle", hooked, bb.srv}, []benchPath{baseline, empty}, false,
+			[]kernelMetric{{"sendmsg4", "sendmsg4-idle-ns/invocation"}, {"recvmsg4", "recvmsg4-idle-ns/invocation"}, {"observe_ingress", "ingress-idle-ns/invocation"}}},
+		{benchPath{"hook_miss", hooked, bb.srv}, []benchPath{baseline}, true,
+			[]kernelMetric{{"sendmsg4", "sendmsg4-miss-ns/invocation"}, {"recvmsg4", "recvmsg4-miss-ns/invocation"}, {"observe_ingress", "ingress-miss-ns/invocation"}}},
+		{benchPath{"hook_steer", hooked, bb.vipSteer}, []benchPath{baseline}, true,
+			[]kernelMetric{{"sendmsg4", "sendmsg4-steer-ns/invocation"}, {"recvmsg4", "recvmsg4-steer-ns/invocation"}, {"observe_ingress", "ingress-steer-ns/invocation"}}},
 	}
+	pb := pathBench{proto: "udp", n: *benchDatagrams, statBlocks: 20, blocks: *benchUDPBlocks, unit: "ns/datagram", progUnit: "prog-ns/datagram"}
 	for _, c := range cases {
 		b.Run(c.path.name, func(b *testing.B) {
 			if bb.draining != c.draining {
 				bb.setDraining(b, c.draining)
 			}
-			const chunk = 1000
-			rounds := max(b.N/chunk, *benchRounds)
-			var own, others, ratios []float64
-			before := bb.programStats(b)
-			b.ResetTimer()
-			for r := 0; r < rounds; r++ {
-				d := roundTrips(b, client, c.path, chunk)
-				own = append(own, d)
-				if c.compare != nil {
-					od := roundTrips(b, client, *c.compare, chunk)
-					others = append(others, od)
-					ratios = append(ratios, d/od)
-				}
-			}
-			b.StopTimer()
-			reportKernel(b, before, bb.programStats(b), c.kernel)
-			b.ReportMetric(median(own), "ns/datagram")
-			if c.compare != nil {
-				b.ReportMetric(median(others), "baseline-ns/datagram")
-				b.ReportMetric(median(ratios), "x-baseline")
-			}
+			bb.comparePaths(b, client, pb, append([]benchPath{c.path}, c.compare...), c.kernel)
 		})
 	}
 }
 
-var benchRounds = flag.Int("bench.rounds", 15, "rounds of 1,000 per path in BenchmarkConnect and BenchmarkSendmsg (CI runs a short form)")
-
-func median(v []float64) float64 {
-	s := slices.Clone(v)
-	slices.Sort(s)
-	return s[len(s)/2]
-}
+var (
+	benchRounds        = flag.Int("bench.rounds", 5, "rounds of 1,000 connects per path with the kernel's statistics on in BenchmarkConnect (the kernel figures; CI runs a short form)")
+	benchConnectBlocks = flag.Int("bench.connect.blocks", 40, "blocks of 100 interleaved connects per path per sub-benchmark in BenchmarkConnect (the ratios; at least, and at least a second; CI runs a short form)")
+	benchUDPBlocks     = flag.Int("bench.udp.blocks", 120, "blocks per sub-benchmark in BenchmarkSendmsg (at least; and at least a second)")
+	benchDatagrams     = flag.Int("bench.udp.datagrams", 250, "round trips per path in a block of BenchmarkSendmsg")
+)

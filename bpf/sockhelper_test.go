@@ -38,6 +38,10 @@ type sockReq struct {
 	// ID names a socket kept between requests (tcp_open, tcp_req, and
 	// connect/exchange on a named UDP socket); "" is the default UDP socket.
 	ID string `json:"id,omitempty"`
+	// IDs and Addrs are the sockets and their destinations of bench.
+	IDs   []string `json:"ids,omitempty"`
+	Proto string   `json:"proto,omitempty"` // of bench: "udp" (default) or "tcp"
+	Addrs []string `json:"addrs,omitempty"`
 	// Timeout bounds a read (SO_RCVTIMEO); 2 s if zero.
 	Timeout time.Duration `json:"timeout,omitempty"`
 }
@@ -49,8 +53,17 @@ type sockResp struct {
 	Sources map[string]int `json:"sources,omitempty"` // answers by the source recvfrom reported
 	Fails   map[string]int `json:"fails,omitempty"`
 	Elapsed time.Duration  `json:"elapsed,omitempty"`
+	// Paths are bench's round-trip times by socket.
+	Paths []pathTime `json:"paths,omitempty"`
 	// Local is the socket's own address (tcp_open, connect).
 	Local string `json:"local,omitempty"`
+}
+
+// pathTime is one path's round trips in a bench request: their mean time
+// and their median.
+type pathTime struct {
+	Mean   time.Duration `json:"mean"`
+	Median time.Duration `json:"median"`
 }
 
 // sockHelperMain runs the helper if this process is one, and exits.
@@ -59,7 +72,7 @@ func sockHelperMain() {
 		return
 	}
 	runtime.LockOSThread() // raw syscalls on one thread: nothing but the kernel path is timed
-	h := &sockHelper{fd: -1, named: map[string]int{}}
+	h := &sockHelper{fd: -1, named: map[string]int{}, pools: map[string][]int{}}
 	out := bufio.NewWriter(os.Stdout)
 	send := func(r sockResp) {
 		b, _ := json.Marshal(r)
@@ -82,7 +95,8 @@ func sockHelperMain() {
 type sockHelper struct {
 	fd     int // the persistent UDP socket
 	family string
-	named  map[string]int // sockets by ID
+	named  map[string]int   // sockets by ID
+	pools  map[string][]int // unconnected TCP sockets by ID (tcp_pool), for bench
 }
 
 func sockaddrOf(family string, ap netip.AddrPort) (unix.Sockaddr, error) {
@@ -281,32 +295,136 @@ func (h *sockHelper) handle(req sockReq) sockResp {
 			name, err := fastOpen(req.Family, sa)
 			tallySock(&r, name, "", err)
 		}
-	case "bench": // sendto + recvfrom round trips on a new socket, timed here
-		if h.fd >= 0 {
-			unix.Close(h.fd)
-			h.fd = -1
+	case "udp_open": // a new unconnected UDP socket named req.ID, in the helper's cgroup of now
+		if fd, ok := h.named[req.ID]; ok {
+			unix.Close(fd)
+			delete(h.named, req.ID)
 		}
-		if err := h.socket(req.Family); err != nil {
+		fd, err := newSocket(req.Family, unix.SOCK_DGRAM)
+		if err != nil {
 			return sockResp{Err: err.Error()}
 		}
-		buf := make([]byte, 256)
-		msg := []byte("hi\n")
-		for i := -20; i < n; i++ { // 20 untimed: caches, neighbour entries
-			if i == 0 {
-				start = time.Now()
-			}
-			if err := retry(func() error { return unix.Sendto(h.fd, msg, 0, sa) }); err != nil {
+		h.named[req.ID] = fd
+		r.OK = 1
+	case "tcp_pool": // req.N new TCP sockets named req.ID, in the helper's cgroup of now
+		for _, fd := range h.pools[req.ID] {
+			unix.Close(fd)
+		}
+		delete(h.pools, req.ID)
+		pool := make([]int, 0, n)
+		for range n {
+			fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+			if err != nil {
+				for _, fd := range pool {
+					unix.Close(fd)
+				}
 				return sockResp{Err: err.Error()}
 			}
-			if err := retry(func() error { _, _, err := unix.Recvfrom(h.fd, buf, 0); return err }); err != nil {
-				return sockResp{Err: "recvfrom: " + err.Error()}
-			}
+			// RST on close: no TIME_WAIT pile-up over many thousand runs.
+			unix.SetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
+			pool = append(pool, fd)
 		}
+		h.pools[req.ID] = pool
 		r.OK = n
+	case "bench": // interleaved round trips or connects, timed here
+		return h.bench(req)
 	default:
 		return sockResp{Err: "unknown op " + req.Op}
 	}
 	r.Elapsed = time.Since(start)
+	return r
+}
+
+// bench times req.N rounds of operations on the paths req.IDs, path i
+// going to req.Addrs[i], in the order of the benchmarks' harness
+// (interleave: one operation per path, forward then backward), so that the
+// paths take turns operation by operation and the machine's noise, which
+// comes in bursts far longer than that, hits them alike. The operation is
+// a sendto + recvfrom round trip on the named UDP socket req.IDs[i], or
+// (req.Proto "tcp") a connect + close of the next socket of the pool
+// req.IDs[i] (tcp_pool; 20 + req.N sockets). Each socket keeps the cgroup
+// it was created in, so one process on one thread times every path. 20
+// rounds before are not timed (caches, neighbour entries).
+func (h *sockHelper) bench(req sockReq) sockResp {
+	if len(req.IDs) == 0 || len(req.IDs) != len(req.Addrs) {
+		return sockResp{Err: fmt.Sprintf("bench: %d paths for %d addresses", len(req.IDs), len(req.Addrs))}
+	}
+	const warm = 20
+	n := max(req.N, 1)
+	fds := make([]int, len(req.IDs))
+	pools := make([][]int, len(req.IDs))
+	sas := make([]unix.Sockaddr, len(req.IDs))
+	for i, id := range req.IDs {
+		if req.Proto == "tcp" {
+			if pools[i] = h.pools[id]; len(pools[i]) < warm+n {
+				return sockResp{Err: fmt.Sprintf("bench: pool %s has %d sockets, want %d", id, len(pools[i]), warm+n)}
+			}
+			delete(h.pools, id) // used up: each socket connects once
+		} else {
+			fd, ok := h.named[id]
+			if !ok {
+				return sockResp{Err: "bench: no socket " + id}
+			}
+			fds[i] = fd
+		}
+		ap, err := netip.ParseAddrPort(req.Addrs[i])
+		if err != nil {
+			return sockResp{Err: err.Error()}
+		}
+		if sas[i], err = sockaddrOf(req.Family, ap); err != nil {
+			return sockResp{Err: err.Error()}
+		}
+	}
+	buf := make([]byte, 256)
+	msg := []byte("hi\n")
+	var failed error
+	op := func(i int) error {
+		if req.Proto == "tcp" {
+			fd := pools[i][0]
+			pools[i] = pools[i][1:]
+			defer unix.Close(fd)
+			if err := unix.Connect(fd, sas[i]); err != nil {
+				return fmt.Errorf("connect %s: %w", req.Addrs[i], err)
+			}
+			return nil
+		}
+		if err := retry(func() error { return unix.Sendto(fds[i], msg, 0, sas[i]) }); err != nil {
+			return fmt.Errorf("sendto %s: %w", req.Addrs[i], err)
+		}
+		if err := retry(func() error { _, _, err := unix.Recvfrom(fds[i], buf, 0); return err }); err != nil {
+			return fmt.Errorf("recvfrom after sending to %s: %w", req.Addrs[i], err)
+		}
+		return nil
+	}
+	last := time.Now()
+	timed := func(i int) float64 {
+		if failed == nil {
+			failed = op(i)
+		}
+		now := time.Now()
+		d := now.Sub(last)
+		last = now
+		return float64(d)
+	}
+	interleave(warm, len(req.IDs), timed)
+	last = time.Now()
+	times := interleave(n, len(req.IDs), timed)
+	for _, p := range pools {
+		for _, fd := range p {
+			unix.Close(fd)
+		}
+	}
+	if failed != nil {
+		return sockResp{Err: failed.Error()}
+	}
+	r := sockResp{OK: n}
+	for _, t := range times {
+		var sum float64
+		for _, d := range t {
+			sum += d
+		}
+		r.Paths = append(r.Paths, pathTime{Mean: time.Duration(sum / float64(len(t))), Median: time.Duration(median(t))})
+	}
 	return r
 }
 
