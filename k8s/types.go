@@ -6,8 +6,10 @@
 package k8s
 
 import (
+	"encoding/binary"
 	"math"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -100,35 +102,139 @@ type Slice struct {
 
 	// The endpoints, packed (Len and Endpoint read them): the informer
 	// keeps every endpoint of the cluster, so they hold no pointer (the GC
-	// never scans them) and share one string for their pods' UIDs and
-	// names.
+	// never scans them), their addresses take 4 bytes when the slice is
+	// IPv4 only, their pods' UIDs 16 (binary) when they are the UUIDs the
+	// API server writes, and their pods' names share one copy of their
+	// prefix (a ReplicaSet's or StatefulSet's name) per slice.
 	endpoints []packedEndpoint
-	strs      string
+	addrs     []byte // 4 bytes per endpoint, or 16 when wide
+	wide      bool   // some address is not plain IPv4
+	strs      string // textual UIDs and names' parts
 }
 
-// packedEndpoint is an Endpoint as a Slice stores it: 36 bytes, no
-// pointers.
+// packedEndpoint is an Endpoint as a Slice stores it (less its address):
+// 32 bytes, no pointers.
 type packedEndpoint struct {
-	addr            [16]byte // IPv4 as IPv4-mapped IPv6
-	uid, name       uint32   // offsets in the slice's strs
-	node            uint32   // index in nodeNames (0: none)
-	uidLen, nameLen uint16
-	conds           uint8
-	v4              bool
+	uid            [16]byte // a UUID, binary (uuidUID); else the offset and length of its text in strs
+	node           uint32   // index in nodeNames (0: none)
+	prefix, suffix uint32   // the pod name's two parts: offsets in strs
+	prefixLen      uint16
+	suffixLen      uint16
+	conds          uint8
+	flags          uint8
 }
+
+// packedEndpoint flags.
+const (
+	v4InWide uint8 = 1 << iota // an IPv4 address stored as 16 bytes
+	uuidUID                    // uid holds a UUID, binary
+	textUID                    // uid holds the offset (4 bytes) and length (2) of the UID in strs
+)
 
 // Len returns the number of endpoints.
 func (s *Slice) Len() int { return len(s.endpoints) }
 
-// Endpoint returns endpoint i (0 <= i < Len).
+// Endpoint returns endpoint i (0 <= i < Len). The strings are the slice's
+// own when they are stored whole; a UUID or a name in two parts is put
+// together in one new string.
 func (s *Slice) Endpoint(i int) Endpoint {
 	p := &s.endpoints[i]
-	e := Endpoint{Addr: netip.AddrFrom16(p.addr), Conds: p.conds, Node: nodeNames.name(p.node),
-		PodUID: types.UID(s.strs[p.uid : p.uid+uint32(p.uidLen)]), PodName: s.strs[p.name : p.name+uint32(p.nameLen)]}
-	if p.v4 {
-		e.Addr = e.Addr.Unmap()
+	e := Endpoint{Conds: p.conds, Node: nodeNames.name(p.node)}
+	if s.wide {
+		e.Addr = netip.AddrFrom16([16]byte(s.addrs[16*i:]))
+		if p.flags&v4InWide != 0 {
+			e.Addr = e.Addr.Unmap()
+		}
+	} else {
+		e.Addr = netip.AddrFrom4([4]byte(s.addrs[4*i:]))
+	}
+	prefix := s.strs[p.prefix : p.prefix+uint32(p.prefixLen)]
+	suffix := s.strs[p.suffix : p.suffix+uint32(p.suffixLen)]
+	switch {
+	case p.flags&textUID != 0:
+		off := binary.LittleEndian.Uint32(p.uid[:4])
+		e.PodUID = types.UID(s.strs[off : off+uint32(binary.LittleEndian.Uint16(p.uid[4:6]))])
+	case p.flags&uuidUID == 0:
+	case prefix == "":
+		e.PodUID = types.UID(formatUUID(p.uid))
+	default:
+		// One allocation for both.
+		var b strings.Builder
+		b.Grow(uuidLen + len(prefix) + len(suffix))
+		b.WriteString(formatUUID(p.uid))
+		b.WriteString(prefix)
+		b.WriteString(suffix)
+		all := b.String()
+		e.PodUID, e.PodName = types.UID(all[:uuidLen]), all[uuidLen:]
+		return e
+	}
+	if prefix == "" {
+		e.PodName = suffix
+	} else {
+		e.PodName = prefix + suffix
 	}
 	return e
+}
+
+// uuidLen is the length of a UUID's text.
+const uuidLen = 36
+
+// parseUUID parses the text form the API server writes (lower-case hex,
+// 8-4-4-4-12): only one that formatUUID gives back unchanged.
+func parseUUID(s string) (u [16]byte, ok bool) {
+	if len(s) != uuidLen {
+		return u, false
+	}
+	j := 0
+	for i := 0; i < uuidLen; i++ {
+		if i == 8 || i == 13 || i == 18 || i == 23 {
+			if s[i] != '-' {
+				return u, false
+			}
+			continue
+		}
+		hi, ok1 := lowerHex(s[i])
+		lo, ok2 := lowerHex(s[i+1])
+		if !ok1 || !ok2 {
+			return u, false
+		}
+		u[j] = hi<<4 | lo
+		j++
+		i++
+	}
+	return u, true
+}
+
+func lowerHex(c byte) (byte, bool) {
+	switch {
+	case c >= '0' && c <= '9':
+		return c - '0', true
+	case c >= 'a' && c <= 'f':
+		return c - 'a' + 10, true
+	}
+	return 0, false
+}
+
+func formatUUID(u [16]byte) string {
+	const digits = "0123456789abcdef"
+	var b [uuidLen]byte
+	j := 0
+	for i, v := range u {
+		if i == 4 || i == 6 || i == 8 || i == 10 {
+			b[j] = '-'
+			j++
+		}
+		b[j], b[j+1] = digits[v>>4], digits[v&15]
+		j += 2
+	}
+	return string(b[:])
+}
+
+// splitPodName splits a pod's name after its last '-': what precedes it
+// (its ReplicaSet's or StatefulSet's name) is shared by the slice's pods.
+func splitPodName(name string) (prefix, suffix string) {
+	i := strings.LastIndexByte(name, '-')
+	return name[:i+1], name[i+1:]
 }
 
 // SetEndpoints replaces the endpoints (a slice built by hand, in tests).
@@ -136,26 +242,65 @@ func (s *Slice) Endpoint(i int) Endpoint {
 // are skipped and counted: the API accepts neither.
 func (s *Slice) SetEndpoints(eps []Endpoint) (skipped int) {
 	size := 0
+	s.wide = false
 	for i := range eps {
 		size += len(eps[i].PodUID) + len(eps[i].PodName)
+		s.wide = s.wide || !eps[i].Addr.Is4()
+	}
+	stride := 4
+	if s.wide {
+		stride = 16
 	}
 	var strs strings.Builder
 	strs.Grow(size)
+	put := func(v string) (uint32, uint16) {
+		off := strs.Len()
+		strs.WriteString(v)
+		return uint32(off), uint16(len(v))
+	}
 	s.endpoints = make([]packedEndpoint, 0, len(eps))
+	s.addrs = make([]byte, 0, stride*len(eps))
+	var prefixes []string // distinct, at offsets prefixAt
+	var prefixAt []uint32
 	for i := range eps {
 		e := &eps[i]
 		if e.Addr.Zone() != "" || len(e.PodUID) > math.MaxUint16 || len(e.PodName) > math.MaxUint16 {
 			skipped++
 			continue
 		}
-		p := packedEndpoint{addr: e.Addr.As16(), v4: e.Addr.Is4(), conds: e.Conds, node: nodeNames.index(e.Node),
-			uid: uint32(strs.Len()), uidLen: uint16(len(e.PodUID))}
-		strs.WriteString(string(e.PodUID))
-		p.name, p.nameLen = uint32(strs.Len()), uint16(len(e.PodName))
-		strs.WriteString(e.PodName)
+		p := packedEndpoint{conds: e.Conds, node: nodeNames.index(e.Node)}
+		if s.wide {
+			a := e.Addr.As16()
+			s.addrs = append(s.addrs, a[:]...)
+			if e.Addr.Is4() {
+				p.flags |= v4InWide
+			}
+		} else {
+			a := e.Addr.As4()
+			s.addrs = append(s.addrs, a[:]...)
+		}
+		if u, ok := parseUUID(string(e.PodUID)); ok {
+			p.uid, p.flags = u, p.flags|uuidUID
+		} else if e.PodUID != "" {
+			off, n := put(string(e.PodUID))
+			binary.LittleEndian.PutUint32(p.uid[:4], off)
+			binary.LittleEndian.PutUint16(p.uid[4:6], n)
+			p.flags |= textUID
+		}
+		prefix, suffix := splitPodName(e.PodName)
+		if k := slices.Index(prefixes, prefix); k >= 0 {
+			p.prefix, p.prefixLen = prefixAt[k], uint16(len(prefix))
+		} else {
+			p.prefix, p.prefixLen = put(prefix)
+			if len(prefixes) < 16 { // a slice's pods have a few owners
+				prefixes, prefixAt = append(prefixes, prefix), append(prefixAt, p.prefix)
+			}
+		}
+		p.suffix, p.suffixLen = put(suffix)
 		s.endpoints = append(s.endpoints, p)
 	}
-	s.strs = strs.String()
+	// The strings of the distinct prefixes and the suffixes only.
+	s.strs = strings.Clone(strs.String())
 	return skipped
 }
 

@@ -153,6 +153,54 @@ func TestSliceEndpointsPacked(t *testing.T) {
 	}
 }
 
+// TestSliceEndpointsCompact: the compact forms (binary UUIDs, names split
+// in a shared prefix and a suffix, 4-byte addresses) read back exactly as
+// given, and whatever does not fit them is stored as text.
+func TestSliceEndpointsCompact(t *testing.T) {
+	const uuid = "0f8e2a4c-1b3d-4e5f-9a6b-7c8d9e0fa1b2"
+	in := []Endpoint{
+		{Addr: netip.MustParseAddr("10.0.0.1"), PodUID: uuid, PodName: "web-7d4b9c8f6-x2kq9"},
+		{Addr: netip.MustParseAddr("10.0.0.2"), PodUID: "0F8E2A4C-1B3D-4E5F-9A6B-7C8D9E0FA1B2", PodName: "web-7d4b9c8f6-abcde"}, // upper case: text
+		{Addr: netip.MustParseAddr("10.0.0.3"), PodUID: "0f8e2a4c-1b3d-4e5f-9a6b-7c8d9e0fa1bz", PodName: "web-0"},               // not hex: text
+		{Addr: netip.MustParseAddr("10.0.0.4"), PodUID: "0f8e2a4c+1b3d-4e5f-9a6b-7c8d9e0fa1b2", PodName: "nodash"},              // no dash where due
+		{Addr: netip.MustParseAddr("10.0.0.5"), PodUID: types.UID(uuid[:35]), PodName: "trailing-"},
+		{Addr: netip.MustParseAddr("10.0.0.6"), PodUID: "short", PodName: "-"},
+		{Addr: netip.MustParseAddr("10.0.0.7"), PodName: "no-uid"},
+		{Addr: netip.MustParseAddr("10.0.0.8"), PodUID: uuid},
+		{Addr: netip.MustParseAddr("10.0.0.9")},
+	}
+	// More owners than the shared prefixes are kept for.
+	for i := range 20 {
+		in = append(in, Endpoint{Addr: netip.AddrFrom4([4]byte{10, 1, 0, byte(i)}), Conds: CondReady,
+			PodUID: types.UID(fmt.Sprintf("00000000-0000-0000-0000-%012d", i)), PodName: fmt.Sprintf("owner%d-%d", i, i)})
+	}
+	var s Slice
+	if skipped := s.SetEndpoints(in); skipped != 0 {
+		t.Fatalf("skipped %d", skipped)
+	}
+	if s.wide || len(s.addrs) != 4*len(in) {
+		t.Errorf("IPv4 only: %d address bytes for %d endpoints (wide %v)", len(s.addrs), len(in), s.wide)
+	}
+	for i := range s.Len() {
+		if got := s.Endpoint(i); got != in[i] {
+			t.Errorf("endpoint %d: %+v, want %+v", i, got, in[i])
+		}
+	}
+	if got := s.endpoints[0].flags & (uuidUID | textUID); got != uuidUID {
+		t.Errorf("an API server's UUID not stored binary: flags %b", got)
+	}
+	if got := s.endpoints[1].flags & (uuidUID | textUID); got != textUID {
+		t.Errorf("an upper-case UUID not stored as text: flags %b", got)
+	}
+	// The two pods of one ReplicaSet share its name's copy.
+	if strings.Count(s.strs, "web-7d4b9c8f6-") != 1 {
+		t.Errorf("prefix stored %d times in %q", strings.Count(s.strs, "web-7d4b9c8f6-"), s.strs)
+	}
+	if strings.Contains(s.strs, uuid) {
+		t.Errorf("a UUID stored as text: %q", s.strs)
+	}
+}
+
 // TestNodeNumbersConcurrent: slices are converted on several informer
 // goroutines while the model reads others (run with -race).
 func TestNodeNumbersConcurrent(t *testing.T) {
