@@ -409,6 +409,10 @@ func writeHeapProfile(b *testing.B, path string) {
 		b.Fatal(err)
 	}
 	defer f.Close()
+	// The profile is as of the last GC that completed before the one
+	// before it: two more make it the live heap's.
+	runtime.GC()
+	runtime.GC()
 	if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
 		b.Fatal(err)
 	}

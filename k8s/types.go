@@ -55,7 +55,7 @@ func protocolOf(p corev1.Protocol) (bpf.Protocol, bool) {
 
 // Service is the slim form of a core/v1 Service.
 type Service struct {
-	metav1.ObjectMeta
+	Meta
 	// ClusterIPs of a ClusterIP, NodePort or LoadBalancer Service; empty
 	// for headless and ExternalName Services.
 	ClusterIPs []netip.Addr
@@ -90,7 +90,7 @@ const (
 
 // Slice is the slim form of a discovery/v1 EndpointSlice.
 type Slice struct {
-	metav1.ObjectMeta
+	Meta
 	Service string // the kubernetes.io/service-name label
 	// Controller: the EndpointSlice controller manages it (its managed-by
 	// label). Together with a selector on the Service this is the
@@ -365,24 +365,10 @@ func (p *Pod) KilledWithoutGrace() bool {
 	return p.DeletionTimestamp != nil && p.DeletionGracePeriodSeconds != nil && *p.DeletionGracePeriodSeconds == 0
 }
 
-// slimMeta keeps the identity of an object and nothing else. Its strings
-// are copied into one allocation: the decoded ones sit among the garbage of
-// the decoding, and a few long-lived strings pin whole spans of it.
+// slimMeta keeps the identity of an object and nothing else (see metaOf).
 func slimMeta(m *metav1.ObjectMeta) metav1.ObjectMeta {
-	var b strings.Builder
-	b.Grow(len(m.Name) + len(m.Namespace) + len(m.UID) + len(m.ResourceVersion))
-	keep := func(v string) string {
-		start := b.Len()
-		b.WriteString(v) // within the capacity grown: never moves
-		return b.String()[start:]
-	}
-	return metav1.ObjectMeta{
-		Name:              keep(m.Name),
-		Namespace:         keep(m.Namespace),
-		UID:               types.UID(keep(string(m.UID))),
-		ResourceVersion:   keep(m.ResourceVersion),
-		DeletionTimestamp: m.DeletionTimestamp,
-	}
+	meta := metaOf(m)
+	return meta.ObjectMeta()
 }
 
 // nodeTable numbers node names: a cluster has hundreds of nodes, its
@@ -431,7 +417,7 @@ var nodeNames nodeTable
 // SliceFrom converts an EndpointSlice. ok is false for slices draind ignores
 // (FQDN, no service label). Malformed addresses are skipped, never fatal.
 func SliceFrom(s *discoveryv1.EndpointSlice) (sl *Slice, skipped int) {
-	out := &Slice{ObjectMeta: slimMeta(&s.ObjectMeta), Service: s.Labels[discoveryv1.LabelServiceName],
+	out := &Slice{Meta: metaOf(&s.ObjectMeta), Service: s.Labels[discoveryv1.LabelServiceName],
 		Controller: s.Labels[discoveryv1.LabelManagedBy] == ManagedByController}
 	switch s.AddressType {
 	case discoveryv1.AddressTypeIPv4:
@@ -508,7 +494,7 @@ func SliceFrom(s *discoveryv1.EndpointSlice) (sl *Slice, skipped int) {
 // ServiceFrom converts a Service. Unparseable cluster IPs are skipped.
 func ServiceFrom(s *corev1.Service) (*Service, int) {
 	out := &Service{
-		ObjectMeta:         slimMeta(&s.ObjectMeta),
+		Meta:               metaOf(&s.ObjectMeta),
 		AffinityClientIP:   s.Spec.SessionAffinity == corev1.ServiceAffinityClientIP,
 		InternalLocal:      s.Spec.InternalTrafficPolicy != nil && *s.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal,
 		PodIPSteering:      s.Annotations[AnnotationPodIPSteering],

@@ -42,8 +42,8 @@ func TestSliceFrom(t *testing.T) {
 	if skipped != 4 {
 		t.Errorf("skipped %d, want 4 (a bad port, three bad endpoints)", skipped)
 	}
-	if sl.Service != "web" || sl.Family != IPv4 || sl.Name != "web-1" || sl.ResourceVersion != "7" || sl.Labels != nil {
-		t.Errorf("slim slice %+v", sl.ObjectMeta)
+	if sl.Service != "web" || sl.Family != IPv4 || sl.Name != "web-1" || sl.ResourceVersion != "7" {
+		t.Errorf("slim slice %+v", sl.Meta)
 	}
 	wantPorts := []SlicePort{{"http", 8080, bpf.TCP}, {"dns", 53, bpf.UDP}}
 	if !slices.Equal(sl.Ports, wantPorts) {

@@ -1,0 +1,86 @@
+package k8s
+
+import (
+	"strings"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// Meta is the metadata draind keeps of a cached Slice or Service: its
+// identity and version. metav1.ObjectMeta is some 250 bytes however little
+// it holds, and the informers keep one per Service and slice of the
+// cluster.
+//
+// *Meta is a metav1.Object so that the informers' stores key it like any
+// API object. As the interface allows for fields an object does not
+// support, the others read as empty and setting them does nothing.
+type Meta struct {
+	Name, Namespace   string
+	UID               types.UID
+	ResourceVersion   string
+	DeletionTimestamp *metav1.Time
+}
+
+var _ metav1.Object = (*Meta)(nil)
+
+// metaOf keeps the identity of an object. Its strings are copied into one
+// allocation: the decoded ones sit among the garbage of the decoding, and a
+// few long-lived strings pin whole spans of it.
+func metaOf(m *metav1.ObjectMeta) Meta {
+	var b strings.Builder
+	b.Grow(len(m.Name) + len(m.Namespace) + len(m.UID) + len(m.ResourceVersion))
+	keep := func(v string) string {
+		start := b.Len()
+		b.WriteString(v) // within the capacity grown: never moves
+		return b.String()[start:]
+	}
+	return Meta{
+		Name:              keep(m.Name),
+		Namespace:         keep(m.Namespace),
+		UID:               types.UID(keep(string(m.UID))),
+		ResourceVersion:   keep(m.ResourceVersion),
+		DeletionTimestamp: m.DeletionTimestamp,
+	}
+}
+
+// ObjectMeta returns the metadata as an API object's.
+func (m *Meta) ObjectMeta() metav1.ObjectMeta {
+	return metav1.ObjectMeta{Name: m.Name, Namespace: m.Namespace, UID: m.UID, ResourceVersion: m.ResourceVersion,
+		DeletionTimestamp: m.DeletionTimestamp}
+}
+
+func (m *Meta) GetNamespace() string                  { return m.Namespace }
+func (m *Meta) SetNamespace(v string)                 { m.Namespace = v }
+func (m *Meta) GetName() string                       { return m.Name }
+func (m *Meta) SetName(v string)                      { m.Name = v }
+func (m *Meta) GetUID() types.UID                     { return m.UID }
+func (m *Meta) SetUID(v types.UID)                    { m.UID = v }
+func (m *Meta) GetResourceVersion() string            { return m.ResourceVersion }
+func (m *Meta) SetResourceVersion(v string)           { m.ResourceVersion = v }
+func (m *Meta) GetDeletionTimestamp() *metav1.Time    { return m.DeletionTimestamp }
+func (m *Meta) SetDeletionTimestamp(v *metav1.Time)   { m.DeletionTimestamp = v }
+func (m *Meta) GetGenerateName() string               { return "" }
+func (m *Meta) SetGenerateName(string)                {}
+func (m *Meta) GetGeneration() int64                  { return 0 }
+func (m *Meta) SetGeneration(int64)                   {}
+func (m *Meta) GetSelfLink() string                   { return "" }
+func (m *Meta) SetSelfLink(string)                    {}
+func (m *Meta) GetCreationTimestamp() metav1.Time     { return metav1.Time{} }
+func (m *Meta) SetCreationTimestamp(metav1.Time)      {}
+func (m *Meta) GetDeletionGracePeriodSeconds() *int64 { return nil }
+func (m *Meta) SetDeletionGracePeriodSeconds(*int64)  {}
+func (m *Meta) GetLabels() map[string]string          { return nil }
+func (m *Meta) SetLabels(map[string]string)           {}
+func (m *Meta) GetAnnotations() map[string]string     { return nil }
+func (m *Meta) SetAnnotations(map[string]string)      {}
+func (m *Meta) GetFinalizers() []string               { return nil }
+func (m *Meta) SetFinalizers([]string)                {}
+func (m *Meta) GetOwnerReferences() []metav1.OwnerReference {
+	return nil
+}
+func (m *Meta) SetOwnerReferences([]metav1.OwnerReference) {}
+func (m *Meta) GetManagedFields() []metav1.ManagedFieldsEntry {
+	return nil
+}
+func (m *Meta) SetManagedFields([]metav1.ManagedFieldsEntry) {}
