@@ -275,6 +275,7 @@ func benchClusterScale(b *testing.B, perService int, stream bool, encoding strin
 	runtime.GC()
 	debug.FreeOSMemory()
 	baseRSS := float64(procStatusKB("VmRSS")) / 1024
+	baseClasses := memoryClasses()
 	// Peak RSS from here on (Linux: 5 resets VmHWM to the current RSS).
 	if err := os.WriteFile("/proc/self/clear_refs", []byte("5"), 0); err != nil {
 		b.Logf("peak RSS includes what ran before: %v", err)
@@ -321,6 +322,10 @@ func benchClusterScale(b *testing.B, perService int, stream bool, encoding strin
 	}
 	ready := time.Now()
 	b.StopTimer()
+	if os.Getenv("PERF2_DEBUG") != "" {
+		runtime.GC()
+		b.Logf("at Ready: live heap %.1f MB, RSS %.1f MB, %s", liveHeapMB(), float64(procStatusKB("VmRSS"))/1024, memoryClasses())
+	}
 	// The churn starts the moment draind is Ready: the first second after
 	// a restart must be like the rest.
 	mu.Lock()
@@ -382,7 +387,7 @@ func benchClusterScale(b *testing.B, perService int, stream bool, encoding strin
 	b.ReportMetric(rssGCMB, "rss-gc-MB")
 	b.ReportMetric(peakMB, "peak-rss-MB")
 	b.ReportMetric(float64(dp.drainCount()), "drains")
-	b.Logf("%d endpoints; RSS before the informers %.1f MB; %d datapath ops; after the GC: %s", endpoints, baseRSS, dp.opCount(), memoryClasses())
+	b.Logf("%d endpoints; RSS before the informers %.1f MB (%s); %d datapath ops; after the GC: %s", endpoints, baseRSS, baseClasses, dp.opCount(), memoryClasses())
 }
 
 // memoryClasses says where the runtime's memory goes (objects, the unused

@@ -58,8 +58,16 @@ type categorized struct {
 	// listed is every endpoint the slices list, with its pod (an endpoint
 	// that is listed again, ready, has not departed).
 	listed listedEndpoints
-	// drainedPods are the listed pods that have a pod drain.
+	// drainedPods are the listed pods that have a pod drain (nil: none;
+	// the model keeps it for every Service with a draining endpoint).
 	drainedPods map[types.UID]struct{}
+}
+
+func (c *categorized) addDrainedPod(uid types.UID) {
+	if c.drainedPods == nil {
+		c.drainedPods = map[types.UID]struct{}{}
+	}
+	c.drainedPods[uid] = struct{}{}
 }
 
 // listedEndpoint is an identified endpoint and its pod.
@@ -114,7 +122,7 @@ func categorize(svc *k8s.Service, sliceList []*k8s.Slice, drains map[types.UID]*
 	for _, sl := range sliceList {
 		n += sl.Len()
 	}
-	out := categorized{drainedPods: map[types.UID]struct{}{}, listed: make(listedEndpoints, 0, n)}
+	out := categorized{listed: make(listedEndpoints, 0, n)}
 	key := svc.Namespace + "/" + svc.Name
 	raw := make([]oneListing, 0, n)
 	for _, sp := range svc.Ports {
@@ -207,7 +215,7 @@ func listEndpoints(svc *k8s.Service, sl *k8s.Slice, port uint16, drains map[type
 		var pd *podDrain
 		if identified {
 			if pd = drains[e.PodUID]; pd != nil {
-				out.drainedPods[e.PodUID] = struct{}{}
+				out.addDrainedPod(e.PodUID)
 			}
 		}
 		raw = append(raw, oneListing{ap: netip.AddrPortFrom(e.Addr, port), e: e, identified: identified, pd: pd})

@@ -111,7 +111,7 @@ func (m *model) keysOf(uids []types.UID) map[types.UID][]bpf.EndpointKey {
 			ips = d.IPs
 		}
 		for _, ip := range ips {
-			for k := range m.byIP[ip] {
+			for _, k := range m.byIP[ip] {
 				for _, c := range m.contributions[k] {
 					if c.uid == uid && !slices.Contains(keys, k) {
 						keys = append(keys, k)

@@ -156,11 +156,14 @@ type model struct {
 	servicePortIDs map[servicePortKey]bpf.ServicePortID
 	servicePorts   map[bpf.ServicePortID]*servicePort
 	contributions  map[bpf.EndpointKey][]contribution
-	byIP           map[netip.Addr]map[bpf.EndpointKey]struct{}
-	lingering      map[bpf.EndpointKey]*lingerRecord
-	lingerMin      time.Time // earliest linger end (zero: none), a lower bound
-	podDrains      map[types.UID]*podDrain
-	listings       map[types.UID]map[string]struct{} // drained pod -> Services listing it
+	// byIP lists the keys of each IP that have contributions: usually
+	// one or two (a slice of them, not a map: a map costs a group of
+	// eight slots however few it holds).
+	byIP      map[netip.Addr][]bpf.EndpointKey
+	lingering map[bpf.EndpointKey]*lingerRecord
+	lingerMin time.Time // earliest linger end (zero: none), a lower bound
+	podDrains map[types.UID]*podDrain
+	listings  map[types.UID]map[string]struct{} // drained pod -> Services listing it
 	// listedPolicy is the most cautious policy of the Services that listed
 	// a drained pod: its all-ports entries keep it after the pod left them
 	// (a gone headless pod is not refused).
@@ -181,7 +184,7 @@ func newModel(cfg ModelConfig, st State, cl *claims) *model {
 		servicePortIDs:      map[servicePortKey]bpf.ServicePortID{},
 		servicePorts:        map[bpf.ServicePortID]*servicePort{},
 		contributions:       map[bpf.EndpointKey][]contribution{},
-		byIP:                map[netip.Addr]map[bpf.EndpointKey]struct{}{},
+		byIP:                map[netip.Addr][]bpf.EndpointKey{},
 		lingering:           map[bpf.EndpointKey]*lingerRecord{},
 		podDrains:           map[types.UID]*podDrain{},
 		listings:            map[types.UID]map[string]struct{}{},
@@ -447,7 +450,7 @@ func (m *model) servicesListing(uid types.UID, namespace string) []string {
 // claimsChanged voids lingering entries whose IP another pod now owns, and
 // marks every entry of the IP for a re-merge.
 func (m *model) claimsChanged(ip netip.Addr) {
-	for k := range m.byIP[ip] {
+	for _, k := range slices.Clone(m.byIP[ip]) { // clearLinger may remove k
 		m.touch(k)
 		if l := m.lingering[k]; l != nil && m.suppressed(l.c, ip) {
 			m.clearLinger(k)

@@ -273,7 +273,10 @@ func (p *pass) writeBackends(plans []servicePortPlan) {
 			r.retryServicePorts[pl.id] = struct{}{}
 			continue
 		}
-		r.backends[pl.id] = bpf.Backends{Service: pl.id, Backends: slices.Clone(pl.backends.Backends), Expires: pl.backends.Expires}
+		// The set as written is the model's own: the model replaces a
+		// service-port's set, never changes one it handed out, so one copy
+		// serves both (thousands of sets while a large cluster rolls out).
+		r.backends[pl.id] = bpf.Backends{Service: pl.id, Backends: pl.backends.Backends, Expires: pl.backends.Expires}
 	}
 }
 

@@ -222,7 +222,7 @@ func (m *model) withVanished(key string, svc *k8s.Service, cat categorized, now 
 		c.draining = append(c.draining, drainingEndpoint{key: v.key, uid: v.uid, pod: v.pod, reason: ReasonVanished, identified: true})
 		// Listed for this pass: the pod drain's all-ports entries take the
 		// Service's policy into account (a gone headless pod is not refused).
-		cat.drainedPods[v.uid] = struct{}{}
+		cat.addDrainedPod(v.uid)
 		slices.SortFunc(c.draining, func(a, b drainingEndpoint) int { return a.key.Compare(b.key) })
 		m.vanish.revisit[key] = struct{}{}
 		rec := m.vanish.services[v.uid]
