@@ -76,7 +76,7 @@ type servicePort struct {
 	id         bpf.ServicePortID
 	frontends  []bpf.EndpointKey
 	noSteer    bool
-	selectable []netip.AddrPort
+	selectable backendSet
 	refs       int // contributions naming this id
 }
 
@@ -301,7 +301,8 @@ func (m *model) activate(next *serviceResult, c servicePortEndpoints, noSteer bo
 		m.servicePorts[id] = &servicePort{key: c.key, id: id}
 	}
 	sp := m.servicePorts[id]
-	if !slices.Equal(sp.selectable, c.selectable) || !slices.Equal(sp.frontends, c.frontends) || sp.noSteer != noSteer {
+	selectable := packBackends(c.selectable)
+	if sp.selectable != selectable || !slices.Equal(sp.frontends, c.frontends) || sp.noSteer != noSteer {
 		changed = true
 		m.touchedServicePorts[id] = struct{}{}
 		// Policy downgrades of lingering entries depend on selectable.
@@ -311,7 +312,7 @@ func (m *model) activate(next *serviceResult, c servicePortEndpoints, noSteer bo
 			}
 		}
 	}
-	sp.selectable, sp.frontends, sp.noSteer = c.selectable, c.frontends, noSteer
+	sp.selectable, sp.frontends, sp.noSteer = selectable, c.frontends, noSteer
 	next.servicePorts = append(next.servicePorts, servicePortRef{c.key, id})
 	for _, e := range c.draining {
 		since := now
