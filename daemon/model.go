@@ -426,12 +426,13 @@ func (m *model) setPodDrains(next map[types.UID]*podDrain) (changed []*podDrain)
 // servicesListing returns the Services whose slices list a pod.
 func (m *model) servicesListing(uid types.UID, namespace string) []string {
 	set := map[string]struct{}{}
+	pod := k8s.PodKeyOf(uid)
 	for _, sl := range m.state.SlicesInNamespace(namespace) {
 		if sl.Service == "" {
 			continue
 		}
 		for i := range sl.Len() {
-			if sl.Endpoint(i).PodUID == uid {
+			if sl.PodKey(i) == pod {
 				set[sl.Namespace+"/"+sl.Service] = struct{}{}
 				break
 			}

@@ -90,6 +90,7 @@ type servicePortPlan struct {
 	id        bpf.ServicePortID
 	frontends []bpf.Frontend
 	backends  *bpf.Backends // nil: the service-port is not active
+	set       backendSet    // backends packed: the model's own string, kept as written
 }
 
 // staleFrontend is a frontend its service-port no longer wants.
@@ -197,7 +198,11 @@ func (r *reconciler) apply(m *model, now time.Time, full bool) applyResult {
 	plans := make([]servicePortPlan, 0, len(ids))
 	for _, id := range ids {
 		fes, be := m.desiredServicePort(id, now)
-		plans = append(plans, servicePortPlan{id, fes, be})
+		var set backendSet
+		if be != nil {
+			set = m.servicePorts[id].selectable
+		}
+		plans = append(plans, servicePortPlan{id, fes, be, set})
 	}
 	p := &pass{r: r, now: now}
 	p.writeBackends(plans)
@@ -272,15 +277,14 @@ func (p *pass) writeBackends(plans []servicePortPlan) {
 			continue
 		}
 		cur, ok := r.backends[pl.id]
-		set := packBackends(pl.backends.Backends)
-		if ok && cur.set == set && !r.due(cur.expires, pl.backends.Expires, p.now) {
+		if ok && cur.set == pl.set && !r.due(cur.expires, pl.backends.Expires, p.now) {
 			continue
 		}
 		if !p.do(func() string { return fmt.Sprintf("setting backends of service-port %d", pl.id) }, r.dp.SetBackends(*pl.backends)) {
 			r.retryServicePorts[pl.id] = struct{}{}
 			continue
 		}
-		r.backends[pl.id] = appliedBackends{set, pl.backends.Expires}
+		r.backends[pl.id] = appliedBackends{pl.set, pl.backends.Expires}
 	}
 }
 

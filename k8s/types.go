@@ -6,6 +6,8 @@
 package k8s
 
 import (
+	"bytes"
+	"cmp"
 	"encoding/binary"
 	"math"
 	"net/netip"
@@ -174,6 +176,71 @@ func (s *Slice) Endpoint(i int) Endpoint {
 		e.PodName = prefix + suffix
 	}
 	return e
+}
+
+// Addr returns endpoint i's address (no allocation, unlike Endpoint).
+func (s *Slice) Addr(i int) netip.Addr {
+	if s.wide {
+		a := netip.AddrFrom16([16]byte(s.addrs[16*i:]))
+		if s.endpoints[i].flags&v4InWide != 0 {
+			a = a.Unmap()
+		}
+		return a
+	}
+	return netip.AddrFrom4([4]byte(s.addrs[4*i:]))
+}
+
+// HasPod reports whether endpoint i names a pod (a PodUID).
+func (s *Slice) HasPod(i int) bool { return s.endpoints[i].flags&(uuidUID|textUID) != 0 }
+
+// Ready reports whether endpoint i is ready (Endpoint.Ready).
+func (s *Slice) Ready(i int) bool {
+	c := s.endpoints[i].conds
+	return c&CondReady != 0 && c&CondTerminating == 0
+}
+
+// PodKey identifies a pod UID as a slice stores it: two keys are equal
+// exactly when the UIDs are. Comparing them allocates nothing (reading
+// Endpoint's PodUID may).
+type PodKey struct {
+	uuid [16]byte
+	text string
+	kind uint8 // 0: no pod, uuidUID or textUID
+}
+
+// PodKey returns the key of endpoint i's pod.
+func (s *Slice) PodKey(i int) PodKey {
+	p := &s.endpoints[i]
+	switch {
+	case p.flags&uuidUID != 0:
+		return PodKey{uuid: p.uid, kind: uuidUID}
+	case p.flags&textUID != 0:
+		off := binary.LittleEndian.Uint32(p.uid[:4])
+		return PodKey{text: s.strs[off : off+uint32(binary.LittleEndian.Uint16(p.uid[4:6]))], kind: textUID}
+	}
+	return PodKey{}
+}
+
+// PodKeyOf returns the key of a pod UID ("": no pod).
+func PodKeyOf(uid types.UID) PodKey {
+	if u, ok := parseUUID(string(uid)); ok {
+		return PodKey{uuid: u, kind: uuidUID}
+	}
+	if uid == "" {
+		return PodKey{}
+	}
+	return PodKey{text: string(uid), kind: textUID}
+}
+
+// Compare orders keys (any total order consistent with equality).
+func (k PodKey) Compare(o PodKey) int {
+	if c := cmp.Compare(k.kind, o.kind); c != 0 {
+		return c
+	}
+	if c := bytes.Compare(k.uuid[:], o.uuid[:]); c != 0 {
+		return c
+	}
+	return strings.Compare(k.text, o.text)
 }
 
 // uuidLen is the length of a UUID's text.

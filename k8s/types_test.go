@@ -151,6 +151,27 @@ func TestSliceEndpointsPacked(t *testing.T) {
 			t.Errorf("endpoint %d: %+v, want %+v", i, got, in[i])
 		}
 	}
+	checkAccessors(t, &s, in)
+}
+
+// checkAccessors checks the allocation-free accessors against the
+// endpoints the slice was given.
+func checkAccessors(t *testing.T, s *Slice, in []Endpoint) {
+	t.Helper()
+	for i := range s.Len() {
+		if s.Addr(i) != in[i].Addr || s.HasPod(i) != (in[i].PodUID != "") || s.Ready(i) != in[i].Ready() {
+			t.Errorf("endpoint %d: Addr %v HasPod %v Ready %v, want %+v", i, s.Addr(i), s.HasPod(i), s.Ready(i), in[i])
+		}
+		if s.PodKey(i) != PodKeyOf(in[i].PodUID) {
+			t.Errorf("endpoint %d: PodKey %+v, PodKeyOf(%q) %+v", i, s.PodKey(i), in[i].PodUID, PodKeyOf(in[i].PodUID))
+		}
+		for j := range s.Len() {
+			same := in[i].PodUID == in[j].PodUID
+			if (s.PodKey(i) == s.PodKey(j)) != same || (s.PodKey(i).Compare(s.PodKey(j)) == 0) != same {
+				t.Errorf("endpoints %d and %d: equal keys %v, equal UIDs %v", i, j, s.PodKey(i) == s.PodKey(j), same)
+			}
+		}
+	}
 }
 
 // TestSliceEndpointsCompact: the compact forms (binary UUIDs, names split
@@ -186,6 +207,7 @@ func TestSliceEndpointsCompact(t *testing.T) {
 			t.Errorf("endpoint %d: %+v, want %+v", i, got, in[i])
 		}
 	}
+	checkAccessors(t, &s, in)
 	if got := s.endpoints[0].flags & (uuidUID | textUID); got != uuidUID {
 		t.Errorf("an API server's UUID not stored binary: flags %b", got)
 	}
