@@ -3,6 +3,7 @@ package daemon
 import (
 	"net/netip"
 	"slices"
+	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -124,7 +125,14 @@ func categorize(svc *k8s.Service, sliceList []*k8s.Slice, drains map[types.UID]*
 	}
 	out := categorized{listed: make(listedEndpoints, 0, n)}
 	key := svc.Namespace + "/" + svc.Name
-	raw := make([]oneListing, 0, n)
+	// The listings are scratch space, reused from call to call.
+	rp := rawListings.Get().(*[]oneListing)
+	raw := slices.Grow((*rp)[:0], n)
+	defer func() {
+		clear(raw[:cap(raw)]) // no strings kept alive in the pool
+		*rp = raw[:0]
+		rawListings.Put(rp)
+	}()
 	for _, sp := range svc.Ports {
 		for _, fam := range []k8s.Family{k8s.IPv4, k8s.IPv6} {
 			raw = raw[:0]
@@ -184,6 +192,8 @@ func categorize(svc *k8s.Service, sliceList []*k8s.Slice, drains map[types.UID]*
 	out.listed = last
 	return out
 }
+
+var rawListings = sync.Pool{New: func() any { return new([]oneListing) }}
 
 // targetPort is the port a slice of family fam resolves sp to (0: none).
 func targetPort(sl *k8s.Slice, fam k8s.Family, sp k8s.ServicePort) uint16 {

@@ -41,6 +41,8 @@ type claims struct {
 	byIP   ipIndex
 	local  map[netip.Addr]types.UID
 
+	before, after []readyClaim // setSlice's scratch space
+
 	clock     clock.PassiveClock
 	keep      time.Duration // how long a departed host is remembered
 	departed  map[netip.Addr]departedClaim
@@ -167,12 +169,13 @@ func compareReadyClaims(a, b readyClaim) int {
 	return a.pod.Compare(b.pod)
 }
 
-// readyClaims returns the pods s lists ready, by IP, sorted, once each.
-func readyClaims(s *k8s.Slice) []readyClaim {
+// readyClaims appends to out[:0] the pods s lists ready, by IP, sorted,
+// once each.
+func readyClaims(out []readyClaim, s *k8s.Slice) []readyClaim {
+	out = out[:0]
 	if s == nil {
-		return nil
+		return out
 	}
-	var out []readyClaim
 	for i := range s.Len() {
 		if s.HasPod(i) && s.Ready(i) {
 			out = append(out, readyClaim{s.Addr(i), s.PodKey(i)})
@@ -198,7 +201,11 @@ func (c *claims) setSlice(key string, s *k8s.Slice) []netip.Addr {
 	if old == s {
 		return nil
 	}
-	before, after := readyClaims(old), readyClaims(s)
+	// Scratch space reused under mu: every slice event of the cluster
+	// comes here.
+	c.before = readyClaims(c.before, old)
+	c.after = readyClaims(c.after, s)
+	before, after := c.before, c.after
 	switch {
 	case old != nil && s != nil && sameIPs(old, s):
 		// The usual update (conditions changed): the index stays.
