@@ -8,7 +8,7 @@ import (
 )
 
 // Meta is the metadata draind keeps of a cached Slice or Service: its
-// identity and version. metav1.ObjectMeta is some 250 bytes however little
+// name and version (see metaOf). metav1.ObjectMeta is some 250 bytes however little
 // it holds, and the informers keep one per Service and slice of the
 // cluster.
 //
@@ -24,12 +24,18 @@ type Meta struct {
 
 var _ metav1.Object = (*Meta)(nil)
 
-// metaOf keeps the identity of an object. Its strings are copied into one
+// metaOf keeps the identity of an object, its UID only if uid is set:
+// draind never reads the UIDs of Services and slices (it reads their pods'),
+// only those of pods and Leases. Its strings are copied into one
 // allocation: the decoded ones sit among the garbage of the decoding, and a
 // few long-lived strings pin whole spans of it.
-func metaOf(m *metav1.ObjectMeta) Meta {
+func metaOf(m *metav1.ObjectMeta, uid bool) Meta {
+	id := m.UID
+	if !uid {
+		id = ""
+	}
 	var b strings.Builder
-	b.Grow(len(m.Name) + len(m.Namespace) + len(m.UID) + len(m.ResourceVersion))
+	b.Grow(len(m.Name) + len(m.Namespace) + len(id) + len(m.ResourceVersion))
 	keep := func(v string) string {
 		start := b.Len()
 		b.WriteString(v) // within the capacity grown: never moves
@@ -38,7 +44,7 @@ func metaOf(m *metav1.ObjectMeta) Meta {
 	return Meta{
 		Name:              keep(m.Name),
 		Namespace:         keep(m.Namespace),
-		UID:               types.UID(keep(string(m.UID))),
+		UID:               types.UID(keep(string(id))),
 		ResourceVersion:   keep(m.ResourceVersion),
 		DeletionTimestamp: m.DeletionTimestamp,
 	}

@@ -434,7 +434,7 @@ func (p *Pod) KilledWithoutGrace() bool {
 
 // slimMeta keeps the identity of an object and nothing else (see metaOf).
 func slimMeta(m *metav1.ObjectMeta) metav1.ObjectMeta {
-	meta := metaOf(m)
+	meta := metaOf(m, true)
 	return meta.ObjectMeta()
 }
 
@@ -484,7 +484,7 @@ var nodeNames nodeTable
 // SliceFrom converts an EndpointSlice. ok is false for slices draind ignores
 // (FQDN, no service label). Malformed addresses are skipped, never fatal.
 func SliceFrom(s *discoveryv1.EndpointSlice) (sl *Slice, skipped int) {
-	out := &Slice{Meta: metaOf(&s.ObjectMeta), Service: s.Labels[discoveryv1.LabelServiceName],
+	out := &Slice{Meta: metaOf(&s.ObjectMeta, false), Service: s.Labels[discoveryv1.LabelServiceName],
 		Controller: s.Labels[discoveryv1.LabelManagedBy] == ManagedByController}
 	switch s.AddressType {
 	case discoveryv1.AddressTypeIPv4:
@@ -561,7 +561,7 @@ func SliceFrom(s *discoveryv1.EndpointSlice) (sl *Slice, skipped int) {
 // ServiceFrom converts a Service. Unparseable cluster IPs are skipped.
 func ServiceFrom(s *corev1.Service) (*Service, int) {
 	out := &Service{
-		Meta:               metaOf(&s.ObjectMeta),
+		Meta:               metaOf(&s.ObjectMeta, false),
 		AffinityClientIP:   s.Spec.SessionAffinity == corev1.ServiceAffinityClientIP,
 		InternalLocal:      s.Spec.InternalTrafficPolicy != nil && *s.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal,
 		PodIPSteering:      s.Annotations[AnnotationPodIPSteering],
