@@ -322,10 +322,6 @@ func benchClusterScale(b *testing.B, perService int, stream bool, encoding strin
 	}
 	ready := time.Now()
 	b.StopTimer()
-	if os.Getenv("PERF2_DEBUG") != "" {
-		runtime.GC()
-		b.Logf("at Ready: live heap %.1f MB, RSS %.1f MB, %s", liveHeapMB(), float64(procStatusKB("VmRSS"))/1024, memoryClasses())
-	}
 	// The churn starts the moment draind is Ready: the first second after
 	// a restart must be like the rest.
 	mu.Lock()
