@@ -24,30 +24,47 @@ type Meta struct {
 
 var _ metav1.Object = (*Meta)(nil)
 
+// keeper copies the strings a cached object keeps into one allocation: the
+// decoded ones sit among the garbage of the decoding, and a few long-lived
+// strings pin whole spans of it.
+type keeper struct{ b strings.Builder }
+
+// newKeeper returns a keeper for n bytes of strings (more only costs
+// another allocation).
+func newKeeper(n int) *keeper {
+	k := &keeper{}
+	k.b.Grow(n)
+	return k
+}
+
+func (k *keeper) keep(v string) string {
+	if v == "" {
+		return ""
+	}
+	start := k.b.Len()
+	k.b.WriteString(v)
+	return k.b.String()[start:]
+}
+
+// metaSize is the length of the strings metaOf keeps.
+func metaSize(m *metav1.ObjectMeta, uid bool) int {
+	n := len(m.Name) + len(m.Namespace) + len(m.ResourceVersion)
+	if uid {
+		n += len(m.UID)
+	}
+	return n
+}
+
 // metaOf keeps the identity of an object, its UID only if uid is set:
 // draind never reads the UIDs of Services and slices (it reads their pods'),
-// only those of pods and Leases. Its strings are copied into one
-// allocation: the decoded ones sit among the garbage of the decoding, and a
-// few long-lived strings pin whole spans of it.
-func metaOf(m *metav1.ObjectMeta, uid bool) Meta {
-	id := m.UID
-	if !uid {
-		id = ""
+// only those of pods and Leases.
+func metaOf(k *keeper, m *metav1.ObjectMeta, uid bool) Meta {
+	out := Meta{Name: k.keep(m.Name), Namespace: k.keep(m.Namespace), ResourceVersion: k.keep(m.ResourceVersion),
+		DeletionTimestamp: m.DeletionTimestamp}
+	if uid {
+		out.UID = types.UID(k.keep(string(m.UID)))
 	}
-	var b strings.Builder
-	b.Grow(len(m.Name) + len(m.Namespace) + len(id) + len(m.ResourceVersion))
-	keep := func(v string) string {
-		start := b.Len()
-		b.WriteString(v) // within the capacity grown: never moves
-		return b.String()[start:]
-	}
-	return Meta{
-		Name:              keep(m.Name),
-		Namespace:         keep(m.Namespace),
-		UID:               types.UID(keep(string(id))),
-		ResourceVersion:   keep(m.ResourceVersion),
-		DeletionTimestamp: m.DeletionTimestamp,
-	}
+	return out
 }
 
 // ObjectMeta returns the metadata as an API object's.

@@ -434,7 +434,7 @@ func (p *Pod) KilledWithoutGrace() bool {
 
 // slimMeta keeps the identity of an object and nothing else (see metaOf).
 func slimMeta(m *metav1.ObjectMeta) metav1.ObjectMeta {
-	meta := metaOf(m, true)
+	meta := metaOf(newKeeper(metaSize(m, true)), m, true)
 	return meta.ObjectMeta()
 }
 
@@ -484,7 +484,15 @@ var nodeNames nodeTable
 // SliceFrom converts an EndpointSlice. ok is false for slices draind ignores
 // (FQDN, no service label). Malformed addresses are skipped, never fatal.
 func SliceFrom(s *discoveryv1.EndpointSlice) (sl *Slice, skipped int) {
-	out := &Slice{Meta: metaOf(&s.ObjectMeta, false), Service: s.Labels[discoveryv1.LabelServiceName],
+	service := s.Labels[discoveryv1.LabelServiceName]
+	size := metaSize(&s.ObjectMeta, false) + len(service)
+	for _, p := range s.Ports {
+		if p.Name != nil {
+			size += len(*p.Name)
+		}
+	}
+	k := newKeeper(size)
+	out := &Slice{Meta: metaOf(k, &s.ObjectMeta, false), Service: k.keep(service),
 		Controller: s.Labels[discoveryv1.LabelManagedBy] == ManagedByController}
 	switch s.AddressType {
 	case discoveryv1.AddressTypeIPv4:
@@ -509,7 +517,7 @@ func SliceFrom(s *discoveryv1.EndpointSlice) (sl *Slice, skipped int) {
 		}
 		name := ""
 		if p.Name != nil {
-			name = *p.Name
+			name = k.keep(*p.Name)
 		}
 		out.Ports = append(out.Ports, SlicePort{Name: name, Port: uint16(*p.Port), Protocol: pr})
 	}
@@ -560,13 +568,19 @@ func SliceFrom(s *discoveryv1.EndpointSlice) (sl *Slice, skipped int) {
 
 // ServiceFrom converts a Service. Unparseable cluster IPs are skipped.
 func ServiceFrom(s *corev1.Service) (*Service, int) {
+	steering, endDead := s.Annotations[AnnotationPodIPSteering], s.Annotations[AnnotationEndDeadConnections]
+	size := metaSize(&s.ObjectMeta, false) + len(steering) + len(endDead)
+	for _, p := range s.Spec.Ports {
+		size += len(p.Name)
+	}
+	k := newKeeper(size)
 	out := &Service{
-		Meta:               metaOf(&s.ObjectMeta, false),
+		Meta:               metaOf(k, &s.ObjectMeta, false),
 		AffinityClientIP:   s.Spec.SessionAffinity == corev1.ServiceAffinityClientIP,
 		InternalLocal:      s.Spec.InternalTrafficPolicy != nil && *s.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal,
-		PodIPSteering:      s.Annotations[AnnotationPodIPSteering],
+		PodIPSteering:      k.keep(steering),
 		HasSelector:        len(s.Spec.Selector) > 0,
-		EndDeadConnections: s.Annotations[AnnotationEndDeadConnections],
+		EndDeadConnections: k.keep(endDead),
 	}
 	skipped := 0
 	if s.Spec.Type != corev1.ServiceTypeExternalName {
@@ -592,7 +606,7 @@ func ServiceFrom(s *corev1.Service) (*Service, int) {
 		if !ok || p.Port <= 0 || p.Port > 65535 {
 			continue
 		}
-		out.Ports = append(out.Ports, ServicePort{Name: p.Name, Port: uint16(p.Port), Protocol: pr})
+		out.Ports = append(out.Ports, ServicePort{Name: k.keep(p.Name), Port: uint16(p.Port), Protocol: pr})
 	}
 	return out, skipped
 }
