@@ -275,6 +275,7 @@ func benchClusterScale(b *testing.B, perService int, stream bool, encoding strin
 	runtime.GC()
 	debug.FreeOSMemory()
 	baseRSS := float64(procStatusKB("VmRSS")) / 1024
+	baseClasses := memoryClasses()
 	// Peak RSS from here on (Linux: 5 resets VmHWM to the current RSS).
 	if err := os.WriteFile("/proc/self/clear_refs", []byte("5"), 0); err != nil {
 		b.Logf("peak RSS includes what ran before: %v", err)
@@ -289,7 +290,7 @@ func benchClusterScale(b *testing.B, perService int, stream bool, encoding strin
 		b.Fatal(err)
 	}
 	var mu sync.Mutex
-	var samples []latencySample
+	samples := make([]latencySample, 0, 2*int(scaleChurnPerSec*scaleChurn.Seconds()))
 	var churnStart time.Time
 	dp := newBenchDatapath()
 	// Every entry is rewritten by a full pass each quarter of the entry
@@ -337,12 +338,11 @@ func benchClusterScale(b *testing.B, perService int, stream bool, encoding strin
 		b.Fatal("churn did not finish")
 	}
 	time.Sleep(200 * time.Millisecond) // the tail of the churn to arrive (samples, not sync)
-	mu.Lock()
-	got := slices.Clone(samples)
-	mu.Unlock()
 	// Memory, now that the samples are in: RSS as the process runs, its
 	// peak, then the live heap and RSS without garbage (what the state
-	// itself costs).
+	// itself costs). The heap includes the latency samples (16 bytes
+	// each, allocated up front) and the stand-in for the kernel's maps
+	// (benchDatapath), nothing else of the benchmark's.
 	rssMB := float64(procStatusKB("VmRSS")) / 1024
 	peakMB := float64(procStatusKB("VmHWM")) / 1024
 	debug.FreeOSMemory()
@@ -351,6 +351,9 @@ func benchClusterScale(b *testing.B, perService int, stream bool, encoding strin
 	if *scaleHeapProfile != "" {
 		writeHeapProfile(b, *scaleHeapProfile)
 	}
+	mu.Lock()
+	got := slices.Clone(samples)
+	mu.Unlock()
 
 	updates := int(scaleChurnPerSec * scaleChurn.Seconds())
 	if len(got) < updates/2 {
@@ -382,7 +385,7 @@ func benchClusterScale(b *testing.B, perService int, stream bool, encoding strin
 	b.ReportMetric(rssGCMB, "rss-gc-MB")
 	b.ReportMetric(peakMB, "peak-rss-MB")
 	b.ReportMetric(float64(dp.drainCount()), "drains")
-	b.Logf("%d endpoints; RSS before the informers %.1f MB; %d datapath ops; after the GC: %s", endpoints, baseRSS, dp.opCount(), memoryClasses())
+	b.Logf("%d endpoints; RSS before the informers %.1f MB (%s); %d datapath ops; after the GC: %s", endpoints, baseRSS, baseClasses, dp.opCount(), memoryClasses())
 }
 
 // memoryClasses says where the runtime's memory goes (objects, the unused
@@ -409,6 +412,10 @@ func writeHeapProfile(b *testing.B, path string) {
 		b.Fatal(err)
 	}
 	defer f.Close()
+	// The profile is as of the last GC that completed before the one
+	// before it: two more make it the live heap's.
+	runtime.GC()
+	runtime.GC()
 	if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
 		b.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package daemon
 import (
 	"net/netip"
 	"slices"
+	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -58,8 +59,16 @@ type categorized struct {
 	// listed is every endpoint the slices list, with its pod (an endpoint
 	// that is listed again, ready, has not departed).
 	listed listedEndpoints
-	// drainedPods are the listed pods that have a pod drain.
+	// drainedPods are the listed pods that have a pod drain (nil: none;
+	// the model keeps it for every Service with a draining endpoint).
 	drainedPods map[types.UID]struct{}
+}
+
+func (c *categorized) addDrainedPod(uid types.UID) {
+	if c.drainedPods == nil {
+		c.drainedPods = map[types.UID]struct{}{}
+	}
+	c.drainedPods[uid] = struct{}{}
 }
 
 // listedEndpoint is an identified endpoint and its pod.
@@ -114,9 +123,16 @@ func categorize(svc *k8s.Service, sliceList []*k8s.Slice, drains map[types.UID]*
 	for _, sl := range sliceList {
 		n += sl.Len()
 	}
-	out := categorized{drainedPods: map[types.UID]struct{}{}, listed: make(listedEndpoints, 0, n)}
+	out := categorized{listed: make(listedEndpoints, 0, n)}
 	key := svc.Namespace + "/" + svc.Name
-	raw := make([]oneListing, 0, n)
+	// The listings are scratch space, reused from call to call.
+	rp := rawListings.Get().(*[]oneListing)
+	raw := slices.Grow((*rp)[:0], n)
+	defer func() {
+		clear(raw[:cap(raw)]) // no strings kept alive in the pool
+		*rp = raw[:0]
+		rawListings.Put(rp)
+	}()
 	for _, sp := range svc.Ports {
 		for _, fam := range []k8s.Family{k8s.IPv4, k8s.IPv6} {
 			raw = raw[:0]
@@ -177,6 +193,8 @@ func categorize(svc *k8s.Service, sliceList []*k8s.Slice, drains map[types.UID]*
 	return out
 }
 
+var rawListings = sync.Pool{New: func() any { return new([]oneListing) }}
+
 // targetPort is the port a slice of family fam resolves sp to (0: none).
 func targetPort(sl *k8s.Slice, fam k8s.Family, sp k8s.ServicePort) uint16 {
 	if sl.Family != fam {
@@ -207,7 +225,7 @@ func listEndpoints(svc *k8s.Service, sl *k8s.Slice, port uint16, drains map[type
 		var pd *podDrain
 		if identified {
 			if pd = drains[e.PodUID]; pd != nil {
-				out.drainedPods[e.PodUID] = struct{}{}
+				out.addDrainedPod(e.PodUID)
 			}
 		}
 		raw = append(raw, oneListing{ap: netip.AddrPortFrom(e.Addr, port), e: e, identified: identified, pd: pd})

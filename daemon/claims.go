@@ -3,7 +3,6 @@ package daemon
 import (
 	"net/netip"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -41,6 +40,8 @@ type claims struct {
 	free   []int32
 	byIP   ipIndex
 	local  map[netip.Addr]types.UID
+
+	before, after []readyClaim // setSlice's scratch space
 
 	clock     clock.PassiveClock
 	keep      time.Duration // how long a departed host is remembered
@@ -147,7 +148,8 @@ func (c *claims) eachListing(ip netip.Addr, fn func(e *k8s.Endpoint) bool) {
 	c.byIP.each(ip, func(n int32) {
 		s := c.table[n]
 		for i := 0; more && i < s.Len(); i++ {
-			if e := s.Endpoint(i); e.Addr == ip && e.PodUID != "" {
+			if s.Addr(i) == ip && s.HasPod(i) {
+				e := s.Endpoint(i)
 				more = fn(&e)
 			}
 		}
@@ -157,25 +159,26 @@ func (c *claims) eachListing(ip netip.Addr, fn func(e *k8s.Endpoint) bool) {
 // readyClaim is a pod listed ready at an IP.
 type readyClaim struct {
 	ip  netip.Addr
-	uid types.UID
+	pod k8s.PodKey
 }
 
 func compareReadyClaims(a, b readyClaim) int {
 	if c := a.ip.Compare(b.ip); c != 0 {
 		return c
 	}
-	return strings.Compare(string(a.uid), string(b.uid))
+	return a.pod.Compare(b.pod)
 }
 
-// readyClaims returns the pods s lists ready, by IP, sorted, once each.
-func readyClaims(s *k8s.Slice) []readyClaim {
+// readyClaims appends to out[:0] the pods s lists ready, by IP, sorted,
+// once each.
+func readyClaims(out []readyClaim, s *k8s.Slice) []readyClaim {
+	out = out[:0]
 	if s == nil {
-		return nil
+		return out
 	}
-	var out []readyClaim
 	for i := range s.Len() {
-		if e := s.Endpoint(i); e.PodUID != "" && e.Ready() {
-			out = append(out, readyClaim{e.Addr, e.PodUID})
+		if s.HasPod(i) && s.Ready(i) {
+			out = append(out, readyClaim{s.Addr(i), s.PodKey(i)})
 		}
 	}
 	slices.SortFunc(out, compareReadyClaims)
@@ -198,7 +201,11 @@ func (c *claims) setSlice(key string, s *k8s.Slice) []netip.Addr {
 	if old == s {
 		return nil
 	}
-	before, after := readyClaims(old), readyClaims(s)
+	// Scratch space reused under mu: every slice event of the cluster
+	// comes here.
+	c.before = readyClaims(c.before, old)
+	c.after = readyClaims(c.after, s)
+	before, after := c.before, c.after
 	switch {
 	case old != nil && s != nil && sameIPs(old, s):
 		// The usual update (conditions changed): the index stays.
@@ -231,9 +238,12 @@ func (c *claims) setSlice(key string, s *k8s.Slice) []netip.Addr {
 func (c *claims) noteDepartures(old, s *k8s.Slice) {
 	now := c.clock.Now()
 	for i := range old.Len() {
-		e := old.Endpoint(i)
-		if e.PodUID == "" || e.Node == "" || (s != nil && i < s.Len() && s.Endpoint(i).Addr == e.Addr && s.Endpoint(i).PodUID == e.PodUID) {
+		if !old.HasPod(i) || (s != nil && i < s.Len() && s.Addr(i) == old.Addr(i) && s.PodKey(i) == old.PodKey(i)) {
 			continue // the usual update: the same pod in the same place
+		}
+		e := old.Endpoint(i)
+		if e.Node == "" {
+			continue
 		}
 		still := false
 		c.eachListing(e.Addr, func(l *k8s.Endpoint) bool {
@@ -252,16 +262,16 @@ func (c *claims) noteDepartures(old, s *k8s.Slice) {
 func sameIPs(a, b *k8s.Slice) bool {
 	i, j := 0, 0
 	for {
-		for i < a.Len() && a.Endpoint(i).PodUID == "" {
+		for i < a.Len() && !a.HasPod(i) {
 			i++
 		}
-		for j < b.Len() && b.Endpoint(j).PodUID == "" {
+		for j < b.Len() && !b.HasPod(j) {
 			j++
 		}
 		if i == a.Len() || j == b.Len() {
 			return i == a.Len() && j == b.Len()
 		}
-		if a.Endpoint(i).Addr != b.Endpoint(j).Addr {
+		if a.Addr(i) != b.Addr(j) {
 			return false
 		}
 		i++
@@ -283,14 +293,13 @@ func (c *claims) alloc(s *k8s.Slice) int32 {
 // index adds (or removes) slice n's IPs to (from) the IP index.
 func (c *claims) index(n int32, s *k8s.Slice, add bool) {
 	for i := range s.Len() {
-		e := s.Endpoint(i)
-		if e.PodUID == "" {
+		if !s.HasPod(i) {
 			continue
 		}
 		if add {
-			c.byIP.add(e.Addr, n)
+			c.byIP.add(s.Addr(i), n)
 		} else {
-			c.byIP.remove(e.Addr, n)
+			c.byIP.remove(s.Addr(i), n)
 		}
 	}
 }
@@ -335,7 +344,7 @@ func (c *claims) readyElsewhere(r readyClaim, n int32) bool {
 		}
 		s := c.table[m]
 		for i := range s.Len() {
-			if e := s.Endpoint(i); e.Addr == r.ip && e.PodUID == r.uid && e.Ready() {
+			if s.Addr(i) == r.ip && s.PodKey(i) == r.pod && s.Ready(i) {
 				found = true
 				return
 			}

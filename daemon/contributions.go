@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"slices"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -52,12 +53,9 @@ func (m *model) addContribution(k bpf.EndpointKey, c contribution) {
 			sp.refs++
 		}
 	}
-	ips := m.byIP[k.Addr]
-	if ips == nil {
-		ips = map[bpf.EndpointKey]struct{}{}
-		m.byIP[k.Addr] = ips
+	if ips := m.byIP[k.Addr]; !slices.Contains(ips, k) {
+		m.byIP[k.Addr] = append(ips, k)
 	}
-	ips[k] = struct{}{}
 	m.touch(k)
 }
 
@@ -82,11 +80,10 @@ func (m *model) removeContribution(k bpf.EndpointKey, match func(contribution) b
 		return
 	}
 	delete(m.contributions, k)
-	if ips := m.byIP[k.Addr]; ips != nil {
-		delete(ips, k)
-		if len(ips) == 0 {
-			delete(m.byIP, k.Addr)
-		}
+	if ips := slices.DeleteFunc(m.byIP[k.Addr], func(o bpf.EndpointKey) bool { return o == k }); len(ips) > 0 {
+		m.byIP[k.Addr] = ips
+	} else {
+		delete(m.byIP, k.Addr)
 	}
 }
 
@@ -166,7 +163,7 @@ func (m *model) withdrawPodEntries(uid types.UID) {
 	mine := func(c contribution) bool { return c.kind == fromPodDrain && c.uid == uid }
 	var keys []bpf.EndpointKey
 	for _, ip := range d.IPs {
-		for k := range m.byIP[ip] {
+		for _, k := range m.byIP[ip] {
 			for _, c := range m.contributions[k] {
 				if mine(c) {
 					keys = append(keys, k)

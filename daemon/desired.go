@@ -97,7 +97,7 @@ func (m *model) desiredServicePort(id bpf.ServicePortID, now time.Time) (fes []b
 	for _, k := range sp.frontends {
 		fes = append(fes, bpf.Frontend{Key: k, Service: id, NoSteer: sp.noSteer, Expires: exp})
 	}
-	return fes, &bpf.Backends{Service: id, Backends: sp.selectable, Expires: exp}
+	return fes, &bpf.Backends{Service: id, Backends: sp.selectable.addrPorts(), Expires: exp}
 }
 
 // keysOf returns the entry keys contributed for each of the given pods,
@@ -111,7 +111,7 @@ func (m *model) keysOf(uids []types.UID) map[types.UID][]bpf.EndpointKey {
 			ips = d.IPs
 		}
 		for _, ip := range ips {
-			for k := range m.byIP[ip] {
+			for _, k := range m.byIP[ip] {
 				for _, c := range m.contributions[k] {
 					if c.uid == uid && !slices.Contains(keys, k) {
 						keys = append(keys, k)

@@ -76,7 +76,7 @@ type servicePort struct {
 	id         bpf.ServicePortID
 	frontends  []bpf.EndpointKey
 	noSteer    bool
-	selectable []netip.AddrPort
+	selectable backendSet
 	refs       int // contributions naming this id
 }
 
@@ -156,11 +156,14 @@ type model struct {
 	servicePortIDs map[servicePortKey]bpf.ServicePortID
 	servicePorts   map[bpf.ServicePortID]*servicePort
 	contributions  map[bpf.EndpointKey][]contribution
-	byIP           map[netip.Addr]map[bpf.EndpointKey]struct{}
-	lingering      map[bpf.EndpointKey]*lingerRecord
-	lingerMin      time.Time // earliest linger end (zero: none), a lower bound
-	podDrains      map[types.UID]*podDrain
-	listings       map[types.UID]map[string]struct{} // drained pod -> Services listing it
+	// byIP lists the keys of each IP that have contributions: usually
+	// one or two (a slice of them, not a map: a map costs a group of
+	// eight slots however few it holds).
+	byIP      map[netip.Addr][]bpf.EndpointKey
+	lingering map[bpf.EndpointKey]*lingerRecord
+	lingerMin time.Time // earliest linger end (zero: none), a lower bound
+	podDrains map[types.UID]*podDrain
+	listings  map[types.UID]map[string]struct{} // drained pod -> Services listing it
 	// listedPolicy is the most cautious policy of the Services that listed
 	// a drained pod: its all-ports entries keep it after the pod left them
 	// (a gone headless pod is not refused).
@@ -181,7 +184,7 @@ func newModel(cfg ModelConfig, st State, cl *claims) *model {
 		servicePortIDs:      map[servicePortKey]bpf.ServicePortID{},
 		servicePorts:        map[bpf.ServicePortID]*servicePort{},
 		contributions:       map[bpf.EndpointKey][]contribution{},
-		byIP:                map[netip.Addr]map[bpf.EndpointKey]struct{}{},
+		byIP:                map[netip.Addr][]bpf.EndpointKey{},
 		lingering:           map[bpf.EndpointKey]*lingerRecord{},
 		podDrains:           map[types.UID]*podDrain{},
 		listings:            map[types.UID]map[string]struct{}{},
@@ -298,7 +301,8 @@ func (m *model) activate(next *serviceResult, c servicePortEndpoints, noSteer bo
 		m.servicePorts[id] = &servicePort{key: c.key, id: id}
 	}
 	sp := m.servicePorts[id]
-	if !slices.Equal(sp.selectable, c.selectable) || !slices.Equal(sp.frontends, c.frontends) || sp.noSteer != noSteer {
+	selectable := packBackends(c.selectable)
+	if sp.selectable != selectable || !slices.Equal(sp.frontends, c.frontends) || sp.noSteer != noSteer {
 		changed = true
 		m.touchedServicePorts[id] = struct{}{}
 		// Policy downgrades of lingering entries depend on selectable.
@@ -308,7 +312,7 @@ func (m *model) activate(next *serviceResult, c servicePortEndpoints, noSteer bo
 			}
 		}
 	}
-	sp.selectable, sp.frontends, sp.noSteer = c.selectable, c.frontends, noSteer
+	sp.selectable, sp.frontends, sp.noSteer = selectable, c.frontends, noSteer
 	next.servicePorts = append(next.servicePorts, servicePortRef{c.key, id})
 	for _, e := range c.draining {
 		since := now
@@ -422,12 +426,13 @@ func (m *model) setPodDrains(next map[types.UID]*podDrain) (changed []*podDrain)
 // servicesListing returns the Services whose slices list a pod.
 func (m *model) servicesListing(uid types.UID, namespace string) []string {
 	set := map[string]struct{}{}
+	pod := k8s.PodKeyOf(uid)
 	for _, sl := range m.state.SlicesInNamespace(namespace) {
 		if sl.Service == "" {
 			continue
 		}
 		for i := range sl.Len() {
-			if sl.Endpoint(i).PodUID == uid {
+			if sl.PodKey(i) == pod {
 				set[sl.Namespace+"/"+sl.Service] = struct{}{}
 				break
 			}
@@ -447,7 +452,7 @@ func (m *model) servicesListing(uid types.UID, namespace string) []string {
 // claimsChanged voids lingering entries whose IP another pod now owns, and
 // marks every entry of the IP for a re-merge.
 func (m *model) claimsChanged(ip netip.Addr) {
-	for k := range m.byIP[ip] {
+	for _, k := range slices.Clone(m.byIP[ip]) { // clearLinger may remove k
 		m.touch(k)
 		if l := m.lingering[k]; l != nil && m.suppressed(l.c, ip) {
 			m.clearLinger(k)

@@ -21,7 +21,7 @@ type reconciler struct {
 
 	frontends map[bpf.EndpointKey]bpf.Frontend
 	byService map[bpf.ServicePortID][]bpf.EndpointKey // frontends written per service-port
-	backends  map[bpf.ServicePortID]bpf.Backends
+	backends  map[bpf.ServicePortID]appliedBackends
 	drains    map[bpf.EndpointKey]bpf.Drain
 
 	// retry holds what failed to apply: it is evaluated again next pass.
@@ -48,7 +48,7 @@ func newReconciler(dp Datapath, ttl time.Duration) *reconciler {
 		dp: dp, ttl: ttl,
 		frontends:         map[bpf.EndpointKey]bpf.Frontend{},
 		byService:         map[bpf.ServicePortID][]bpf.EndpointKey{},
-		backends:          map[bpf.ServicePortID]bpf.Backends{},
+		backends:          map[bpf.ServicePortID]appliedBackends{},
 		drains:            map[bpf.EndpointKey]bpf.Drain{},
 		retryKeys:         map[bpf.EndpointKey]struct{}{},
 		retryServicePorts: map[bpf.ServicePortID]struct{}{},
@@ -63,7 +63,7 @@ func (r *reconciler) adopt(d *bpf.Dump) {
 		r.byService[f.Service] = append(r.byService[f.Service], f.Key)
 	}
 	for _, b := range d.Backends {
-		r.backends[b.Service] = b
+		r.backends[b.Service] = appliedBackends{packBackends(b.Backends), b.Expires}
 	}
 	for _, dr := range d.Drains {
 		r.drains[dr.Key] = dr
@@ -90,6 +90,7 @@ type servicePortPlan struct {
 	id        bpf.ServicePortID
 	frontends []bpf.Frontend
 	backends  *bpf.Backends // nil: the service-port is not active
+	set       backendSet    // backends packed: the model's own string, kept as written
 }
 
 // staleFrontend is a frontend its service-port no longer wants.
@@ -197,7 +198,11 @@ func (r *reconciler) apply(m *model, now time.Time, full bool) applyResult {
 	plans := make([]servicePortPlan, 0, len(ids))
 	for _, id := range ids {
 		fes, be := m.desiredServicePort(id, now)
-		plans = append(plans, servicePortPlan{id, fes, be})
+		var set backendSet
+		if be != nil {
+			set = m.servicePorts[id].selectable
+		}
+		plans = append(plans, servicePortPlan{id, fes, be, set})
 	}
 	p := &pass{r: r, now: now}
 	p.writeBackends(plans)
@@ -258,6 +263,12 @@ func setOf[K comparable, V any](m map[K]V) map[K]bool {
 	return out
 }
 
+// appliedBackends is a backend set as written, packed (backendSet).
+type appliedBackends struct {
+	set     backendSet
+	expires time.Time
+}
+
 // writeBackends writes the backend sets that changed or are due.
 func (p *pass) writeBackends(plans []servicePortPlan) {
 	r := p.r
@@ -266,14 +277,14 @@ func (p *pass) writeBackends(plans []servicePortPlan) {
 			continue
 		}
 		cur, ok := r.backends[pl.id]
-		if ok && slices.Equal(cur.Backends, pl.backends.Backends) && !r.due(cur.Expires, pl.backends.Expires, p.now) {
+		if ok && cur.set == pl.set && !r.due(cur.expires, pl.backends.Expires, p.now) {
 			continue
 		}
 		if !p.do(func() string { return fmt.Sprintf("setting backends of service-port %d", pl.id) }, r.dp.SetBackends(*pl.backends)) {
 			r.retryServicePorts[pl.id] = struct{}{}
 			continue
 		}
-		r.backends[pl.id] = bpf.Backends{Service: pl.id, Backends: slices.Clone(pl.backends.Backends), Expires: pl.backends.Expires}
+		r.backends[pl.id] = appliedBackends{pl.set, pl.backends.Expires}
 	}
 }
 

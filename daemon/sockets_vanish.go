@@ -62,17 +62,16 @@ func (v *vanishIntake) observe(old, cur *k8s.Slice, now time.Time) {
 	// It runs on every slice event: no allocation unless one vanished. A
 	// slice is small (at most 1,000 endpoints, usually tens) and an update
 	// usually keeps its endpoints in place, so look there first.
-	listed := func(i int, e *k8s.Endpoint) bool {
+	listed := func(i int) bool {
 		if cur == nil {
 			return false
 		}
-		if i < cur.Len() {
-			if c := cur.Endpoint(i); c.Addr == e.Addr && c.PodUID == e.PodUID {
-				return true
-			}
+		addr, pod := old.Addr(i), old.PodKey(i)
+		if i < cur.Len() && cur.Addr(i) == addr && cur.PodKey(i) == pod {
+			return true
 		}
 		for j := range cur.Len() {
-			if c := cur.Endpoint(j); c.Addr == e.Addr && c.PodUID == e.PodUID {
+			if cur.Addr(j) == addr && cur.PodKey(j) == pod {
 				return true
 			}
 		}
@@ -80,10 +79,10 @@ func (v *vanishIntake) observe(old, cur *k8s.Slice, now time.Time) {
 	}
 	var out []vanishedEndpoint
 	for i := range old.Len() {
-		e := old.Endpoint(i)
-		if !e.Ready() || e.PodUID == "" || listed(i, &e) {
+		if !old.Ready(i) || !old.HasPod(i) || listed(i) {
 			continue
 		}
+		e := old.Endpoint(i)
 		for _, p := range old.Ports {
 			out = append(out, vanishedEndpoint{service: old.Namespace + "/" + old.Service,
 				key: bpf.EndpointKey{Addr: e.Addr, Port: p.Port, Proto: p.Protocol}, portName: p.Name,
@@ -222,7 +221,7 @@ func (m *model) withVanished(key string, svc *k8s.Service, cat categorized, now 
 		c.draining = append(c.draining, drainingEndpoint{key: v.key, uid: v.uid, pod: v.pod, reason: ReasonVanished, identified: true})
 		// Listed for this pass: the pod drain's all-ports entries take the
 		// Service's policy into account (a gone headless pod is not refused).
-		cat.drainedPods[v.uid] = struct{}{}
+		cat.addDrainedPod(v.uid)
 		slices.SortFunc(c.draining, func(a, b drainingEndpoint) int { return a.key.Compare(b.key) })
 		m.vanish.revisit[key] = struct{}{}
 		rec := m.vanish.services[v.uid]

@@ -73,17 +73,7 @@ func NewInformers(client kubernetes.Interface, cfg Config) *Informers {
 			return []string{s.Namespace + "/" + s.Service}, nil
 		},
 	}))
-	inf.Slices.SetTransform(func(obj any) (any, error) {
-		s, ok := obj.(*discoveryv1.EndpointSlice)
-		if !ok {
-			return obj, nil // tombstones pass through
-		}
-		sl, skipped := SliceFrom(s)
-		if skipped > 0 {
-			inf.Malformed.Add(1)
-		}
-		return sl, nil
-	})
+	inf.Slices.SetTransform(inf.sliceTransform)
 
 	core := client.CoreV1()
 	inf.Services = cache.NewSharedIndexInformerWithOptions(lw(&cache.ListWatch{
@@ -94,17 +84,7 @@ func NewInformers(client kubernetes.Interface, cfg Config) *Informers {
 			return core.Services(metav1.NamespaceAll).Watch(ctx, o)
 		},
 	}), &corev1.Service{}, opts(cache.Indexers{}))
-	inf.Services.SetTransform(func(obj any) (any, error) {
-		s, ok := obj.(*corev1.Service)
-		if !ok {
-			return obj, nil
-		}
-		svc, skipped := ServiceFrom(s)
-		if skipped > 0 {
-			inf.Malformed.Add(1)
-		}
-		return svc, nil
-	})
+	inf.Services.SetTransform(inf.serviceTransform)
 
 	coord := client.CoordinationV1()
 	leaseOpts := func(o *metav1.ListOptions) { o.LabelSelector = LeaseSelector() }
@@ -154,6 +134,34 @@ func NewInformers(client kubernetes.Interface, cfg Config) *Informers {
 		return PodFrom(p), nil
 	})
 	return inf
+}
+
+// sliceTransform is the slice informer's transform: it caches the slim
+// Slice. Anything else (a tombstone, a Slice already slim: informers may
+// deliver an object twice) passes through unchanged.
+func (inf *Informers) sliceTransform(obj any) (any, error) {
+	s, ok := obj.(*discoveryv1.EndpointSlice)
+	if !ok {
+		return obj, nil
+	}
+	sl, skipped := SliceFrom(s)
+	if skipped > 0 {
+		inf.Malformed.Add(1)
+	}
+	return sl, nil
+}
+
+// serviceTransform is the Service informer's, likewise.
+func (inf *Informers) serviceTransform(obj any) (any, error) {
+	s, ok := obj.(*corev1.Service)
+	if !ok {
+		return obj, nil
+	}
+	svc, skipped := ServiceFrom(s)
+	if skipped > 0 {
+		inf.Malformed.Add(1)
+	}
+	return svc, nil
 }
 
 // All returns the informers with their names.

@@ -6,8 +6,12 @@
 package k8s
 
 import (
+	"bytes"
+	"cmp"
+	"encoding/binary"
 	"math"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -53,7 +57,7 @@ func protocolOf(p corev1.Protocol) (bpf.Protocol, bool) {
 
 // Service is the slim form of a core/v1 Service.
 type Service struct {
-	metav1.ObjectMeta
+	Meta
 	// ClusterIPs of a ClusterIP, NodePort or LoadBalancer Service; empty
 	// for headless and ExternalName Services.
 	ClusterIPs []netip.Addr
@@ -88,7 +92,7 @@ const (
 
 // Slice is the slim form of a discovery/v1 EndpointSlice.
 type Slice struct {
-	metav1.ObjectMeta
+	Meta
 	Service string // the kubernetes.io/service-name label
 	// Controller: the EndpointSlice controller manages it (its managed-by
 	// label). Together with a selector on the Service this is the
@@ -100,35 +104,204 @@ type Slice struct {
 
 	// The endpoints, packed (Len and Endpoint read them): the informer
 	// keeps every endpoint of the cluster, so they hold no pointer (the GC
-	// never scans them) and share one string for their pods' UIDs and
-	// names.
+	// never scans them), their addresses take 4 bytes when the slice is
+	// IPv4 only, their pods' UIDs 16 (binary) when they are the UUIDs the
+	// API server writes, and their pods' names share one copy of their
+	// prefix (a ReplicaSet's or StatefulSet's name) per slice.
 	endpoints []packedEndpoint
-	strs      string
+	addrs     []byte // 4 bytes per endpoint, or 16 when wide
+	wide      bool   // some address is not plain IPv4
+	strs      string // textual UIDs and names' parts
 }
 
-// packedEndpoint is an Endpoint as a Slice stores it: 36 bytes, no
-// pointers.
+// packedEndpoint is an Endpoint as a Slice stores it (less its address):
+// 32 bytes, no pointers.
 type packedEndpoint struct {
-	addr            [16]byte // IPv4 as IPv4-mapped IPv6
-	uid, name       uint32   // offsets in the slice's strs
-	node            uint32   // index in nodeNames (0: none)
-	uidLen, nameLen uint16
-	conds           uint8
-	v4              bool
+	uid            [16]byte // a UUID, binary (uuidUID); else the offset and length of its text in strs
+	node           uint32   // index in nodeNames (0: none)
+	prefix, suffix uint32   // the pod name's two parts: offsets in strs
+	prefixLen      uint16
+	suffixLen      uint16
+	conds          uint8
+	flags          uint8
 }
+
+// packedEndpoint flags.
+const (
+	v4InWide uint8 = 1 << iota // an IPv4 address stored as 16 bytes
+	uuidUID                    // uid holds a UUID, binary
+	textUID                    // uid holds the offset (4 bytes) and length (2) of the UID in strs
+)
 
 // Len returns the number of endpoints.
 func (s *Slice) Len() int { return len(s.endpoints) }
 
-// Endpoint returns endpoint i (0 <= i < Len).
+// Endpoint returns endpoint i (0 <= i < Len). The strings are the slice's
+// own when they are stored whole; a UUID or a name in two parts is put
+// together in one new string.
 func (s *Slice) Endpoint(i int) Endpoint {
 	p := &s.endpoints[i]
-	e := Endpoint{Addr: netip.AddrFrom16(p.addr), Conds: p.conds, Node: nodeNames.name(p.node),
-		PodUID: types.UID(s.strs[p.uid : p.uid+uint32(p.uidLen)]), PodName: s.strs[p.name : p.name+uint32(p.nameLen)]}
-	if p.v4 {
-		e.Addr = e.Addr.Unmap()
+	e := Endpoint{Conds: p.conds, Node: nodeNames.name(p.node)}
+	if s.wide {
+		e.Addr = netip.AddrFrom16([16]byte(s.addrs[16*i:]))
+		if p.flags&v4InWide != 0 {
+			e.Addr = e.Addr.Unmap()
+		}
+	} else {
+		e.Addr = netip.AddrFrom4([4]byte(s.addrs[4*i:]))
+	}
+	prefix := s.strs[p.prefix : p.prefix+uint32(p.prefixLen)]
+	suffix := s.strs[p.suffix : p.suffix+uint32(p.suffixLen)]
+	switch {
+	case p.flags&textUID != 0:
+		off := binary.LittleEndian.Uint32(p.uid[:4])
+		e.PodUID = types.UID(s.strs[off : off+uint32(binary.LittleEndian.Uint16(p.uid[4:6]))])
+	case p.flags&uuidUID == 0:
+	case prefix == "":
+		e.PodUID = types.UID(formatUUID(p.uid))
+	default:
+		// One allocation for both.
+		var b strings.Builder
+		b.Grow(uuidLen + len(prefix) + len(suffix))
+		b.WriteString(formatUUID(p.uid))
+		b.WriteString(prefix)
+		b.WriteString(suffix)
+		all := b.String()
+		e.PodUID, e.PodName = types.UID(all[:uuidLen]), all[uuidLen:]
+		return e
+	}
+	if prefix == "" {
+		e.PodName = suffix
+	} else {
+		e.PodName = prefix + suffix
 	}
 	return e
+}
+
+// Addr returns endpoint i's address (no allocation, unlike Endpoint).
+func (s *Slice) Addr(i int) netip.Addr {
+	if s.wide {
+		a := netip.AddrFrom16([16]byte(s.addrs[16*i:]))
+		if s.endpoints[i].flags&v4InWide != 0 {
+			a = a.Unmap()
+		}
+		return a
+	}
+	return netip.AddrFrom4([4]byte(s.addrs[4*i:]))
+}
+
+// HasPod reports whether endpoint i names a pod (a PodUID).
+func (s *Slice) HasPod(i int) bool { return s.endpoints[i].flags&(uuidUID|textUID) != 0 }
+
+// Ready reports whether endpoint i is ready (Endpoint.Ready).
+func (s *Slice) Ready(i int) bool {
+	c := s.endpoints[i].conds
+	return c&CondReady != 0 && c&CondTerminating == 0
+}
+
+// PodKey identifies a pod UID as a slice stores it: two keys are equal
+// exactly when the UIDs are. Comparing them allocates nothing (reading
+// Endpoint's PodUID may).
+type PodKey struct {
+	uuid [16]byte
+	text string
+	kind uint8 // 0: no pod, uuidUID or textUID
+}
+
+// PodKey returns the key of endpoint i's pod.
+func (s *Slice) PodKey(i int) PodKey {
+	p := &s.endpoints[i]
+	switch {
+	case p.flags&uuidUID != 0:
+		return PodKey{uuid: p.uid, kind: uuidUID}
+	case p.flags&textUID != 0:
+		off := binary.LittleEndian.Uint32(p.uid[:4])
+		return PodKey{text: s.strs[off : off+uint32(binary.LittleEndian.Uint16(p.uid[4:6]))], kind: textUID}
+	}
+	return PodKey{}
+}
+
+// PodKeyOf returns the key of a pod UID ("": no pod).
+func PodKeyOf(uid types.UID) PodKey {
+	if u, ok := parseUUID(string(uid)); ok {
+		return PodKey{uuid: u, kind: uuidUID}
+	}
+	if uid == "" {
+		return PodKey{}
+	}
+	return PodKey{text: string(uid), kind: textUID}
+}
+
+// Compare orders keys (any total order consistent with equality).
+func (k PodKey) Compare(o PodKey) int {
+	if c := cmp.Compare(k.kind, o.kind); c != 0 {
+		return c
+	}
+	if c := bytes.Compare(k.uuid[:], o.uuid[:]); c != 0 {
+		return c
+	}
+	return strings.Compare(k.text, o.text)
+}
+
+// uuidLen is the length of a UUID's text.
+const uuidLen = 36
+
+// parseUUID parses the text form the API server writes (lower-case hex,
+// 8-4-4-4-12): only one that formatUUID gives back unchanged.
+func parseUUID(s string) (u [16]byte, ok bool) {
+	if len(s) != uuidLen {
+		return u, false
+	}
+	j := 0
+	for i := 0; i < uuidLen; i++ {
+		if i == 8 || i == 13 || i == 18 || i == 23 {
+			if s[i] != '-' {
+				return u, false
+			}
+			continue
+		}
+		hi, ok1 := lowerHex(s[i])
+		lo, ok2 := lowerHex(s[i+1])
+		if !ok1 || !ok2 {
+			return u, false
+		}
+		u[j] = hi<<4 | lo
+		j++
+		i++
+	}
+	return u, true
+}
+
+func lowerHex(c byte) (byte, bool) {
+	switch {
+	case c >= '0' && c <= '9':
+		return c - '0', true
+	case c >= 'a' && c <= 'f':
+		return c - 'a' + 10, true
+	}
+	return 0, false
+}
+
+func formatUUID(u [16]byte) string {
+	const digits = "0123456789abcdef"
+	var b [uuidLen]byte
+	j := 0
+	for i, v := range u {
+		if i == 4 || i == 6 || i == 8 || i == 10 {
+			b[j] = '-'
+			j++
+		}
+		b[j], b[j+1] = digits[v>>4], digits[v&15]
+		j += 2
+	}
+	return string(b[:])
+}
+
+// splitPodName splits a pod's name after its last '-': what precedes it
+// (its ReplicaSet's or StatefulSet's name) is shared by the slice's pods.
+func splitPodName(name string) (prefix, suffix string) {
+	i := strings.LastIndexByte(name, '-')
+	return name[:i+1], name[i+1:]
 }
 
 // SetEndpoints replaces the endpoints (a slice built by hand, in tests).
@@ -136,26 +309,65 @@ func (s *Slice) Endpoint(i int) Endpoint {
 // are skipped and counted: the API accepts neither.
 func (s *Slice) SetEndpoints(eps []Endpoint) (skipped int) {
 	size := 0
+	s.wide = false
 	for i := range eps {
 		size += len(eps[i].PodUID) + len(eps[i].PodName)
+		s.wide = s.wide || !eps[i].Addr.Is4()
+	}
+	stride := 4
+	if s.wide {
+		stride = 16
 	}
 	var strs strings.Builder
 	strs.Grow(size)
+	put := func(v string) (uint32, uint16) {
+		off := strs.Len()
+		strs.WriteString(v)
+		return uint32(off), uint16(len(v))
+	}
 	s.endpoints = make([]packedEndpoint, 0, len(eps))
+	s.addrs = make([]byte, 0, stride*len(eps))
+	var prefixes []string // distinct, at offsets prefixAt
+	var prefixAt []uint32
 	for i := range eps {
 		e := &eps[i]
 		if e.Addr.Zone() != "" || len(e.PodUID) > math.MaxUint16 || len(e.PodName) > math.MaxUint16 {
 			skipped++
 			continue
 		}
-		p := packedEndpoint{addr: e.Addr.As16(), v4: e.Addr.Is4(), conds: e.Conds, node: nodeNames.index(e.Node),
-			uid: uint32(strs.Len()), uidLen: uint16(len(e.PodUID))}
-		strs.WriteString(string(e.PodUID))
-		p.name, p.nameLen = uint32(strs.Len()), uint16(len(e.PodName))
-		strs.WriteString(e.PodName)
+		p := packedEndpoint{conds: e.Conds, node: nodeNames.index(e.Node)}
+		if s.wide {
+			a := e.Addr.As16()
+			s.addrs = append(s.addrs, a[:]...)
+			if e.Addr.Is4() {
+				p.flags |= v4InWide
+			}
+		} else {
+			a := e.Addr.As4()
+			s.addrs = append(s.addrs, a[:]...)
+		}
+		if u, ok := parseUUID(string(e.PodUID)); ok {
+			p.uid, p.flags = u, p.flags|uuidUID
+		} else if e.PodUID != "" {
+			off, n := put(string(e.PodUID))
+			binary.LittleEndian.PutUint32(p.uid[:4], off)
+			binary.LittleEndian.PutUint16(p.uid[4:6], n)
+			p.flags |= textUID
+		}
+		prefix, suffix := splitPodName(e.PodName)
+		if k := slices.Index(prefixes, prefix); k >= 0 {
+			p.prefix, p.prefixLen = prefixAt[k], uint16(len(prefix))
+		} else {
+			p.prefix, p.prefixLen = put(prefix)
+			if len(prefixes) < 16 { // a slice's pods have a few owners
+				prefixes, prefixAt = append(prefixes, prefix), append(prefixAt, p.prefix)
+			}
+		}
+		p.suffix, p.suffixLen = put(suffix)
 		s.endpoints = append(s.endpoints, p)
 	}
-	s.strs = strs.String()
+	// The strings of the distinct prefixes and the suffixes only.
+	s.strs = strings.Clone(strs.String())
 	return skipped
 }
 
@@ -220,24 +432,10 @@ func (p *Pod) KilledWithoutGrace() bool {
 	return p.DeletionTimestamp != nil && p.DeletionGracePeriodSeconds != nil && *p.DeletionGracePeriodSeconds == 0
 }
 
-// slimMeta keeps the identity of an object and nothing else. Its strings
-// are copied into one allocation: the decoded ones sit among the garbage of
-// the decoding, and a few long-lived strings pin whole spans of it.
+// slimMeta keeps the identity of an object and nothing else (see metaOf).
 func slimMeta(m *metav1.ObjectMeta) metav1.ObjectMeta {
-	var b strings.Builder
-	b.Grow(len(m.Name) + len(m.Namespace) + len(m.UID) + len(m.ResourceVersion))
-	keep := func(v string) string {
-		start := b.Len()
-		b.WriteString(v) // within the capacity grown: never moves
-		return b.String()[start:]
-	}
-	return metav1.ObjectMeta{
-		Name:              keep(m.Name),
-		Namespace:         keep(m.Namespace),
-		UID:               types.UID(keep(string(m.UID))),
-		ResourceVersion:   keep(m.ResourceVersion),
-		DeletionTimestamp: m.DeletionTimestamp,
-	}
+	meta := metaOf(newKeeper(metaSize(m, true)), m, true)
+	return meta.ObjectMeta()
 }
 
 // nodeTable numbers node names: a cluster has hundreds of nodes, its
@@ -286,7 +484,15 @@ var nodeNames nodeTable
 // SliceFrom converts an EndpointSlice. ok is false for slices draind ignores
 // (FQDN, no service label). Malformed addresses are skipped, never fatal.
 func SliceFrom(s *discoveryv1.EndpointSlice) (sl *Slice, skipped int) {
-	out := &Slice{ObjectMeta: slimMeta(&s.ObjectMeta), Service: s.Labels[discoveryv1.LabelServiceName],
+	service := s.Labels[discoveryv1.LabelServiceName]
+	size := metaSize(&s.ObjectMeta, false) + len(service)
+	for _, p := range s.Ports {
+		if p.Name != nil {
+			size += len(*p.Name)
+		}
+	}
+	k := newKeeper(size)
+	out := &Slice{Meta: metaOf(k, &s.ObjectMeta, false), Service: k.keep(service),
 		Controller: s.Labels[discoveryv1.LabelManagedBy] == ManagedByController}
 	switch s.AddressType {
 	case discoveryv1.AddressTypeIPv4:
@@ -311,7 +517,7 @@ func SliceFrom(s *discoveryv1.EndpointSlice) (sl *Slice, skipped int) {
 		}
 		name := ""
 		if p.Name != nil {
-			name = *p.Name
+			name = k.keep(*p.Name)
 		}
 		out.Ports = append(out.Ports, SlicePort{Name: name, Port: uint16(*p.Port), Protocol: pr})
 	}
@@ -362,13 +568,19 @@ func SliceFrom(s *discoveryv1.EndpointSlice) (sl *Slice, skipped int) {
 
 // ServiceFrom converts a Service. Unparseable cluster IPs are skipped.
 func ServiceFrom(s *corev1.Service) (*Service, int) {
+	steering, endDead := s.Annotations[AnnotationPodIPSteering], s.Annotations[AnnotationEndDeadConnections]
+	size := metaSize(&s.ObjectMeta, false) + len(steering) + len(endDead)
+	for _, p := range s.Spec.Ports {
+		size += len(p.Name)
+	}
+	k := newKeeper(size)
 	out := &Service{
-		ObjectMeta:         slimMeta(&s.ObjectMeta),
+		Meta:               metaOf(k, &s.ObjectMeta, false),
 		AffinityClientIP:   s.Spec.SessionAffinity == corev1.ServiceAffinityClientIP,
 		InternalLocal:      s.Spec.InternalTrafficPolicy != nil && *s.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal,
-		PodIPSteering:      s.Annotations[AnnotationPodIPSteering],
+		PodIPSteering:      k.keep(steering),
 		HasSelector:        len(s.Spec.Selector) > 0,
-		EndDeadConnections: s.Annotations[AnnotationEndDeadConnections],
+		EndDeadConnections: k.keep(endDead),
 	}
 	skipped := 0
 	if s.Spec.Type != corev1.ServiceTypeExternalName {
@@ -394,7 +606,7 @@ func ServiceFrom(s *corev1.Service) (*Service, int) {
 		if !ok || p.Port <= 0 || p.Port > 65535 {
 			continue
 		}
-		out.Ports = append(out.Ports, ServicePort{Name: p.Name, Port: uint16(p.Port), Protocol: pr})
+		out.Ports = append(out.Ports, ServicePort{Name: k.keep(p.Name), Port: uint16(p.Port), Protocol: pr})
 	}
 	return out, skipped
 }

@@ -42,8 +42,8 @@ func TestSliceFrom(t *testing.T) {
 	if skipped != 4 {
 		t.Errorf("skipped %d, want 4 (a bad port, three bad endpoints)", skipped)
 	}
-	if sl.Service != "web" || sl.Family != IPv4 || sl.Name != "web-1" || sl.ResourceVersion != "7" || sl.Labels != nil {
-		t.Errorf("slim slice %+v", sl.ObjectMeta)
+	if sl.Service != "web" || sl.Family != IPv4 || sl.Name != "web-1" || sl.ResourceVersion != "7" {
+		t.Errorf("slim slice %+v", sl.Meta)
 	}
 	wantPorts := []SlicePort{{"http", 8080, bpf.TCP}, {"dns", 53, bpf.UDP}}
 	if !slices.Equal(sl.Ports, wantPorts) {
@@ -150,6 +150,76 @@ func TestSliceEndpointsPacked(t *testing.T) {
 		if got := s.Endpoint(i); got != in[i] {
 			t.Errorf("endpoint %d: %+v, want %+v", i, got, in[i])
 		}
+	}
+	checkAccessors(t, &s, in)
+}
+
+// checkAccessors checks the allocation-free accessors against the
+// endpoints the slice was given.
+func checkAccessors(t *testing.T, s *Slice, in []Endpoint) {
+	t.Helper()
+	for i := range s.Len() {
+		if s.Addr(i) != in[i].Addr || s.HasPod(i) != (in[i].PodUID != "") || s.Ready(i) != in[i].Ready() {
+			t.Errorf("endpoint %d: Addr %v HasPod %v Ready %v, want %+v", i, s.Addr(i), s.HasPod(i), s.Ready(i), in[i])
+		}
+		if s.PodKey(i) != PodKeyOf(in[i].PodUID) {
+			t.Errorf("endpoint %d: PodKey %+v, PodKeyOf(%q) %+v", i, s.PodKey(i), in[i].PodUID, PodKeyOf(in[i].PodUID))
+		}
+		for j := range s.Len() {
+			same := in[i].PodUID == in[j].PodUID
+			if (s.PodKey(i) == s.PodKey(j)) != same || (s.PodKey(i).Compare(s.PodKey(j)) == 0) != same {
+				t.Errorf("endpoints %d and %d: equal keys %v, equal UIDs %v", i, j, s.PodKey(i) == s.PodKey(j), same)
+			}
+		}
+	}
+}
+
+// TestSliceEndpointsCompact: the compact forms (binary UUIDs, names split
+// in a shared prefix and a suffix, 4-byte addresses) read back exactly as
+// given, and whatever does not fit them is stored as text.
+func TestSliceEndpointsCompact(t *testing.T) {
+	const uuid = "0f8e2a4c-1b3d-4e5f-9a6b-7c8d9e0fa1b2"
+	in := []Endpoint{
+		{Addr: netip.MustParseAddr("10.0.0.1"), PodUID: uuid, PodName: "web-7d4b9c8f6-x2kq9"},
+		{Addr: netip.MustParseAddr("10.0.0.2"), PodUID: "0F8E2A4C-1B3D-4E5F-9A6B-7C8D9E0FA1B2", PodName: "web-7d4b9c8f6-abcde"}, // upper case: text
+		{Addr: netip.MustParseAddr("10.0.0.3"), PodUID: "0f8e2a4c-1b3d-4e5f-9a6b-7c8d9e0fa1bz", PodName: "web-0"},               // not hex: text
+		{Addr: netip.MustParseAddr("10.0.0.4"), PodUID: "0f8e2a4c+1b3d-4e5f-9a6b-7c8d9e0fa1b2", PodName: "nodash"},              // no dash where due
+		{Addr: netip.MustParseAddr("10.0.0.5"), PodUID: types.UID(uuid[:35]), PodName: "trailing-"},
+		{Addr: netip.MustParseAddr("10.0.0.6"), PodUID: "short", PodName: "-"},
+		{Addr: netip.MustParseAddr("10.0.0.7"), PodName: "no-uid"},
+		{Addr: netip.MustParseAddr("10.0.0.8"), PodUID: uuid},
+		{Addr: netip.MustParseAddr("10.0.0.9")},
+	}
+	// More owners than the shared prefixes are kept for.
+	for i := range 20 {
+		in = append(in, Endpoint{Addr: netip.AddrFrom4([4]byte{10, 1, 0, byte(i)}), Conds: CondReady,
+			PodUID: types.UID(fmt.Sprintf("00000000-0000-0000-0000-%012d", i)), PodName: fmt.Sprintf("owner%d-%d", i, i)})
+	}
+	var s Slice
+	if skipped := s.SetEndpoints(in); skipped != 0 {
+		t.Fatalf("skipped %d", skipped)
+	}
+	if s.wide || len(s.addrs) != 4*len(in) {
+		t.Errorf("IPv4 only: %d address bytes for %d endpoints (wide %v)", len(s.addrs), len(in), s.wide)
+	}
+	for i := range s.Len() {
+		if got := s.Endpoint(i); got != in[i] {
+			t.Errorf("endpoint %d: %+v, want %+v", i, got, in[i])
+		}
+	}
+	checkAccessors(t, &s, in)
+	if got := s.endpoints[0].flags & (uuidUID | textUID); got != uuidUID {
+		t.Errorf("an API server's UUID not stored binary: flags %b", got)
+	}
+	if got := s.endpoints[1].flags & (uuidUID | textUID); got != textUID {
+		t.Errorf("an upper-case UUID not stored as text: flags %b", got)
+	}
+	// The two pods of one ReplicaSet share its name's copy.
+	if strings.Count(s.strs, "web-7d4b9c8f6-") != 1 {
+		t.Errorf("prefix stored %d times in %q", strings.Count(s.strs, "web-7d4b9c8f6-"), s.strs)
+	}
+	if strings.Contains(s.strs, uuid) {
+		t.Errorf("a UUID stored as text: %q", s.strs)
 	}
 }
 
