@@ -7,10 +7,11 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 )
 
-// Meta is the metadata draind keeps of a cached Slice or Service: its
-// name and version (see metaOf). metav1.ObjectMeta is some 250 bytes however little
-// it holds, and the informers keep one per Service and slice of the
-// cluster.
+// Meta is the metadata draind keeps of a cached object: its name,
+// namespace, resourceVersion and deletion time, and its UID where draind
+// reads it (pods and Leases, not Services and slices; see metaOf).
+// metav1.ObjectMeta is some 250 bytes however little it holds, and the
+// informers keep one per Service and slice of the cluster.
 //
 // *Meta is a metav1.Object so that the informers' stores key it like any
 // API object. As the interface allows for fields an object does not

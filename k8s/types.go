@@ -161,9 +161,10 @@ func (s *Slice) Endpoint(i int) Endpoint {
 		e.PodUID = types.UID(formatUUID(p.uid))
 	default:
 		// One allocation for both.
+		var u [uuidLen]byte
 		var b strings.Builder
 		b.Grow(uuidLen + len(prefix) + len(suffix))
-		b.WriteString(formatUUID(p.uid))
+		b.Write(appendUUID(u[:0], p.uid))
 		b.WriteString(prefix)
 		b.WriteString(suffix)
 		all := b.String()
@@ -283,18 +284,20 @@ func lowerHex(c byte) (byte, bool) {
 }
 
 func formatUUID(u [16]byte) string {
-	const digits = "0123456789abcdef"
 	var b [uuidLen]byte
-	j := 0
+	return string(appendUUID(b[:0], u))
+}
+
+// appendUUID appends u in the API server's form (lowercase, hyphenated).
+func appendUUID(b []byte, u [16]byte) []byte {
+	const digits = "0123456789abcdef"
 	for i, v := range u {
 		if i == 4 || i == 6 || i == 8 || i == 10 {
-			b[j] = '-'
-			j++
+			b = append(b, '-')
 		}
-		b[j], b[j+1] = digits[v>>4], digits[v&15]
-		j += 2
+		b = append(b, digits[v>>4], digits[v&15])
 	}
-	return string(b[:])
+	return b
 }
 
 // splitPodName splits a pod's name after its last '-': what precedes it

@@ -221,6 +221,13 @@ func TestSliceEndpointsCompact(t *testing.T) {
 	if strings.Contains(s.strs, uuid) {
 		t.Errorf("a UUID stored as text: %q", s.strs)
 	}
+	// Reading a binary UUID back costs one allocation, with or without a
+	// name in two parts (categorize reads every endpoint of a Service).
+	for _, i := range []int{0, 7} {
+		if n := testing.AllocsPerRun(100, func() { _ = s.Endpoint(i) }); n > 1 {
+			t.Errorf("endpoint %d read with %v allocations, want at most 1", i, n)
+		}
+	}
 }
 
 // TestNodeNumbersConcurrent: slices are converted on several informer
