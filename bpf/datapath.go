@@ -395,6 +395,9 @@ func (d *Datapath) Attach(cgroupPath string) error {
 		l.Close()
 	}
 	d.links = nil
+	if err := d.beforeAttach(); err != nil {
+		return err
+	}
 	for _, a := range d.attachments() {
 		l, err := d.attachOne(a, filepath.Join(linkDir, a.name), cgroupPath, cgID)
 		if err != nil {

@@ -65,10 +65,32 @@ func (d *Datapath) socketAttachments() []attachment {
 	}
 }
 
+// beforeAttach records, with the socket hooks, the instant counting starts
+// unless the maps already hold one: before the programs are attached, so
+// every socket they count is counted after it (the sock_ops program ignores
+// the close of a socket counted before it).
+func (d *Datapath) beforeAttach() error {
+	if !d.sockets {
+		return nil
+	}
+	zero := uint32(0)
+	var info sockopsSockInfo
+	if err := d.steer.DraindSockInfo.Lookup(&zero, &info); err != nil {
+		return fmt.Errorf("reading %s: %w", MapSockInfo, err)
+	}
+	if info.CountingSinceNs != 0 {
+		return nil
+	}
+	info.CountingSinceNs = uint64(bootNow())
+	if err := d.put(MapSockInfo, d.steer.DraindSockInfo, &zero, &info); err != nil {
+		return fmt.Errorf("recording when connection counting started: %w", err)
+	}
+	return nil
+}
+
 // afterAttach finishes Attach: without the socket hooks, links of them that
 // an earlier draind pinned are detached (the configuration changed) and the
-// counts are reset; with them, the instant counting started is recorded
-// unless the maps already hold one.
+// counts are reset.
 func (d *Datapath) afterAttach(linkDir string) error {
 	if !d.sockets {
 		for _, name := range socketAttachNames {
@@ -86,18 +108,6 @@ func (d *Datapath) afterAttach(linkDir string) error {
 			}
 		}
 		return d.resetCounting()
-	}
-	zero := uint32(0)
-	var info sockopsSockInfo
-	if err := d.steer.DraindSockInfo.Lookup(&zero, &info); err != nil {
-		return fmt.Errorf("reading %s: %w", MapSockInfo, err)
-	}
-	if info.CountingSinceNs != 0 {
-		return nil
-	}
-	info.CountingSinceNs = uint64(bootNow())
-	if err := d.put(MapSockInfo, d.steer.DraindSockInfo, &zero, &info); err != nil {
-		return fmt.Errorf("recording when connection counting started: %w", err)
 	}
 	return nil
 }
