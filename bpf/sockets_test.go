@@ -71,6 +71,22 @@ func (f *fixture) gonePeer(i int, v6 bool, at time.Time) {
 	must(f.t, f.dp.UpsertGonePeer(bpf.GonePeer{Addr: f.pods[i].Addr(v6), GoneAt: at, Expires: time.Now().Add(time.Minute)}))
 }
 
+// reloadWithSockets restarts the datapath with the socket hooks and returns
+// the instant counting started, checked to be about now.
+func (f *fixture) reloadWithSockets() time.Time {
+	f.t.Helper()
+	must(f.t, f.dp.Close())
+	before := time.Now()
+	f.sockets = true
+	f.load()
+	since, err := f.dp.CountingSince()
+	must(f.t, err)
+	if since.Before(before.Add(-time.Second)) || since.After(time.Now().Add(time.Second)) {
+		f.t.Errorf("counting since %v, want about %v", since, before)
+	}
+	return since
+}
+
 // TestPrivilegedSocketCountsConnections: the sock_ops program counts a
 // pod's passively established connections under its address, and their
 // ends, whichever side closes; other pods' counts are untouched. IPv4 runs
@@ -136,15 +152,7 @@ func TestPrivilegedSocketCountingStartsAtAttach(t *testing.T) {
 			t.Fatalf("opening %s: %+v", id, r)
 		}
 	}
-	must(t, f.dp.Close())
-	before := time.Now()
-	f.sockets = true
-	f.load()
-	since, err := f.dp.CountingSince()
-	must(t, err)
-	if since.Before(before.Add(-time.Second)) || since.After(time.Now().Add(time.Second)) {
-		t.Errorf("counting since %v, want about %v", since, before)
-	}
+	since := f.reloadWithSockets()
 	for _, id := range []string{"new0", "new1", "new2"} {
 		if r := sock.call(t, sockReq{Op: "tcp_open", Family: "4", Addr: srv1.String(), ID: id}); r.OK != 1 {
 			t.Fatalf("opening %s: %+v", id, r)
@@ -203,15 +211,7 @@ func TestPrivilegedSocketCountsResetWhenHooksOff(t *testing.T) {
 	}
 	sock.call(t, sockReq{Op: "close", ID: "old0"}) // in the gap: not seen
 
-	must(t, f.dp.Close())
-	before := time.Now()
-	f.sockets = true
-	f.load()
-	since, err := f.dp.CountingSince()
-	must(t, err)
-	if since.Before(before.Add(-time.Second)) {
-		t.Errorf("counting since %v after the hooks came back at %v", since, before)
-	}
+	f.reloadWithSockets()
 	open("new0")
 	waitLive(t, f.dp, f.pods[0].IP4, 1)
 	// old1 was counted before the gap: its close must not take new0's place.

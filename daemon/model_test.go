@@ -420,20 +420,28 @@ func TestRestartWithLeasesPresent(t *testing.T) {
 	}
 }
 
-// TestRefreshSpreadOverPasses: the periodic refresh of every entry is
-// spread over passes (no pass evaluates more than a batch, so an event never
-// waits behind the whole state), and by the end of the round every entry's
-// deadline is refreshed.
-func TestRefreshSpreadOverPasses(t *testing.T) {
+// drainingServices is a harness with n Services, each with one
+// terminating and one ready endpoint, after a first pass.
+func drainingServices(t *testing.T, n int) *harness {
+	t.Helper()
 	h := newHarness(t)
-	const services = 100 // 100 service-ports and 100 drain entries: 200 targets
-	for i := range services {
+	for i := range n {
 		name := fmt.Sprintf("web%d", i)
 		h.addService(svc(name, []string{fmt.Sprintf("10.96.1.%d", i)}, []corev1.ServicePort{port("http", 80, corev1.ProtocolTCP)}))
 		h.putSlice(slice(name+"-1", name, v4, httpPorts(8080),
 			terminating(fmt.Sprintf("10.0.%d.1", i), name+"-a"), ready(fmt.Sprintf("10.0.%d.2", i), name+"-b")))
 	}
 	h.pass()
+	return h
+}
+
+// TestRefreshSpreadOverPasses: the periodic refresh of every entry is
+// spread over passes (no pass evaluates more than a batch, so an event never
+// waits behind the whole state), and by the end of the round every entry's
+// deadline is refreshed.
+func TestRefreshSpreadOverPasses(t *testing.T) {
+	const services = 100 // 100 service-ports and 100 drain entries: 200 targets
+	h := drainingServices(t, services)
 	if n := len(h.dp.Drains); n != services {
 		t.Fatalf("%d drain entries, want %d", n, services)
 	}
@@ -631,15 +639,8 @@ func TestUDPExpiredWhileDraining(t *testing.T) {
 // --min-sync-interval), the next pass refreshes the whole round, so no
 // entry runs out of its TTL for want of a turn.
 func TestRefreshRoundOverrunFinishesAtOnce(t *testing.T) {
-	h := newHarness(t)
 	const services = 100
-	for i := range services {
-		name := fmt.Sprintf("web%d", i)
-		h.addService(svc(name, []string{fmt.Sprintf("10.96.1.%d", i)}, []corev1.ServicePort{port("http", 80, corev1.ProtocolTCP)}))
-		h.putSlice(slice(name+"-1", name, v4, httpPorts(8080),
-			terminating(fmt.Sprintf("10.0.%d.1", i), name+"-a"), ready(fmt.Sprintf("10.0.%d.2", i), name+"-b")))
-	}
-	h.pass()
+	h := drainingServices(t, services)
 	h.clock.Step(h.d.cfg.EntryTTL/4 + time.Second)
 	h.pass() // the round starts: one batch
 	if !h.d.reconciler.refreshing() {
