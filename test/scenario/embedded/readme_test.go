@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -98,10 +99,14 @@ func TestPrivilegedREADMEPreStopRecipes(t *testing.T) {
 			IPs: []netip.Addr{bp.IP4, bp.IP6}, Labels: map[string]string{"app": name}}); err != nil {
 			t.Fatal(err)
 		}
-		if d != nil { // wait until the node's draind knows the pod (else 403)
+		// Wait until the node's draind knows the pod and its IP (else 403):
+		// the pod is created first and gets its IPs with its status.
+		if d != nil {
 			for {
-				if _, ok, _ := d.d.Informers().Pods.GetStore().GetByKey("readme/" + name); ok {
-					break
+				if o, ok, _ := d.d.Informers().Pods.GetStore().GetByKey("readme/" + name); ok {
+					if p, _ := o.(*k8s.Pod); p != nil && slices.Contains(p.IPs, bp.IP4) {
+						break
+					}
 				}
 				if ctx.Err() != nil {
 					t.Fatalf("the draind of %s never saw pod %s", node.Name, name)
