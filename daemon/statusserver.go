@@ -22,13 +22,24 @@ func ServeStatus(ctx context.Context, path string, status func() Status) error {
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("removing stale status socket: %w", err)
 	}
-	l, err := net.Listen("unix", path)
+	// Bound under a temporary name and renamed once restricted: the
+	// socket is never reachable at path with the umask's mode.
+	tmp := fmt.Sprintf("%s.%d.tmp", path, os.Getpid())
+	os.Remove(tmp)
+	l, err := net.Listen("unix", tmp)
 	if err != nil {
 		return fmt.Errorf("listening on status socket %s: %w", path, err)
 	}
-	if err := os.Chmod(path, 0o600); err != nil {
+	l.(*net.UnixListener).SetUnlinkOnClose(false) // path is removed below
+	if err := os.Chmod(tmp, 0o600); err != nil {
 		l.Close()
+		os.Remove(tmp)
 		return fmt.Errorf("restricting status socket: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		l.Close()
+		os.Remove(tmp)
+		return fmt.Errorf("placing status socket at %s: %w", path, err)
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/status", func(w http.ResponseWriter, r *http.Request) {

@@ -188,10 +188,13 @@ func TestStatusUnhealthyExitsNonZero(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go daemon.ServeStatus(ctx, sock, func() daemon.Status { return st })
-	wait.PollUntilContextTimeout(ctx, 2*time.Millisecond, time.Second, true, func(context.Context) (bool, error) {
+	// The socket appears at its path already restricted.
+	if err := wait.PollUntilContextTimeout(ctx, 2*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
 		_, err := os.Stat(sock)
 		return err == nil, nil
-	})
+	}); err != nil {
+		t.Fatalf("the status socket never appeared: %v", err)
+	}
 	fi, err := os.Stat(sock)
 	if err != nil {
 		t.Fatal(err)
