@@ -302,7 +302,7 @@ func TestFaultAPIOutageHostingNode(t *testing.T) {
 		h.d.hosted.reconcile(h.ctx)
 		h.d.hosted.writer.flush(h.ctx)
 	}
-	if r, answered := call.result(t); answered {
+	if r, answered := call.answered(t); answered {
 		t.Fatalf("the waiter was answered during the outage: %+v", r)
 	}
 	if got := h.dp.DrainKeys(); !slices.Contains(got, key("10.0.0.1:8080", bpf.TCP)) {

@@ -140,16 +140,19 @@ func (h *harness) pass() int {
 	return h.dp.OpCount() - before
 }
 
-// podElsewhere creates a pod of another node in the API (this node's pod
-// informer never sees it): the object a registry-only Lease is checked
-// against.
+// podElsewhere creates a pod of another node in the API: the object a
+// registry-only Lease is checked against. The fake clientset ignores the
+// pod informer's field selector, so this node's informer sees it too (and
+// keeps it out of LocalPods): the call returns once its event was handled,
+// so that it cannot be taken for the event of a later call.
 func (h *harness) podElsewhere(name, uid, node string, ips ...string) {
 	h.t.Helper()
 	p := pod(name, uid, ips...)
 	p.Spec.NodeName = node
-	if _, err := h.client.CoreV1().Pods(p.Namespace).Create(h.ctx, p, metav1.CreateOptions{}); err != nil {
-		h.t.Fatal(err)
-	}
+	h.do(&h.d.events.pods, 1, func(ctx context.Context) error {
+		_, err := h.client.CoreV1().Pods(p.Namespace).Create(ctx, p, metav1.CreateOptions{})
+		return err
+	})
 }
 
 func (h *harness) addService(s *corev1.Service) {

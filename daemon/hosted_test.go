@@ -64,11 +64,21 @@ func (h *harness) offline(ip netip.Addr, wait, quiet time.Duration) *offlineCall
 	return c
 }
 
+// result waits for the answer the call must get (10 s at most).
 func (c *offlineCall) result(t *testing.T) (OfflineResult, bool) {
+	return c.within(10 * time.Second)
+}
+
+// answered reports an answer given within 100 ms: the test expects none.
+func (c *offlineCall) answered(t *testing.T) (OfflineResult, bool) {
+	return c.within(100 * time.Millisecond)
+}
+
+func (c *offlineCall) within(d time.Duration) (OfflineResult, bool) {
 	select {
 	case r := <-c.done:
 		return r, true
-	case <-time.After(100 * time.Millisecond):
+	case <-time.After(d):
 		return OfflineResult{}, false
 	}
 }
@@ -166,7 +176,7 @@ func TestOfflineReturnsWhenDrained(t *testing.T) {
 	h.setSYNs(5)
 	h.tick(time.Second)
 	h.tick(3 * time.Second)
-	if r, ok := call.result(t); ok {
+	if r, ok := call.answered(t); ok {
 		t.Fatalf("answered %+v while a connection is live", r)
 	}
 	h.closeConns() // the in-flight request finished
@@ -201,7 +211,7 @@ func TestOfflineTimesOutWithLiveConnection(t *testing.T) {
 	for i := 0; i < 9; i++ {
 		h.tick(time.Second)
 	}
-	if r, ok := call.result(t); ok {
+	if r, ok := call.answered(t); ok {
 		t.Fatalf("answered early: %+v", r)
 	}
 	h.tick(time.Second)
@@ -295,7 +305,7 @@ func TestLeaseExpiryWhileWaiting(t *testing.T) {
 	// (TestFaultAPIOutageRemoteNode); the node hosting the pod keeps its
 	// drain and the waiter (issue 11: it used to answer 409 cancelled and
 	// stop steering here too).
-	if r, ok := call.result(t); ok {
+	if r, ok := call.answered(t); ok {
 		t.Fatalf("the waiter was answered when the Lease expired: %+v", r)
 	}
 	h.pass()

@@ -160,11 +160,7 @@ func TestHostileLeaseHolder(t *testing.T) {
 // once the pod's own object confirms the holder and IPs.
 func TestHostileRegistryOnlyLease(t *testing.T) {
 	h := newHarness(t)
-	p := pod("nacos-client", "reg", "10.0.0.5")
-	p.Spec.NodeName = "node-b"
-	if _, err := h.client.CoreV1().Pods("default").Create(h.ctx, p, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	h.podElsewhere("nacos-client", "reg", "node-b", "10.0.0.5")
 	h.lease("reg", "default", "nacos-client", "node-c", k8s.ReasonOffline, time.Minute, "10.0.0.5")
 	h.tick(0)
 	h.pass()
@@ -343,7 +339,7 @@ func TestHostileOfflineWaitsPerPod(t *testing.T) {
 		}
 	}
 	call := f.offline(netip.MustParseAddr("127.0.0.9"), 30*time.Second, time.Second)
-	if r, answered := call.result(t); answered {
+	if r, answered := call.answered(t); answered {
 		t.Fatalf("the other pod's wait was refused: %+v", r)
 	}
 	eventually(t, 10*time.Second, "both pods' drain Leases", func() bool { return len(f.d.state.DrainLeases()) == 2 })

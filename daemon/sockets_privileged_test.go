@@ -92,21 +92,28 @@ func TestPrivilegedSocketOfflineWithoutConntrack(t *testing.T) {
 				inflightDone <- err
 			}()
 			// While it runs, the status says the pod is live, and from where.
-			seenCh := make(chan string, 1)
+			// (Sampled until the answer: the drain starts only once the
+			// offline call's helper runs.)
+			seenCh, stopSampling := make(chan string, 1), make(chan struct{})
 			go func() {
 				seen := LiveFromNone
-				for i := 0; i < 100; i++ {
+				for {
 					for _, p := range e.d.PodStatuses() {
 						if p.Name == "web-0" && p.LiveConnections > 0 {
 							seen = p.LiveSource
 						}
 					}
-					time.Sleep(20 * time.Millisecond)
+					select {
+					case <-stopSampling:
+						seenCh <- seen
+						return
+					case <-time.After(20 * time.Millisecond):
+					}
 				}
-				seenCh <- seen
 			}()
 			code, res, took := e.offlineFrom(e.pods[0], "wait=30s&quiet=1s")
 			answered := time.Now()
+			close(stopSampling)
 			if err := <-inflightDone; err != nil {
 				t.Errorf("the in-flight request failed: %v", err)
 			}
@@ -199,7 +206,13 @@ func TestPrivilegedSocketVanishedPodEndsClients(t *testing.T) {
 				_, err := cli.Call(bed.Request{Op: "keepalive_start", ID: k.id, Addr: k.addr.String(), Interval: 50 * time.Millisecond, Timeout: reqTimeout})
 				must(t, err)
 			}
-			time.Sleep(300 * time.Millisecond) // a few requests on web-0 (traffic, not a synchronisation)
+			for _, id := range []string{"direct", "vip"} { // both connected, to web-0
+				tl, err := bed.WaitServed(cli, id, 10*time.Second)
+				must(t, err)
+				if s := tl[len(tl)-1].Server; s != "web-0" {
+					t.Fatalf("%s: served by %s, want web-0", id, s)
+				}
+			}
 			var all []netip.AddrPort
 			for _, p := range e.pods {
 				all = append(all, netip.AddrPortFrom(p.IP4, e2ePort))

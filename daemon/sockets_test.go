@@ -467,7 +467,7 @@ func TestOfflineWaitsForSocketsWithoutConntrack(t *testing.T) {
 	h.pass()
 	h.clock.Step(3 * time.Second)
 	h.d.hosted.reconcile(h.ctx)
-	if r, done := call.result(t); done {
+	if r, done := call.answered(t); done {
 		t.Fatalf("answered while the pod's socket count says 1 (conntrack 0): %+v", r)
 	}
 	sd.setLive(podIP, 0)

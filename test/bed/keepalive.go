@@ -3,6 +3,7 @@ package bed
 import (
 	"bufio"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"sync"
@@ -122,4 +123,33 @@ func FirstSuccessAfter(samples []Sample, t time.Time) (Sample, bool) {
 		}
 	}
 	return Sample{}, false
+}
+
+// WaitServed waits until keep-alive client id has been answered a few times
+// in a row on one connection (at most timeout) and returns its timeline so
+// far: its connection exists and has a server.
+func WaitServed(p *Proc, id string, timeout time.Duration) ([]Sample, error) {
+	const inRow = 3
+	deadline := time.Now().Add(timeout)
+	for {
+		r, err := p.Call(Request{Op: "keepalive_peek", ID: id})
+		if err != nil {
+			return nil, err
+		}
+		tl := r.Timeline
+		if n := len(tl); n >= inRow {
+			last := tl[n-inRow:]
+			ok := true
+			for _, s := range last {
+				ok = ok && s.Err == "" && s.Conn == last[0].Conn && s.Server == last[0].Server
+			}
+			if ok {
+				return tl, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return tl, fmt.Errorf("keep-alive client %s not served %d times in a row within %v: %v", id, inRow, timeout, tl)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }

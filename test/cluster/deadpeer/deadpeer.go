@@ -186,14 +186,12 @@ func oneKill(ctx context.Context, c *headline.Cluster, kc *kube.Cluster, cfg Con
 		return Run{}, err
 	}
 	// The connection it keeps is on whichever pod kube-proxy picked: the
-	// answers so far name it (traffic to look at, not a synchronisation).
-	time.Sleep(500 * time.Millisecond)
-	peek, err := client.Call(bed.Request{Op: "keepalive_peek", ID: "ka"})
+	// answers so far name it.
+	tl, err := bed.WaitServed(client, "ka", 10*time.Second)
 	if err != nil {
-		return Run{}, err
+		return Run{}, fmt.Errorf("through %s: %w", vip, err)
 	}
-	tl := peek.Timeline
-	if len(tl) == 0 || tl[len(tl)-1].Err != "" || tl[len(tl)-1].Conn != 1 {
+	if tl[len(tl)-1].Conn != 1 {
 		return Run{}, fmt.Errorf("the client is not being served on one connection through %s: %v", vip, tl)
 	}
 	victimName := tl[len(tl)-1].Server

@@ -272,6 +272,11 @@ func testRBAC(ctx context.Context, t *testing.T, c *kube.Cluster, dyn dynamic.In
 				}
 			}
 		}
+		// The bindings were just created: the authorizer's cache must
+		// have them before a denial means anything.
+		if err := kube.WaitAllowed(ctx, c.Admin, saUser, nil, allowed...); err != nil {
+			t.Error(err)
+		}
 		check(allowed, true)
 		check(denied, false)
 	})

@@ -16,6 +16,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
+
+	"github.com/draind/draind/test/cluster/kube"
 )
 
 // DraindNamespace and DraindServiceAccount are what deploy/daemonset
@@ -70,7 +72,11 @@ func ApplyRBAC(ctx context.Context, client kubernetes.Interface) error {
 			}
 		}
 	}
-	return nil
+	attrs := make([]authorizationv1.ResourceAttributes, len(NeededAccess))
+	for i, a := range NeededAccess {
+		attrs[i] = a.attributes()
+	}
+	return kube.WaitAllowed(ctx, client, DraindUser, DraindGroups, attrs...)
 }
 
 func stripComments(doc string) string {
@@ -128,14 +134,16 @@ func (a Access) String() string {
 	return fmt.Sprintf("%s %s in %s", a.Verb, r, ns)
 }
 
+func (a Access) attributes() authorizationv1.ResourceAttributes {
+	return authorizationv1.ResourceAttributes{Verb: a.Verb, Group: a.Group, Resource: a.Resource, Subresource: a.Subresource, Namespace: a.Namespace}
+}
+
 // Allowed asks the apiserver whether draind's ServiceAccount may do a.
 func Allowed(ctx context.Context, admin kubernetes.Interface, a Access) (bool, error) {
 	r, err := admin.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{
 		Spec: authorizationv1.SubjectAccessReviewSpec{
 			User: DraindUser, Groups: DraindGroups,
-			ResourceAttributes: &authorizationv1.ResourceAttributes{
-				Verb: a.Verb, Group: a.Group, Resource: a.Resource, Subresource: a.Subresource, Namespace: a.Namespace,
-			},
+			ResourceAttributes: ptr(a.attributes()),
 		},
 	}, metav1.CreateOptions{})
 	if err != nil {

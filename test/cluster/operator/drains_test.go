@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -70,6 +71,12 @@ func operatorRBAC(t *testing.T, ctx context.Context, c kubernetes.Interface, use
 	}
 	if _, err := c.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "drains-" + user},
 		RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "drains-" + user}, Subjects: subj}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := kube.WaitAllowed(ctx, c, user, nil,
+		authorizationv1.ResourceAttributes{Verb: "list", Group: "coordination.k8s.io", Resource: "leases", Namespace: draindNS},
+		authorizationv1.ResourceAttributes{Verb: "list", Group: "discovery.k8s.io", Resource: "endpointslices"},
+		authorizationv1.ResourceAttributes{Verb: "get", Resource: "pods", Namespace: "default"}); err != nil {
 		t.Fatal(err)
 	}
 }
