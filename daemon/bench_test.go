@@ -21,6 +21,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -83,21 +84,24 @@ func benchService(i int) *corev1.Service {
 }
 
 // benchSlice is the EndpointSlice controller's slice of Service i, with
-// perService endpoints and endpoint terminating (-1: none).
+// perService endpoints and endpoint terminating (-1: none). The churn
+// builds one per update in the API server's process, which shares the
+// machine with draind: it formats without fmt.
 func benchSlice(i, perService, terminating int) *discoveryv1.EndpointSlice {
+	itoa := strconv.Itoa
 	name, port, proto := "http", int32(8080), corev1.ProtocolTCP
-	svc := fmt.Sprintf("svc-%d", i)
-	ns := fmt.Sprintf("ns-%d", i%100)
+	svc := "svc-" + itoa(i)
+	ns := "ns-" + itoa(i%100)
 	isTrue := true
 	s := &discoveryv1.EndpointSlice{
 		TypeMeta: metav1.TypeMeta{Kind: "EndpointSlice", APIVersion: "discovery.k8s.io/v1"},
 		ObjectMeta: metav1.ObjectMeta{Name: svc + "-abcde", GenerateName: svc + "-", Namespace: ns,
-			UID: types.UID(fmt.Sprintf("5e1c0000-0000-0000-0000-%012d", i)),
+			UID: types.UID("5e1c0000-0000-0000-0000-" + zeroPad(i, 12)),
 			Labels: map[string]string{discoveryv1.LabelServiceName: svc, discoveryv1.LabelManagedBy: k8s.ManagedByController,
 				"app": svc},
 			Annotations: map[string]string{"endpoints.kubernetes.io/last-change-trigger-time": "2026-01-01T00:00:00Z"},
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Service", Name: svc,
-				UID: types.UID(fmt.Sprintf("5e4f0000-0000-0000-0000-%012d", i)), Controller: &isTrue, BlockOwnerDeletion: &isTrue}}},
+				UID: types.UID("5e4f0000-0000-0000-0000-" + zeroPad(i, 12)), Controller: &isTrue, BlockOwnerDeletion: &isTrue}}},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Ports:       []discoveryv1.EndpointPort{{Name: &name, Port: &port, Protocol: &proto}},
 	}
@@ -105,17 +109,26 @@ func benchSlice(i, perService, terminating int) *discoveryv1.EndpointSlice {
 		n := i*perService + j
 		ready, term := j != terminating, j == terminating
 		serving := true
-		node := fmt.Sprintf("node-%d", n%scaleNodes)
-		zone := fmt.Sprintf("zone-%d", n%3)
+		node := "node-" + itoa(n%scaleNodes)
+		zone := "zone-" + itoa(n%3)
 		s.Endpoints = append(s.Endpoints, discoveryv1.Endpoint{
-			Addresses:  []string{fmt.Sprintf("10.%d.%d.%d", 100+n>>16, (n>>8)&255, n&255)},
+			Addresses:  []string{"10." + itoa(100+n>>16) + "." + itoa((n>>8)&255) + "." + itoa(n&255)},
 			Conditions: discoveryv1.EndpointConditions{Ready: &ready, Serving: &serving, Terminating: &term},
 			NodeName:   &node,
 			Zone:       &zone,
-			TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: ns, Name: fmt.Sprintf("%s-7d4b9c8f6-%05d", svc, j), UID: types.UID(fmt.Sprintf("00000000-0000-0000-0000-%012d", n))},
+			TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: ns, Name: svc + "-7d4b9c8f6-" + zeroPad(j, 5), UID: types.UID("00000000-0000-0000-0000-" + zeroPad(n, 12))},
 		})
 	}
 	return s
+}
+
+// zeroPad is fmt's %0*d for n >= 0.
+func zeroPad(n, width int) string {
+	d := strconv.Itoa(n)
+	if len(d) >= width {
+		return d
+	}
+	return strings.Repeat("0", width-len(d)) + d
 }
 
 // serveFakeCluster runs in a child process: 10,000 Services with one slice
@@ -124,6 +137,7 @@ func benchSlice(i, perService, terminating int) *discoveryv1.EndpointSlice {
 // turns terminating, the previous one of that slice ready again).
 func serveFakeCluster(perService int) error {
 	s := fakeapi.New()
+	s.SetHistory(1000) // draind's watches never resume here
 	s.Kind("services", "v1", "ServiceList")
 	s.Kind("endpointslices", "discovery.k8s.io/v1", "EndpointSliceList")
 	s.Kind("leases", "coordination.k8s.io/v1", "LeaseList")
@@ -327,6 +341,17 @@ func benchClusterScale(b *testing.B, perService int, stream bool, encoding strin
 	mu.Lock()
 	churnStart = ready
 	mu.Unlock()
+	if *scaleCPUProfile != "" {
+		f, err := os.Create(*scaleCPUProfile)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			b.Fatal(err)
+		}
+	}
+	cpuBefore := processCPU()
 	fmt.Fprintf(stdin, "churn %d %s\n", scaleChurnPerSec, *scaleChurn)
 	if synced.IsZero() {
 		synced = ready
@@ -338,6 +363,10 @@ func benchClusterScale(b *testing.B, perService int, stream bool, encoding strin
 		b.Fatal("churn did not finish")
 	}
 	time.Sleep(200 * time.Millisecond) // the tail of the churn to arrive (samples, not sync)
+	cpu := processCPU() - cpuBefore
+	if *scaleCPUProfile != "" {
+		pprof.StopCPUProfile()
+	}
 	// Memory, now that the samples are in: RSS as the process runs, its
 	// peak, then the live heap and RSS without garbage (what the state
 	// itself costs). The heap includes the latency samples (16 bytes
@@ -355,6 +384,9 @@ func benchClusterScale(b *testing.B, perService int, stream bool, encoding strin
 	got := slices.Clone(samples)
 	mu.Unlock()
 
+	if *scaleSamples != "" {
+		writeSamples(b, *scaleSamples, got)
+	}
 	updates := int(scaleChurnPerSec * scaleChurn.Seconds())
 	if len(got) < updates/2 {
 		b.Fatalf("only %d latency samples for %d updates", len(got), updates)
@@ -378,6 +410,11 @@ func benchClusterScale(b *testing.B, perService int, stream bool, encoding strin
 	b.ReportMetric(quantile(first, 0.99), "p99-first-s-ms")
 	b.ReportMetric(quantile(all, 1), "max-ms")
 	b.ReportMetric(float64(len(all)), "samples")
+	// This process's CPU per update while it churns (draind's informers,
+	// handlers and passes; the API server is the other process): what a
+	// node pays for the cluster's churn, and on a small machine what the
+	// latency tail queues behind.
+	b.ReportMetric(float64(cpu.Microseconds())/float64(updates), "cpu-µs/update")
 	b.ReportMetric(heapMB, "heap-MB")
 	b.ReportMetric(heapMB/per10k, "heap-MB/10k")
 	b.ReportMetric(rssMB, "rss-MB")
@@ -386,6 +423,15 @@ func benchClusterScale(b *testing.B, perService int, stream bool, encoding strin
 	b.ReportMetric(peakMB, "peak-rss-MB")
 	b.ReportMetric(float64(dp.drainCount()), "drains")
 	b.Logf("%d endpoints; RSS before the informers %.1f MB (%s); %d datapath ops; after the GC: %s", endpoints, baseRSS, baseClasses, dp.opCount(), memoryClasses())
+}
+
+// processCPU is the CPU time this process used so far (user and system).
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // memoryClasses says where the runtime's memory goes (objects, the unused
@@ -404,7 +450,22 @@ func memoryClasses() string {
 	return strings.Join(parts, ", ")
 }
 
-var scaleHeapProfile = flag.String("clusterscale.heapprofile", "", "write the live heap after the churn to this file")
+var (
+	scaleHeapProfile = flag.String("clusterscale.heapprofile", "", "write the live heap after the churn to this file")
+	scaleCPUProfile  = flag.String("clusterscale.cpuprofile", "", "write a CPU profile of the churn alone to this file")
+	scaleSamples     = flag.String("clusterscale.samples", "", "write every latency sample (ms after Ready, latency in µs) to this file")
+)
+
+// writeSamples writes the samples, one per line, in the order they came.
+func writeSamples(b *testing.B, path string, samples []latencySample) {
+	var buf strings.Builder
+	for _, s := range samples {
+		fmt.Fprintf(&buf, "%.3f %d\n", float64(s.at)/float64(time.Millisecond), s.lat.Microseconds())
+	}
+	if err := os.WriteFile(path, []byte(buf.String()), 0o644); err != nil {
+		b.Errorf("writing the samples: %v", err)
+	}
+}
 
 func writeHeapProfile(b *testing.B, path string) {
 	f, err := os.Create(path)

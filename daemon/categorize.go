@@ -74,51 +74,55 @@ func (c *categorized) addDrainedPod(uid types.UID) {
 // listedEndpoint is an identified endpoint and its pod.
 type listedEndpoint struct {
 	key bpf.EndpointKey
-	uid types.UID
+	pod k8s.PodKey
 }
 
 // listedEndpoints are sorted by key, once each.
 type listedEndpoints []listedEndpoint
 
-// uidOf returns the pod listed at k.
-func (l listedEndpoints) uidOf(k bpf.EndpointKey) (types.UID, bool) {
+// podOf returns the pod listed at k.
+func (l listedEndpoints) podOf(k bpf.EndpointKey) (k8s.PodKey, bool) {
 	i, ok := slices.BinarySearchFunc(l, k, func(e listedEndpoint, k bpf.EndpointKey) int { return e.key.Compare(k) })
 	if !ok {
-		return "", false
+		return k8s.PodKey{}, false
 	}
-	return l[i].uid, true
+	return l[i].pod, true
 }
 
 // listing is one endpoint's listings merged: an endpoint may appear in
 // several slices while they are rebalanced; it drains if any listing says
 // so and is selectable only if every listing allows it.
 type listing struct {
-	ap         netip.AddrPort
-	uid        types.UID
-	podName    string
-	draining   bool
-	identified bool      // a trusted slice lists it
-	listedUID  types.UID // the pod the last trusted listing names
+	ap       netip.AddrPort
+	draining bool
+	// named is the first listing of a trusted slice (nil: none): it
+	// names the pod.
+	named      *oneListing
+	listedPod  k8s.PodKey // the pod the last trusted listing names
 	selectable bool
 	reason     string
 	expires    time.Time
 }
 
-// oneListing is one slice's listing of an endpoint, before merging.
+// oneListing is one slice's listing of an endpoint, before merging. It
+// refers to the endpoint in its slice: the pod's UID and name are only
+// read (as strings, which costs an allocation) for an endpoint that
+// drains.
 type oneListing struct {
 	ap         netip.AddrPort
-	e          k8s.Endpoint
+	sl         *k8s.Slice
+	i          int
 	identified bool
 	pd         *podDrain
 }
 
 // categorize categorises the endpoints of svc's slices for every service
 // port and family. node is this node (internalTrafficPolicy Local selects
-// only its endpoints); drains are the pod drains by pod UID.
+// only its endpoints); drains are the pod drains by pod.
 //
 // It runs for every slice update of the cluster (a thousand a second in a
 // busy one), so it sorts and merges rather than building maps.
-func categorize(svc *k8s.Service, sliceList []*k8s.Slice, drains map[types.UID]*podDrain, node string) categorized {
+func categorize(svc *k8s.Service, sliceList []*k8s.Slice, drains map[k8s.PodKey]*podDrain, node string) categorized {
 	n := 0
 	for _, sl := range sliceList {
 		n += sl.Len()
@@ -129,7 +133,7 @@ func categorize(svc *k8s.Service, sliceList []*k8s.Slice, drains map[types.UID]*
 	rp := rawListings.Get().(*[]oneListing)
 	raw := slices.Grow((*rp)[:0], n)
 	defer func() {
-		clear(raw[:cap(raw)]) // no strings kept alive in the pool
+		clear(raw[:cap(raw)]) // no slices kept alive in the pool
 		*rp = raw[:0]
 		rawListings.Put(rp)
 	}()
@@ -156,19 +160,19 @@ func categorize(svc *k8s.Service, sliceList []*k8s.Slice, drains map[types.UID]*
 				}
 				l := merge(svc, raw[i:j], node)
 				i = j
-				if l.identified {
-					out.listed = append(out.listed, listedEndpoint{endpointKey(l.ap, sp.Protocol), l.listedUID})
+				if l.named != nil {
+					out.listed = append(out.listed, listedEndpoint{endpointKey(l.ap, sp.Protocol), l.listedPod})
 				}
 				if l.selectable {
 					c.selectable = append(c.selectable, l.ap)
 				}
 				if l.draining {
-					pod := ""
-					if l.identified {
-						pod = svc.Namespace + "/" + l.podName
+					d := drainingEndpoint{key: endpointKey(l.ap, sp.Protocol), reason: l.reason, expires: l.expires}
+					if l.named != nil {
+						e := l.named.sl.Endpoint(l.named.i)
+						d.uid, d.pod, d.identified = e.PodUID, svc.Namespace+"/"+e.PodName, true
 					}
-					c.draining = append(c.draining, drainingEndpoint{key: endpointKey(l.ap, sp.Protocol),
-						uid: l.uid, pod: pod, reason: l.reason, expires: l.expires, identified: l.identified})
+					c.draining = append(c.draining, d)
 				}
 			}
 			for _, vip := range svc.ClusterIPs {
@@ -216,19 +220,18 @@ func targetPort(sl *k8s.Slice, fam k8s.Family, sp k8s.ServicePort) uint16 {
 // lingered). Any other slice (hand-written,
 // mirrored) only adds selectable endpoints, as kube-proxy routes to them:
 // what a tenant writes never changes where connections to a pod IP go.
-func listEndpoints(svc *k8s.Service, sl *k8s.Slice, port uint16, drains map[types.UID]*podDrain,
+func listEndpoints(svc *k8s.Service, sl *k8s.Slice, port uint16, drains map[k8s.PodKey]*podDrain,
 	raw []oneListing, out *categorized) []oneListing {
 	trusted := sl.Trusted(svc)
 	for i := range sl.Len() {
-		e := sl.Endpoint(i)
-		identified := trusted && e.PodUID != ""
+		identified := trusted && sl.HasPod(i)
 		var pd *podDrain
-		if identified {
-			if pd = drains[e.PodUID]; pd != nil {
-				out.addDrainedPod(e.PodUID)
+		if identified && len(drains) > 0 {
+			if pd = drains[sl.PodKey(i)]; pd != nil {
+				out.addDrainedPod(pd.UID)
 			}
 		}
-		raw = append(raw, oneListing{ap: netip.AddrPortFrom(e.Addr, port), e: e, identified: identified, pd: pd})
+		raw = append(raw, oneListing{ap: netip.AddrPortFrom(sl.Addr(i), port), sl: sl, i: i, identified: identified, pd: pd})
 	}
 	return raw
 }
@@ -240,20 +243,20 @@ func merge(svc *k8s.Service, ls []oneListing, node string) listing {
 	l := listing{ap: ls[0].ap, selectable: true}
 	for i := range ls {
 		o := &ls[i]
-		e := &o.e
+		e := k8s.Endpoint{Conds: o.sl.Conds(o.i)} // the conditions alone
 		draining := !e.Ready() || o.pd != nil
-		l.selectable = l.selectable && !draining && (!svc.InternalLocal || e.Node == node)
+		l.selectable = l.selectable && !draining && (!svc.InternalLocal || o.sl.Node(o.i) == node)
 		if o.identified {
-			if !l.identified {
-				l.identified, l.uid, l.podName = true, e.PodUID, e.PodName
+			if l.named == nil {
+				l.named = o
 			}
-			l.listedUID = e.PodUID
+			l.listedPod = o.sl.PodKey(o.i)
 		}
 		if !draining {
 			continue
 		}
 		if !l.draining {
-			l.draining, l.reason = true, drainReason(e, o.pd)
+			l.draining, l.reason = true, drainReason(&e, o.pd)
 			if e.Ready() && o.pd != nil {
 				l.expires = o.pd.Expires
 			}

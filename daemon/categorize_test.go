@@ -108,7 +108,7 @@ func TestCategorize(t *testing.T) {
 			[]want{{selectable: []string{"10.0.0.2:8080"}, draining: map[string]string{"10.0.0.1:8080": ReasonTerminating}}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := categorize(tc.svc, tc.slices, drains, "this-node")
+			got := categorize(tc.svc, tc.slices, byPod(drains), "this-node")
 			if len(got.servicePorts) != len(tc.want) {
 				t.Fatalf("%d service-ports, want %d: %+v", len(got.servicePorts), len(tc.want), got.servicePorts)
 			}
@@ -141,14 +141,23 @@ func TestCategorize(t *testing.T) {
 	}
 }
 
+// byPod keys pod drains as the model does for categorize.
+func byPod(drains map[types.UID]*podDrain) map[k8s.PodKey]*podDrain {
+	out := make(map[k8s.PodKey]*podDrain, len(drains))
+	for uid, d := range drains {
+		out[k8s.PodKeyOf(uid)] = d
+	}
+	return out
+}
+
 // TestCategorizeListed: every listed endpoint is recorded with its pod
 // (departure detection), and drained pods are reported.
 func TestCategorizeListed(t *testing.T) {
 	drains := map[types.UID]*podDrain{"d": {UID: "d", Reason: k8s.ReasonOffline}}
 	got := categorize(catService(), []*k8s.Slice{catSlice(k8s.IPv4, 8080, bpf.TCP,
-		catEndpoint("10.0.0.1", "d", "n1", condReady), catEndpoint("10.0.0.2", "b", "n1", condReady))}, drains, "n1")
-	uidOf := func(ap string) types.UID { u, _ := got.listed.uidOf(key(ap, bpf.TCP)); return u }
-	if len(got.listed) != 2 || uidOf("10.0.0.1:8080") != "d" || uidOf("10.0.0.2:8080") != "b" {
+		catEndpoint("10.0.0.1", "d", "n1", condReady), catEndpoint("10.0.0.2", "b", "n1", condReady))}, byPod(drains), "n1")
+	podOf := func(ap string) k8s.PodKey { p, _ := got.listed.podOf(key(ap, bpf.TCP)); return p }
+	if len(got.listed) != 2 || podOf("10.0.0.1:8080") != k8s.PodKeyOf("d") || podOf("10.0.0.2:8080") != k8s.PodKeyOf("b") {
 		t.Errorf("listed %v", got.listed)
 	}
 	if _, ok := got.drainedPods["d"]; !ok || len(got.drainedPods) != 1 {

@@ -163,7 +163,9 @@ type model struct {
 	lingering map[bpf.EndpointKey]*lingerRecord
 	lingerMin time.Time // earliest linger end (zero: none), a lower bound
 	podDrains map[types.UID]*podDrain
-	listings  map[types.UID]map[string]struct{} // drained pod -> Services listing it
+	// drainsByPod holds podDrains by the key slices compare pods by.
+	drainsByPod map[k8s.PodKey]*podDrain
+	listings    map[types.UID]map[string]struct{} // drained pod -> Services listing it
 	// listedPolicy is the most cautious policy of the Services that listed
 	// a drained pod: its all-ports entries keep it after the pod left them
 	// (a gone headless pod is not refused).
@@ -231,7 +233,7 @@ func (m *model) recomputeService(key string, now time.Time) (changed bool) {
 	var cat categorized
 	policy := bpf.PolicyOff
 	if svc != nil {
-		cat = categorize(svc, m.state.SlicesOf(key), m.podDrains, m.cfg.Node)
+		cat = categorize(svc, m.state.SlicesOf(key), m.drainsByPod, m.cfg.Node)
 		policy = m.policyOf(svc)
 	} else {
 		delete(m.warned, key)
@@ -361,7 +363,7 @@ func (m *model) lingerDeparted(old, next *serviceResult, listed listedEndpoints,
 		if _, still := next.drainingAt(k); still || prev.frontendOnly {
 			continue
 		}
-		if uid, ok := listed.uidOf(k); ok && uid == prev.uid {
+		if pod, ok := listed.podOf(k); ok && pod == k8s.PodKeyOf(prev.uid) {
 			continue // listed again, ready: no longer draining
 		}
 		departed = true
@@ -413,6 +415,12 @@ func (m *model) setPodDrains(next map[types.UID]*podDrain) (changed []*podDrain)
 		m.withdrawPodEntries(d.UID)
 	}
 	m.podDrains = next
+	if len(next) > 0 || len(m.drainsByPod) > 0 {
+		m.drainsByPod = make(map[k8s.PodKey]*podDrain, len(next))
+		for uid, d := range next {
+			m.drainsByPod[k8s.PodKeyOf(uid)] = d
+		}
+	}
 	for _, d := range changed {
 		if next[d.UID] == nil {
 			delete(m.listedPolicy, d.UID)

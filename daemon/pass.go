@@ -64,10 +64,8 @@ func (d *Daemon) sync() time.Time {
 			next = retry
 		}
 	}
-	if d.reconciler.refreshing() {
-		if step := now.Add(refreshStep); next.IsZero() || step.Before(next) {
-			next = step
-		}
+	if step := d.reconciler.nextBatch(); !step.IsZero() && (next.IsZero() || step.Before(next)) {
+		next = step
 	}
 	return next
 }

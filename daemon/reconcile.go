@@ -37,6 +37,8 @@ type reconciler struct {
 	// next pass takes the whole round; no entry goes unrefreshed for more
 	// than two rounds (half the entry TTL).
 	refreshAll bool
+	// lastBatch is when a pass last took a batch of the round.
+	lastBatch time.Time
 
 	onError func(what string, err error)
 	// onDrain is told when a drain entry appears or goes.
@@ -124,12 +126,16 @@ func (p *pass) do(what func() string, err error) bool {
 // refreshed, anything that drifted repaired) each quarter of the entry
 // TTL; done in one pass, it held the runner for 50-170 ms at 6,000 draining
 // Services on a loaded 2-core machine, and every event arriving meanwhile
-// waited. Spread over passes, it adds a fraction of a millisecond to each.
-const refreshBatch = 64
+// waited.
+const refreshBatch = 16
 
-// refreshStep is how soon the runner comes back while a round is under
-// way and no event brings it sooner.
-const refreshStep = 5 * time.Millisecond
+// refreshStep is how often a pass takes a batch while a round is under way
+// (the runner comes back for it when no event brings it sooner): 16,000
+// targets a second, whatever the rate of events. Passes that events bring
+// in between take none, so that at a thousand events a second the round
+// does not ride on every one of them (with 64 per pass it did, and the
+// rounds made half of BenchmarkClusterScale's slowest samples).
+const refreshStep = time.Millisecond
 
 // startRefresh begins a refresh round: every service-port and entry key
 // that is applied or wanted is queued, and the next passes evaluate them a
@@ -137,6 +143,7 @@ const refreshStep = 5 * time.Millisecond
 // anyway; what is queued twice or is gone by its turn costs a lookup.
 func (r *reconciler) startRefresh(m *model) {
 	r.refreshAll = r.refreshing()
+	r.lastBatch = time.Time{}
 	r.refreshServicePorts = r.refreshServicePorts[:0]
 	for id := range m.servicePorts {
 		r.refreshServicePorts = append(r.refreshServicePorts, id)
@@ -167,9 +174,21 @@ func (r *reconciler) refreshing() bool {
 	return len(r.refreshServicePorts)+len(r.refreshKeys) > 0
 }
 
+// nextBatch is when the next batch of a round is due (zero: no round).
+func (r *reconciler) nextBatch() time.Time {
+	if !r.refreshing() {
+		return time.Time{}
+	}
+	return r.lastBatch.Add(refreshStep)
+}
+
 // takeRefresh moves the next batch of the refresh round into the pass's
-// targets.
-func (r *reconciler) takeRefresh(spSet map[bpf.ServicePortID]struct{}, keySet map[bpf.EndpointKey]struct{}) {
+// targets, if one is due.
+func (r *reconciler) takeRefresh(now time.Time, spSet map[bpf.ServicePortID]struct{}, keySet map[bpf.EndpointKey]struct{}) {
+	if !r.refreshing() || (!r.refreshAll && now.Before(r.nextBatch())) {
+		return
+	}
+	r.lastBatch = now
 	batch := refreshBatch
 	if r.refreshAll {
 		batch, r.refreshAll = len(r.refreshServicePorts)+len(r.refreshKeys), false
@@ -194,7 +213,7 @@ func (r *reconciler) takeRefresh(spSet map[bpf.ServicePortID]struct{}, keySet ma
 // the next batch of a refresh round (or for everything when full: the
 // first pass, which also removes what a previous draind left).
 func (r *reconciler) apply(m *model, now time.Time, full bool) applyResult {
-	ids, keys := r.targets(m, full)
+	ids, keys := r.targets(m, now, full)
 	plans := make([]servicePortPlan, 0, len(ids))
 	for _, id := range ids {
 		fes, be := m.desiredServicePort(id, now)
@@ -218,7 +237,7 @@ func (r *reconciler) apply(m *model, now time.Time, full bool) applyResult {
 
 // targets returns the service-ports and keys to evaluate, sorted: the
 // touched ones and the retries, or everything applied and wanted.
-func (r *reconciler) targets(m *model, full bool) ([]bpf.ServicePortID, []bpf.EndpointKey) {
+func (r *reconciler) targets(m *model, now time.Time, full bool) ([]bpf.ServicePortID, []bpf.EndpointKey) {
 	spSet, keySet := m.touchedServicePorts, m.touched
 	for id := range r.retryServicePorts {
 		spSet[id] = struct{}{}
@@ -228,7 +247,7 @@ func (r *reconciler) targets(m *model, full bool) ([]bpf.ServicePortID, []bpf.En
 	}
 	clear(r.retryServicePorts)
 	clear(r.retryKeys)
-	r.takeRefresh(spSet, keySet)
+	r.takeRefresh(now, spSet, keySet)
 	if full {
 		for _, src := range []map[bpf.ServicePortID]bool{setOf(r.backends), setOf(r.byService), setOf(m.servicePorts)} {
 			for id := range src {

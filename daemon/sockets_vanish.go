@@ -189,7 +189,7 @@ func (m *model) withVanished(key string, svc *k8s.Service, cat categorized, now 
 	}
 	old := m.results[key]
 	for _, v := range pend {
-		if _, listed := cat.listed.uidOf(v.key); listed {
+		if _, listed := cat.listed.podOf(v.key); listed {
 			continue // listed again: moved between slices, or back
 		}
 		if !m.goneDrain(v.uid) {

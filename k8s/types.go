@@ -191,6 +191,12 @@ func (s *Slice) Addr(i int) netip.Addr {
 	return netip.AddrFrom4([4]byte(s.addrs[4*i:]))
 }
 
+// Conds returns endpoint i's condition bits (Endpoint.Conds).
+func (s *Slice) Conds(i int) uint8 { return s.endpoints[i].conds }
+
+// Node returns endpoint i's node ("" if none; no allocation).
+func (s *Slice) Node(i int) string { return nodeNames.name(s.endpoints[i].node) }
+
 // HasPod reports whether endpoint i names a pod (a PodUID).
 func (s *Slice) HasPod(i int) bool { return s.endpoints[i].flags&(uuidUID|textUID) != 0 }
 

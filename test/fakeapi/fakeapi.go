@@ -38,13 +38,31 @@ import (
 // Resource names a collection: "services", "endpointslices", ...
 type Resource string
 
-// stored is one object as the server keeps it: its encodings, and the
-// object itself for protobuf lists.
+// stored is one object as the server keeps it, and its encodings, made
+// when a client first needs them: the server runs next to the client
+// under test, and an encoding no client reads must not take its CPU.
 type stored struct {
-	ns    string
-	json  []byte
-	proto []byte
-	obj   runtime.Object
+	ns  string
+	obj runtime.Object // never changed once stored
+
+	jsonOnce, protoOnce sync.Once
+	json, proto         []byte
+	jsonErr, protoErr   error
+}
+
+func (st *stored) jsonBytes() ([]byte, error) {
+	st.jsonOnce.Do(func() { st.json, st.jsonErr = json.Marshal(st.obj) })
+	return st.json, st.jsonErr
+}
+
+func (st *stored) protoBytes() ([]byte, error) {
+	st.protoOnce.Do(func() {
+		var pb bytes.Buffer
+		if st.protoErr = protoInfo.Serializer.Encode(st.obj, &pb); st.protoErr == nil {
+			st.proto = pb.Bytes()
+		}
+	})
+	return st.proto, st.protoErr
 }
 
 type event struct {
@@ -69,6 +87,16 @@ type Server struct {
 func New() *Server {
 	return &Server{objects: map[Resource]map[string]*stored{}, kinds: map[Resource]schema.GroupVersionKind{},
 		watchers: map[Resource]map[chan event]struct{}{}, maxLog: 200000}
+}
+
+// SetHistory sets how many changes the server keeps for watches that
+// resume (200,000 by default). Every change it keeps holds its object: a
+// benchmark whose watches never resume keeps few, so that its heap, and
+// the CPU its collection takes next to the client under test, stay small.
+func (s *Server) SetHistory(n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.maxLog = max(n, 2)
 }
 
 // Kind declares a resource with its apiVersion and list kind.
@@ -109,20 +137,15 @@ func (s *Server) Put(r Resource, obj Object) error {
 	defer s.mu.Unlock()
 	s.rv++
 	obj.SetResourceVersion(strconv.FormatInt(s.rv, 10))
-	b, err := json.Marshal(obj)
-	if err != nil {
-		return err
-	}
-	var pb bytes.Buffer
-	if err := protoInfo.Serializer.Encode(obj, &pb); err != nil {
-		return fmt.Errorf("encoding %s/%s as protobuf: %w", obj.GetNamespace(), obj.GetName(), err)
+	if _, _, err := scheme.Scheme.ObjectKinds(obj); err != nil {
+		return fmt.Errorf("storing %s/%s: %w", obj.GetNamespace(), obj.GetName(), err)
 	}
 	key := obj.GetNamespace() + "/" + obj.GetName()
 	typ := "ADDED"
 	if _, ok := s.objects[r][key]; ok {
 		typ = "MODIFIED"
 	}
-	st := &stored{ns: obj.GetNamespace(), json: b, proto: pb.Bytes(), obj: obj}
+	st := &stored{ns: obj.GetNamespace(), obj: obj}
 	s.objects[r][key] = st
 	s.emit(event{rv: s.rv, typ: typ, res: r, obj: st})
 	return nil
@@ -207,10 +230,14 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	bw := bufio.NewWriterSize(w, 1<<16)
 	fmt.Fprintf(bw, `{"kind":%q,"apiVersion":%q,"metadata":{"resourceVersion":"%d"},"items":[`, listKind.Kind, listKind.GroupVersion().String(), rv)
 	for i, it := range items {
+		b, err := it.jsonBytes()
+		if err != nil {
+			return // the client sees a truncated list
+		}
 		if i > 0 {
 			bw.WriteByte(',')
 		}
-		bw.Write(it.json)
+		bw.Write(b)
 	}
 	bw.WriteString("]}")
 	bw.Flush()
@@ -262,15 +289,7 @@ func (s *Server) bookmark(res Resource) (*stored, error) {
 	m.SetResourceVersion(strconv.FormatInt(s.rv, 10))
 	m.SetAnnotations(map[string]string{initialEventsEnd: "true"})
 	obj.GetObjectKind().SetGroupVersionKind(gvk)
-	b, err := json.Marshal(obj)
-	if err != nil {
-		return nil, err
-	}
-	var pb bytes.Buffer
-	if err := protoInfo.Serializer.Encode(obj, &pb); err != nil {
-		return nil, err
-	}
-	return &stored{json: b, proto: pb.Bytes(), obj: obj}, nil
+	return &stored{obj: obj}, nil
 }
 
 // watchWriter writes watch events in the client's encoding.
@@ -293,9 +312,17 @@ func newWatchWriter(w io.Writer, proto bool) *watchWriter {
 
 func (ww *watchWriter) write(e event) error {
 	if ww.proto != nil {
-		return (*ww.proto).Encode(&metav1.WatchEvent{Type: e.typ, Object: runtime.RawExtension{Raw: e.obj.proto}})
+		b, err := e.obj.protoBytes()
+		if err != nil {
+			return err
+		}
+		return (*ww.proto).Encode(&metav1.WatchEvent{Type: e.typ, Object: runtime.RawExtension{Raw: b}})
 	}
-	_, err := fmt.Fprintf(ww.bw, `{"type":%q,"object":%s}`+"\n", e.typ, e.obj.json)
+	b, err := e.obj.jsonBytes()
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(ww.bw, `{"type":%q,"object":%s}`+"\n", e.typ, b)
 	return err
 }
 
