@@ -638,6 +638,27 @@ func TestUDPExpiredWhileDraining(t *testing.T) {
 	}
 }
 
+// TestRefreshPaceWithRarePasses: passes rarer than a refresh step (events
+// scarce, or --min-sync-interval) take a batch per step elapsed, so a
+// round ends as soon as it would with a pass every step.
+func TestRefreshPaceWithRarePasses(t *testing.T) {
+	const services = 100 // 200 targets: 13 batches
+	h := drainingServices(t, services)
+	h.clock.Step(h.d.cfg.EntryTTL/2 + time.Second) // every entry due
+	if ops := h.pass(); ops > 2*refreshBatch {     // the round starts: one batch
+		t.Fatalf("the round's first pass cost %d operations, more than a batch", ops)
+	}
+	if !h.d.reconciler.refreshing() {
+		t.Fatal("a round of 200 targets ended in one pass")
+	}
+	h.clock.Step(20 * refreshStep)
+	h.pass() // 20 batches' worth: the rest
+	if h.d.reconciler.refreshing() {
+		t.Errorf("the round did not end in a pass 20 steps later")
+	}
+	checkRefreshed(t, h, h.clock.Now().Add(h.d.cfg.EntryTTL/2))
+}
+
 // TestRefreshRoundOverrunFinishesAtOnce: when a refresh round is not
 // finished by the time the next begins (passes too rare for the batch:
 // --min-sync-interval), the next pass refreshes the whole round, so no

@@ -80,7 +80,7 @@ func (d *Daemon) apply(now time.Time, changedAt []time.Time) {
 		d.lastFull = now
 	} else if now.Sub(d.lastFull) >= d.cfg.EntryTTL/4 {
 		d.lastFull = now
-		d.reconciler.startRefresh(d.model)
+		d.reconciler.startRefresh(d.model, now)
 	}
 	res := d.reconciler.apply(d.model, now, first)
 	done := d.clock.Now()

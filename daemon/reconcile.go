@@ -131,7 +131,7 @@ const refreshBatch = 16
 
 // refreshStep is how often a pass takes a batch while a round is under way
 // (the runner comes back for it when no event brings it sooner): 16,000
-// targets a second, whatever the rate of events. Passes that events bring
+// targets a second, whatever the rate of events or passes. Passes that events bring
 // in between take none, so that at a thousand events a second the round
 // does not ride on every one of them (with 64 per pass it did, and the
 // rounds made half of BenchmarkClusterScale's slowest samples).
@@ -141,9 +141,9 @@ const refreshStep = time.Millisecond
 // that is applied or wanted is queued, and the next passes evaluate them a
 // batch at a time. What changes meanwhile is evaluated by its own pass
 // anyway; what is queued twice or is gone by its turn costs a lookup.
-func (r *reconciler) startRefresh(m *model) {
+func (r *reconciler) startRefresh(m *model, now time.Time) {
 	r.refreshAll = r.refreshing()
-	r.lastBatch = time.Time{}
+	r.lastBatch = now.Add(-refreshStep) // the first batch is due at once
 	r.refreshServicePorts = r.refreshServicePorts[:0]
 	for id := range m.servicePorts {
 		r.refreshServicePorts = append(r.refreshServicePorts, id)
@@ -188,8 +188,11 @@ func (r *reconciler) takeRefresh(now time.Time, spSet map[bpf.ServicePortID]stru
 	if !r.refreshing() || (!r.refreshAll && now.Before(r.nextBatch())) {
 		return
 	}
+	// A batch per refreshStep since the last: passes rarer than that
+	// (--min-sync-interval) take as many, so a round's pace never
+	// depends on how often events come.
+	batch := refreshBatch * max(1, int(now.Sub(r.lastBatch)/refreshStep))
 	r.lastBatch = now
-	batch := refreshBatch
 	if r.refreshAll {
 		batch, r.refreshAll = len(r.refreshServicePorts)+len(r.refreshKeys), false
 	}
