@@ -127,9 +127,13 @@ func realStatusWith(t *testing.T, withCT bool) daemon.Status {
 		live = 0
 	}
 	var st daemon.Status
+	// Settled: cart-a's Lease adopted by its node's draind (a hosted drain
+	// renews its Lease, so it shows no deadline; until the adoption the
+	// Lease's expiry shows).
 	settled := func(context.Context) (bool, error) {
 		st = d.Status(src)
-		return st.Healthy && len(st.Pods) == 2 && st.Pods[0].Local && st.Pods[0].SYNs == 3 && st.Pods[0].LiveConnections == live && !st.LastSync.IsZero(), nil
+		return st.Healthy && len(st.Pods) == 2 && st.Pods[0].Local && st.Pods[0].Deadline.IsZero() &&
+			st.Pods[0].SYNs == 3 && st.Pods[0].LiveConnections == live && !st.LastSync.IsZero(), nil
 	}
 	if err := wait.PollUntilContextTimeout(context.Background(), 5*time.Millisecond, 10*time.Second, true, settled); err != nil {
 		t.Fatalf("status never settled: %+v", st)
