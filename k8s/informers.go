@@ -73,7 +73,7 @@ func NewInformers(client kubernetes.Interface, cfg Config) *Informers {
 			return []string{s.Namespace + "/" + s.Service}, nil
 		},
 	}))
-	inf.Slices.SetTransform(inf.sliceTransform)
+	inf.Slices.SetTransform(slimTransform(inf, SliceFrom))
 
 	core := client.CoreV1()
 	inf.Services = cache.NewSharedIndexInformerWithOptions(lw(&cache.ListWatch{
@@ -84,7 +84,7 @@ func NewInformers(client kubernetes.Interface, cfg Config) *Informers {
 			return core.Services(metav1.NamespaceAll).Watch(ctx, o)
 		},
 	}), &corev1.Service{}, opts(cache.Indexers{}))
-	inf.Services.SetTransform(inf.serviceTransform)
+	inf.Services.SetTransform(slimTransform(inf, ServiceFrom))
 
 	coord := client.CoordinationV1()
 	leaseOpts := func(o *metav1.ListOptions) { o.LabelSelector = LeaseSelector() }
@@ -136,32 +136,22 @@ func NewInformers(client kubernetes.Interface, cfg Config) *Informers {
 	return inf
 }
 
-// sliceTransform is the slice informer's transform: it caches the slim
-// Slice. Anything else (a tombstone, a Slice already slim: informers may
+// slimTransform is an informer's transform that caches the slim form of
+// an API object of type *T (from converts it and counts what it skipped).
+// Anything else (a tombstone, an object already slim: informers may
 // deliver an object twice) passes through unchanged.
-func (inf *Informers) sliceTransform(obj any) (any, error) {
-	s, ok := obj.(*discoveryv1.EndpointSlice)
-	if !ok {
-		return obj, nil
+func slimTransform[T any, S any](inf *Informers, from func(*T) (S, int)) func(any) (any, error) {
+	return func(obj any) (any, error) {
+		o, ok := obj.(*T)
+		if !ok {
+			return obj, nil
+		}
+		slim, skipped := from(o)
+		if skipped > 0 {
+			inf.Malformed.Add(1)
+		}
+		return slim, nil
 	}
-	sl, skipped := SliceFrom(s)
-	if skipped > 0 {
-		inf.Malformed.Add(1)
-	}
-	return sl, nil
-}
-
-// serviceTransform is the Service informer's, likewise.
-func (inf *Informers) serviceTransform(obj any) (any, error) {
-	s, ok := obj.(*corev1.Service)
-	if !ok {
-		return obj, nil
-	}
-	svc, skipped := ServiceFrom(s)
-	if skipped > 0 {
-		inf.Malformed.Add(1)
-	}
-	return svc, nil
 }
 
 // All returns the informers with their names.

@@ -71,7 +71,7 @@ func fullService() *corev1.Service {
 func TestTransformsKeepWhatDraindReads(t *testing.T) {
 	inf := &Informers{}
 	src := fullSlice()
-	obj, err := inf.sliceTransform(src.DeepCopy())
+	obj, err := slimTransform(inf, SliceFrom)(src.DeepCopy())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +102,7 @@ func TestTransformsKeepWhatDraindReads(t *testing.T) {
 	}
 
 	svcSrc := fullService()
-	obj, err = inf.serviceTransform(svcSrc.DeepCopy())
+	obj, err = slimTransform(inf, ServiceFrom)(svcSrc.DeepCopy())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +134,7 @@ func TestTransformsKeepWhatDraindReads(t *testing.T) {
 // slim (or as a tombstone) passes through unchanged.
 func TestTransformsIdempotent(t *testing.T) {
 	inf := &Informers{}
-	for name, tf := range map[string]func(any) (any, error){"slices": inf.sliceTransform, "services": inf.serviceTransform} {
+	for name, tf := range map[string]func(any) (any, error){"slices": slimTransform(inf, SliceFrom), "services": slimTransform(inf, ServiceFrom)} {
 		var full any = fullSlice()
 		if name == "services" {
 			full = fullService()
