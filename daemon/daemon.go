@@ -151,7 +151,7 @@ type Daemon struct {
 // (no conntrack expiry, live connections not counted).
 func New(cfg Config, client kubernetes.Interface, dp Datapath, ct conntrack.Interface) *Daemon {
 	cfg.Defaults()
-	inf := k8s.NewInformers(client, k8s.Config{Namespace: cfg.Namespace, NodeName: cfg.Node})
+	inf := k8s.NewInformers(client, k8s.Config{Namespace: cfg.Namespace, NodeName: cfg.Node, Clock: cfg.Clock})
 	d := &Daemon{cfg: cfg, inf: inf, state: inf, datapath: dp, conntrack: ct,
 		log: cfg.Logger, clock: cfg.Clock, claims: newClaims(cfg.Clock, cfg.Linger+cfg.LeaseDuration)}
 	d.Metrics = NewMetrics(cfg.Version, dp, inf, d.PodStatuses)

@@ -155,6 +155,10 @@ func (d *Daemon) sliceEvent(oldObj, newObj any) {
 	old, _ := oldObj.(*k8s.Slice)
 	cur, _ := newObj.(*k8s.Slice)
 	now := d.clock.Now()
+	at := now
+	if cur != nil {
+		at = receivedAt(cur.Received(), now)
+	}
 	if old != nil {
 		d.vanished.observe(d.trusted(old), cur, now) // only trusted slices identify a pod
 	}
@@ -165,7 +169,7 @@ func (d *Daemon) sliceEvent(oldObj, newObj any) {
 	}
 	for _, s := range []*k8s.Slice{old, cur} {
 		if s != nil && s.Service != "" {
-			d.tracker.markService(s.Namespace+"/"+s.Service, now)
+			d.tracker.markService(s.Namespace+"/"+s.Service, at)
 		}
 	}
 	d.runner.Run()
@@ -184,14 +188,30 @@ func (d *Daemon) serviceEvent(oldObj, newObj any) {
 	if s == nil {
 		return
 	}
+	now := d.clock.Now()
+	at := now
+	if cur != nil {
+		at = receivedAt(cur.Received(), now)
+	}
 	key := s.Namespace + "/" + s.Name
 	if (old != nil && old.HasSelector) != (cur != nil && cur.HasSelector) {
 		for _, sl := range d.state.SlicesOf(key) {
 			d.tracker.markIPs(d.claims.setSlice(sl.Namespace+"/"+sl.Name, d.trusted(sl)))
 		}
 	}
-	d.tracker.markService(key, d.clock.Now())
+	d.tracker.markService(key, at)
 	d.runner.Run()
+}
+
+// receivedAt is when an event's object reached draind (its informer
+// stamped it, see k8s.Receipt), or now if it was not stamped (a deletion:
+// the object is the last one received) or the stamp is from the future
+// (another clock). Event-to-datapath latencies count from it.
+func receivedAt(received, now time.Time) time.Time {
+	if received.IsZero() || received.After(now) {
+		return now
+	}
+	return received
 }
 
 // trusted returns s if it is the cluster's own record of its Service's
@@ -210,16 +230,26 @@ func (d *Daemon) leaseEvent(oldObj, newObj any) {
 	if l, ok := oldObj.(*k8s.DrainLease); ok && newObj == nil {
 		d.tracker.markLeaseGone(l.PodUID)
 	}
-	d.tracker.markLeases(d.clock.Now())
+	now := d.clock.Now()
+	at := now
+	if l, ok := newObj.(*k8s.DrainLease); ok {
+		at = receivedAt(l.Received(), now)
+	}
+	d.tracker.markLeases(at)
 	d.runner.Run()
 	d.hosted.wake()
 }
 
 // podEvent: this node's pods changed: local claims, and maybe a deletion.
-func (d *Daemon) podEvent(_, _ any) {
+func (d *Daemon) podEvent(_, newObj any) {
 	defer d.events.pods.Add(1)
 	d.tracker.markIPs(d.claims.setLocalPods(d.state.LocalPods()))
-	d.tracker.markPods(d.clock.Now())
+	now := d.clock.Now()
+	at := now
+	if p, ok := newObj.(*k8s.Pod); ok {
+		at = receivedAt(p.Received(), now)
+	}
+	d.tracker.markPods(at)
 	d.runner.Run()
 	d.hosted.wake()
 }

@@ -13,8 +13,10 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/draind/draind/bpf"
+	"github.com/draind/draind/k8s"
 )
 
 // TestNothingAppliedBeforeSync: with one informer unable to list (an API
@@ -59,5 +61,41 @@ func TestNothingAppliedBeforeSync(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Errorf("run: %v", err)
+	}
+}
+
+// TestLatencyCountsFromReceipt: an event's event-to-datapath latency
+// counts from when its object was received (k8s.Receipt), not from when
+// its handler ran: the time it waited inside the informer is part of it.
+func TestLatencyCountsFromReceipt(t *testing.T) {
+	clk := testingclock.NewFakeClock(time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC))
+	var got []time.Duration
+	d := New(Config{Node: testNode, Namespace: testNS, Clock: clk, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		OnLatency: func(l time.Duration) { got = append(got, l) }}, fake.NewClientset(), NewFakeDatapath(), nil)
+	svc, _ := k8s.ServiceFrom(webService())
+	first, _ := k8s.SliceFrom(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+	if err := d.inf.Services.GetStore().Add(svc); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.inf.Slices.GetStore().Add(first); err != nil {
+		t.Fatal(err)
+	}
+	d.serviceEvent(nil, svc)
+	d.sliceEvent(nil, first)
+	d.sync()
+	d.firstDone.Store(true)
+	got = nil
+
+	next, _ := k8s.SliceFrom(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.1", "a"), terminating("10.0.0.2", "b")))
+	next.Stamp(clk.Now())
+	clk.Step(3 * time.Millisecond) // queued in the informer
+	if err := d.inf.Slices.GetStore().Update(next); err != nil {
+		t.Fatal(err)
+	}
+	d.sliceEvent(first, next)
+	clk.Step(2 * time.Millisecond) // the handler to the pass
+	d.sync()
+	if want := []time.Duration{5 * time.Millisecond}; !slices.Equal(got, want) {
+		t.Errorf("latencies %v, want %v (received to written, not handled to written)", got, want)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/utils/clock"
 )
 
 // Config selects what the informers watch.
@@ -26,6 +27,8 @@ type Config struct {
 	NodeName string
 	// Resync re-delivers every cached object periodically (0: never).
 	Resync time.Duration
+	// Clock stamps each object's receipt (nil: the real clock).
+	Clock clock.PassiveClock
 }
 
 // Informers are draind's four watches, each caching slim objects.
@@ -47,6 +50,16 @@ const IndexByService = "service"
 // NewInformers builds the informers; Start runs them.
 func NewInformers(client kubernetes.Interface, cfg Config) *Informers {
 	inf := &Informers{node: cfg.NodeName}
+	clk := cfg.Clock
+	if clk == nil {
+		clk = clock.RealClock{}
+	}
+	// Every transform stamps the object's receipt (see Receipt).
+	setTransform := func(i cache.SharedIndexInformer, f cache.TransformFunc) {
+		if err := i.SetTransform(stampReceipt(clk, f)); err != nil {
+			panic(err) // only if the informer had started: a bug here
+		}
+	}
 	// Streaming lists (WatchList) only where the client supports them: the
 	// fake clientset of the tests does not.
 	lw := func(l *cache.ListWatch) cache.ListerWatcher {
@@ -73,7 +86,7 @@ func NewInformers(client kubernetes.Interface, cfg Config) *Informers {
 			return []string{s.Namespace + "/" + s.Service}, nil
 		},
 	}))
-	inf.Slices.SetTransform(slimTransform(inf, SliceFrom))
+	setTransform(inf.Slices, slimTransform(inf, SliceFrom))
 
 	core := client.CoreV1()
 	inf.Services = cache.NewSharedIndexInformerWithOptions(lw(&cache.ListWatch{
@@ -84,7 +97,7 @@ func NewInformers(client kubernetes.Interface, cfg Config) *Informers {
 			return core.Services(metav1.NamespaceAll).Watch(ctx, o)
 		},
 	}), &corev1.Service{}, opts(cache.Indexers{}))
-	inf.Services.SetTransform(slimTransform(inf, ServiceFrom))
+	setTransform(inf.Services, slimTransform(inf, ServiceFrom))
 
 	coord := client.CoordinationV1()
 	leaseOpts := func(o *metav1.ListOptions) { o.LabelSelector = LeaseSelector() }
@@ -98,7 +111,7 @@ func NewInformers(client kubernetes.Interface, cfg Config) *Informers {
 			return coord.Leases(cfg.Namespace).Watch(ctx, o)
 		},
 	}), &coordinationv1.Lease{}, opts(cache.Indexers{}))
-	inf.Leases.SetTransform(func(obj any) (any, error) {
+	setTransform(inf.Leases, func(obj any) (any, error) {
 		l, ok := obj.(*coordinationv1.Lease)
 		if !ok {
 			return obj, nil
@@ -126,7 +139,7 @@ func NewInformers(client kubernetes.Interface, cfg Config) *Informers {
 			return core.Pods(metav1.NamespaceAll).Watch(ctx, o)
 		},
 	}), &corev1.Pod{}, opts(cache.Indexers{}))
-	inf.Pods.SetTransform(func(obj any) (any, error) {
+	setTransform(inf.Pods, func(obj any) (any, error) {
 		p, ok := obj.(*corev1.Pod)
 		if !ok {
 			return obj, nil
@@ -134,6 +147,24 @@ func NewInformers(client kubernetes.Interface, cfg Config) *Informers {
 		return PodFrom(p), nil
 	})
 	return inf
+}
+
+// stampReceipt wraps an informer's transform: the slim object it makes
+// records when it was received (the clock read before converting it). An
+// object that is slim already (informers may deliver one twice) keeps its
+// first stamp.
+func stampReceipt(clk clock.PassiveClock, transform cache.TransformFunc) cache.TransformFunc {
+	return func(obj any) (any, error) {
+		if _, slim := obj.(stamped); slim {
+			return transform(obj)
+		}
+		now := clk.Now()
+		out, err := transform(obj)
+		if s, ok := out.(stamped); ok && err == nil {
+			s.Stamp(now)
+		}
+		return out, err
+	}
 }
 
 // slimTransform is an informer's transform that caches the slim form of

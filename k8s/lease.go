@@ -56,6 +56,7 @@ const (
 // DrainLease is a parsed drain Lease.
 type DrainLease struct {
 	metav1.ObjectMeta
+	Receipt
 	PodNamespace string
 	PodName      string
 	PodUID       types.UID

@@ -2,6 +2,7 @@ package k8s
 
 import (
 	"strings"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -21,7 +22,32 @@ type Meta struct {
 	UID               types.UID
 	ResourceVersion   string
 	DeletionTimestamp *metav1.Time
+	Receipt
 }
+
+// Receipt is when draind received an object from the API server: its
+// informer stamps it before converting it, in the goroutine that decodes
+// the watch. Event-to-datapath latencies count from it, so that they
+// include the time an event spends queued inside the informer, not only
+// the pass after its handler.
+type Receipt struct {
+	received int64 // Unix nanoseconds of the informers' clock; 0: none
+}
+
+// Received returns when the object was received (zero if not stamped: an
+// object made by hand, as in tests).
+func (r Receipt) Received() time.Time {
+	if r.received == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, r.received)
+}
+
+// Stamp records t as the receipt (the informers stamp what they receive).
+func (r *Receipt) Stamp(t time.Time) { r.received = t.UnixNano() }
+
+// stamped is a slim object that records its receipt.
+type stamped interface{ Stamp(time.Time) }
 
 var _ metav1.Object = (*Meta)(nil)
 

@@ -419,6 +419,7 @@ func (e *Endpoint) Terminating() bool { return e.Conds&CondTerminating != 0 }
 // Pod is the slim form of a Pod on this node.
 type Pod struct {
 	metav1.ObjectMeta
+	Receipt
 	Node        string
 	IPs         []netip.Addr
 	HostNetwork bool
