@@ -61,19 +61,22 @@ type Service struct {
 	// ClusterIPs of a ClusterIP, NodePort or LoadBalancer Service; empty
 	// for headless and ExternalName Services.
 	ClusterIPs []netip.Addr
-	Headless   bool
 	Ports      []ServicePort
+	// PodIPSteering is the raw annotation value ("" if absent).
+	PodIPSteering string
+	// EndDeadConnections is the raw draind.io/end-dead-connections value.
+	EndDeadConnections string
+
+	// The flags share one word (the informer keeps a Service per Service
+	// of the cluster).
+	Headless bool
 	// AffinityClientIP: sessionAffinity ClientIP (the VIP is never steered).
 	AffinityClientIP bool
 	// InternalLocal: internalTrafficPolicy Local (only this node's
 	// endpoints are selectable).
 	InternalLocal bool
-	// PodIPSteering is the raw annotation value ("" if absent).
-	PodIPSteering string
 	// HasSelector: the EndpointSlice controller lists its pods.
 	HasSelector bool
-	// EndDeadConnections is the raw draind.io/end-dead-connections value.
-	EndDeadConnections string
 }
 
 // ServicePort is one port of a Service.
@@ -100,6 +103,7 @@ type Slice struct {
 	// label alone can be forged (see the README's trust model).
 	Controller bool
 	Family     Family
+	wide       bool // some address is not plain IPv4 (with the flags: one word)
 	Ports      []SlicePort
 
 	// The endpoints, packed (Len and Endpoint read them): the informer
@@ -110,7 +114,6 @@ type Slice struct {
 	// prefix (a ReplicaSet's or StatefulSet's name) per slice.
 	endpoints []packedEndpoint
 	addrs     []byte // 4 bytes per endpoint, or 16 when wide
-	wide      bool   // some address is not plain IPv4
 	strs      string // textual UIDs and names' parts
 }
 
