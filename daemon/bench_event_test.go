@@ -35,7 +35,7 @@ func BenchmarkSliceEvent(b *testing.B) {
 		if err := sliceStore.Add(sl); err != nil {
 			b.Fatal(err)
 		}
-		d.sliceEvent(nil, sl)
+		d.sliceEvent(nil, sl, time.Time{})
 	}
 	d.sync() // the first, full pass
 	d.firstDone.Store(true)
@@ -71,7 +71,7 @@ func BenchmarkSliceEvent(b *testing.B) {
 		if err := sliceStore.Update(cur); err != nil {
 			b.Fatal(err)
 		}
-		d.sliceEvent(old, cur)
+		d.sliceEvent(old, cur, time.Now())
 		t2 := time.Now()
 		d.sync()
 		t3 := time.Now()

@@ -109,22 +109,41 @@ func sameVersion(a, b any) bool {
 // onChange calls fn with the old and new object of every add (old nil),
 // real update and delete (new nil). Resyncs, which repeat a
 // resourceVersion, are dropped.
-func onChange(inf cache.SharedIndexInformer, fn func(old, new any)) cache.ResourceEventHandlerRegistration {
-	reg, _ := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: func(obj any) { fn(nil, obj) },
+func onChange(inf cache.SharedIndexInformer, fn func(old, new any, received time.Time)) cache.ResourceEventHandlerRegistration {
+	reg, _ := inf.AddEventHandler(eventFuncs(fn))
+	return reg
+}
+
+// eventFuncs adapts fn to client-go's handler: old is nil for an add, new
+// nil for a deletion, and received is when the event's object reached
+// draind (zero if unknown).
+func eventFuncs(fn func(old, new any, received time.Time)) cache.ResourceEventHandlerFuncs {
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) { fn(nil, obj, receiptOf(obj)) },
 		UpdateFunc: func(o, n any) {
 			if !sameVersion(o, n) {
-				fn(o, n)
+				fn(o, n, receiptOf(n))
 			}
 		},
 		DeleteFunc: func(obj any) {
 			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-				obj = t.Obj
+				// A deletion the informer inferred from a relist: its
+				// object is the last one received, long before.
+				fn(t.Obj, nil, time.Time{})
+				return
 			}
-			fn(obj, nil)
+			fn(obj, nil, receiptOf(obj)) // the deleted object, as received
 		},
-	})
-	return reg
+	}
+}
+
+// receiptOf is when obj reached draind (its informer stamped it, see
+// k8s.Receipt); zero if it was not stamped.
+func receiptOf(obj any) time.Time {
+	if r, ok := obj.(interface{ Received() time.Time }); ok {
+		return r.Received()
+	}
+	return time.Time{}
 }
 
 func (d *Daemon) registerHandlers() {
@@ -150,15 +169,12 @@ func (d *Daemon) handlersSynced() bool {
 
 // sliceEvent: the slice's Service must be recomputed, and the IPs whose
 // ready listings changed hands re-merged.
-func (d *Daemon) sliceEvent(oldObj, newObj any) {
+func (d *Daemon) sliceEvent(oldObj, newObj any, received time.Time) {
 	defer d.events.slices.Add(1)
 	old, _ := oldObj.(*k8s.Slice)
 	cur, _ := newObj.(*k8s.Slice)
 	now := d.clock.Now()
-	at := now
-	if cur != nil {
-		at = receivedAt(cur.Received(), now)
-	}
+	at := receivedAt(received, now)
 	if old != nil {
 		d.vanished.observe(d.trusted(old), cur, now) // only trusted slices identify a pod
 	}
@@ -177,7 +193,7 @@ func (d *Daemon) sliceEvent(oldObj, newObj any) {
 
 // serviceEvent: the Service must be recomputed; if whether it has a
 // selector changed, so did the trust in its slices.
-func (d *Daemon) serviceEvent(oldObj, newObj any) {
+func (d *Daemon) serviceEvent(oldObj, newObj any, received time.Time) {
 	defer d.events.services.Add(1)
 	old, _ := oldObj.(*k8s.Service)
 	cur, _ := newObj.(*k8s.Service)
@@ -188,11 +204,7 @@ func (d *Daemon) serviceEvent(oldObj, newObj any) {
 	if s == nil {
 		return
 	}
-	now := d.clock.Now()
-	at := now
-	if cur != nil {
-		at = receivedAt(cur.Received(), now)
-	}
+	at := receivedAt(received, d.clock.Now())
 	key := s.Namespace + "/" + s.Name
 	if (old != nil && old.HasSelector) != (cur != nil && cur.HasSelector) {
 		for _, sl := range d.state.SlicesOf(key) {
@@ -203,15 +215,16 @@ func (d *Daemon) serviceEvent(oldObj, newObj any) {
 	d.runner.Run()
 }
 
-// receivedAt is when an event's object reached draind (its informer
-// stamped it, see k8s.Receipt), or now if it was not stamped (a deletion:
-// the object is the last one received) or the stamp is from the future
-// (another clock). Event-to-datapath latencies count from it.
+// receivedAt is the instant event-to-datapath latencies count from: when
+// the event's object reached draind (see onChange), as an offset back from
+// now, so that it keeps now's monotonic clock reading (a receipt stamp is
+// wall time: a clock step after the handler cannot skew the latency); now
+// itself if the receipt is unknown or not before now (a clock step).
 func receivedAt(received, now time.Time) time.Time {
-	if received.IsZero() || received.After(now) {
+	if received.IsZero() || !received.Before(now) {
 		return now
 	}
-	return received
+	return now.Add(-now.Sub(received))
 }
 
 // trusted returns s if it is the cluster's own record of its Service's
@@ -225,31 +238,21 @@ func (d *Daemon) trusted(s *k8s.Slice) *k8s.Slice {
 
 // leaseEvent: pod drains changed. A deleted Lease also ends its pod's
 // lingering entries (see model.endLingersOf).
-func (d *Daemon) leaseEvent(oldObj, newObj any) {
+func (d *Daemon) leaseEvent(oldObj, newObj any, received time.Time) {
 	defer d.events.leases.Add(1)
 	if l, ok := oldObj.(*k8s.DrainLease); ok && newObj == nil {
 		d.tracker.markLeaseGone(l.PodUID)
 	}
-	now := d.clock.Now()
-	at := now
-	if l, ok := newObj.(*k8s.DrainLease); ok {
-		at = receivedAt(l.Received(), now)
-	}
-	d.tracker.markLeases(at)
+	d.tracker.markLeases(receivedAt(received, d.clock.Now()))
 	d.runner.Run()
 	d.hosted.wake()
 }
 
 // podEvent: this node's pods changed: local claims, and maybe a deletion.
-func (d *Daemon) podEvent(_, newObj any) {
+func (d *Daemon) podEvent(_, _ any, received time.Time) {
 	defer d.events.pods.Add(1)
 	d.tracker.markIPs(d.claims.setLocalPods(d.state.LocalPods()))
-	now := d.clock.Now()
-	at := now
-	if p, ok := newObj.(*k8s.Pod); ok {
-		at = receivedAt(p.Received(), now)
-	}
-	d.tracker.markPods(at)
+	d.tracker.markPods(receivedAt(received, d.clock.Now()))
 	d.runner.Run()
 	d.hosted.wake()
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/cache"
 	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/draind/draind/bpf"
@@ -80,8 +82,8 @@ func TestLatencyCountsFromReceipt(t *testing.T) {
 	if err := d.inf.Slices.GetStore().Add(first); err != nil {
 		t.Fatal(err)
 	}
-	d.serviceEvent(nil, svc)
-	d.sliceEvent(nil, first)
+	d.serviceEvent(nil, svc, time.Time{})
+	d.sliceEvent(nil, first, time.Time{})
 	d.sync()
 	d.firstDone.Store(true)
 	got = nil
@@ -92,10 +94,56 @@ func TestLatencyCountsFromReceipt(t *testing.T) {
 	if err := d.inf.Slices.GetStore().Update(next); err != nil {
 		t.Fatal(err)
 	}
-	d.sliceEvent(first, next)
+	d.sliceEvent(first, next, next.Received())
 	clk.Step(2 * time.Millisecond) // the handler to the pass
 	d.sync()
 	if want := []time.Duration{5 * time.Millisecond}; !slices.Equal(got, want) {
 		t.Errorf("latencies %v, want %v (received to written, not handled to written)", got, want)
+	}
+}
+
+// TestEventReceipts: handlers learn when each event's object was received:
+// an add's or update's new object, a deletion's deleted object; not a
+// deletion the informer inferred on a relist (a tombstone: its object was
+// received long before).
+func TestEventReceipts(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC)
+	stamped := func(name string, at time.Time) *k8s.Slice {
+		s := &k8s.Slice{Meta: k8s.Meta{Name: name, Namespace: "shop", ResourceVersion: name}}
+		s.Stamp(at)
+		return s
+	}
+	a, b := stamped("1", t0), stamped("2", t0.Add(time.Second))
+	var got []time.Time
+	h := eventFuncs(func(_, _ any, received time.Time) { got = append(got, received) })
+	h.OnAdd(a, false)
+	h.OnUpdate(a, b)
+	h.OnDelete(b)
+	h.OnDelete(cache.DeletedFinalStateUnknown{Key: "shop/2", Obj: b})
+	want := []time.Time{t0, t0.Add(time.Second), t0.Add(time.Second), {}}
+	if !slices.EqualFunc(got, want, time.Time.Equal) {
+		t.Errorf("receipts %v, want %v", got, want)
+	}
+}
+
+// TestReceivedAtKeepsTheMonotonicClock: a receipt is wall time; the
+// instant latencies count from is an offset back from now and keeps now's
+// monotonic reading, so a wall clock step after the handler cannot skew
+// them. A receipt not before now (a step before it) counts as now.
+func TestReceivedAtKeepsTheMonotonicClock(t *testing.T) {
+	now := time.Now()
+	received := time.Unix(0, now.UnixNano()-int64(3*time.Millisecond)) // as k8s.Receipt returns it
+	at := receivedAt(received, now)
+	if !strings.Contains(at.String(), " m=") {
+		t.Errorf("%v has no monotonic reading", at)
+	}
+	if d := now.Sub(at); d != 3*time.Millisecond {
+		t.Errorf("now - at = %v, want 3ms", d)
+	}
+	if at := receivedAt(now.Add(time.Second), now); at != now {
+		t.Errorf("a receipt after now gave %v, want now", at)
+	}
+	if at := receivedAt(time.Time{}, now); at != now {
+		t.Errorf("no receipt gave %v, want now", at)
 	}
 }
