@@ -480,7 +480,9 @@ func (f *fixture) watchReady(svc string, pods ...*e2e.Pod) *kube.EndpointsWatch 
 	ctx, cancel := context.WithTimeout(f.ctx, time.Minute)
 	defer cancel()
 	if _, err := w.WaitReady(ctx, addrs...); err != nil {
-		f.t.Fatalf("waiting for %d ready endpoints of %s: %v", len(pods), svc, err)
+		// The EndpointSlice controller writes them: say what it logged.
+		f.t.Fatalf("waiting for %d ready endpoints of %s: %v\n--- last lines of kube-controller-manager:\n%s",
+			len(pods), svc, err, f.env.kc.LogTails(30)[kubebin.ControllerManager])
 	}
 	return w
 }

@@ -249,6 +249,15 @@ func TestFaultAPIOutage(t *testing.T) {
 	if err := f.env.kc.StopAPIServer(); err != nil {
 		t.Fatal(err)
 	}
+	// The bed's controllers come out of the outage slowly (reflector
+	// backoff): the tests after this one get a fresh controller manager.
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		if err := f.env.kc.RestartControllerManager(ctx); err != nil {
+			t.Errorf("restarting kube-controller-manager after the outage: %v", err)
+		}
+	})
 	t.Logf("kube-apiserver killed %s after gone-0 was deleted; down for %v (drain Lease duration %v, linger %v)", ms(down.Sub(goneAt)), outage, leaseDuration, linger)
 	time.Sleep(time.Until(down.Add(outage)))
 	up, err := f.env.kc.StartAPIServer(f.ctx, readyPoll)

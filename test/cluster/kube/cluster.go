@@ -96,6 +96,7 @@ type Cluster struct {
 	etcd          *embed.Etcd
 	apiserver     *process
 	kcm           *process
+	kcmPort       int // its secure port (/healthz)
 
 	mu      sync.Mutex
 	nodes   []*Node
@@ -351,16 +352,22 @@ func (c *Cluster) startControllerManager(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	c.kcmPort = port
+	return c.waitControllerManager(ctx)
+}
 
-	// /healthz on its secure port (self-signed: skip verification of a
-	// loopback health probe), then default/default as the proof that the
-	// controllers are running against the apiserver.
+// waitControllerManager waits for kube-controller-manager's /healthz on its
+// secure port (self-signed: skip verification of a loopback health probe),
+// then for default/default as the proof that the controllers are running
+// against the apiserver.
+func (c *Cluster) waitControllerManager(ctx context.Context) error {
+	port := c.kcmPort
 	ctx, cancel := context.WithTimeout(ctx, 90*time.Second)
 	defer cancel()
 	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
 	defer hc.CloseIdleConnections()
 	healthz := fmt.Sprintf("https://127.0.0.1:%d/healthz", port)
-	err = poll(ctx, 50*time.Millisecond, func() (bool, error) {
+	err := poll(ctx, 50*time.Millisecond, func() (bool, error) {
 		if err := c.kcm.deadErr(); err != nil {
 			return false, err
 		}

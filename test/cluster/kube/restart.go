@@ -103,3 +103,39 @@ func (c *Cluster) StartAPIServer(ctx context.Context, readyPoll time.Duration) (
 	c.log.Info("kube-apiserver ready again", "addr", c.apiserverAddr)
 	return ready, nil
 }
+
+// RestartControllerManager stops kube-controller-manager and starts it
+// again with the same flags (the same secure port), logging to a new file.
+// It returns when it is healthy again.
+//
+// A fault test that restarts the API server calls it once the test is
+// over: the bed's controllers are not under test, and they come out of an
+// outage slowly. Their client-go reflectors back off (doubling, up to 30 s
+// with jitter) while the API server is down, and the EndpointSlice
+// controller skips a pod whose Node its cache lacks, retrying the Service
+// with a doubling backoff: the next test's Service could wait over a
+// minute for its endpoints (CI, 2026-11-30: none in 60 s). A fresh
+// controller manager lists everything at once.
+func (c *Cluster) RestartControllerManager(ctx context.Context) error {
+	old := c.kcm
+	if old == nil {
+		return errors.New("restarting kube-controller-manager: it was never started")
+	}
+	if err := old.stop(stopGrace); err != nil {
+		return err
+	}
+	logPath := filepath.Join(c.Dir, "kube-controller-manager.restart-"+strconv.FormatInt(kcmRestarts.Add(1), 10)+".log")
+	p, err := startProcess(c.log, kubebin.ControllerManager, "", logPath, old.cmd.Path, old.cmd.Args[1:]...)
+	if err != nil {
+		return err
+	}
+	c.kcm = p
+	if err := c.waitControllerManager(ctx); err != nil {
+		return err
+	}
+	c.log.Info("kube-controller-manager restarted")
+	return nil
+}
+
+// kcmRestarts numbers the log files of restarted controller managers.
+var kcmRestarts atomic.Int64
