@@ -333,7 +333,7 @@ func benchClusterScale(b *testing.B, sc scaleCase) {
 	// TTL (a minute by default): a TTL of twice the churn puts one such
 	// pass in the middle of the churn, where its cost shows as latency.
 	d := New(Config{Node: "node-0", Namespace: "draind-system", Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		EntryTTL: 2 * *scaleChurn,
+		EntryTTL: 2 * *scaleChurn, REST: cfg,
 		OnLatency: func(l time.Duration) {
 			now := time.Now()
 			mu.Lock()
@@ -358,6 +358,9 @@ func benchClusterScale(b *testing.B, sc scaleCase) {
 	}
 	ready := time.Now()
 	b.StopTimer()
+	if d.inf.SliceDecoding != "slim" {
+		b.Fatalf("the EndpointSlice watch is not decoded straight into slim slices: %s", d.inf.SliceDecoding)
+	}
 	// The churn starts the moment draind is Ready: the first second after
 	// a restart must be like the rest.
 	mu.Lock()

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
 
@@ -66,6 +67,9 @@ type Config struct {
 
 	Clock  clock.WithTicker
 	Logger *slog.Logger
+	// REST is the configuration the client was made from, if any: with it
+	// the EndpointSlice watch decodes straight into slim slices (k8s.Config).
+	REST *rest.Config
 	// OnLatency, if set, sees every event-to-datapath latency (benchmarks).
 	OnLatency func(time.Duration)
 }
@@ -151,7 +155,7 @@ type Daemon struct {
 // (no conntrack expiry, live connections not counted).
 func New(cfg Config, client kubernetes.Interface, dp Datapath, ct conntrack.Interface) *Daemon {
 	cfg.Defaults()
-	inf := k8s.NewInformers(client, k8s.Config{Namespace: cfg.Namespace, NodeName: cfg.Node, Clock: cfg.Clock})
+	inf := k8s.NewInformers(client, k8s.Config{Namespace: cfg.Namespace, NodeName: cfg.Node, Clock: cfg.Clock, REST: cfg.REST})
 	d := &Daemon{cfg: cfg, inf: inf, state: inf, datapath: dp, conntrack: ct,
 		log: cfg.Logger, clock: cfg.Clock, claims: newClaims(cfg.Clock, cfg.Linger+cfg.LeaseDuration)}
 	d.Metrics = NewMetrics(cfg.Version, dp, inf, d.PodStatuses)
@@ -219,7 +223,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	d.synced.Store(true)
 	d.checkLeases(ctx)
-	d.log.Info("informers synced, reconciling")
+	d.log.Info("informers synced, reconciling", "endpointslice_decoding", d.inf.SliceDecoding)
 	// Started in dependency order, stopped in reverse: the hosted drains
 	// answer their waiters before the loop that feeds them stops.
 	d.conntrackPolicy.Start(ctx)

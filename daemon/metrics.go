@@ -65,7 +65,7 @@ func NewMetrics(version string, dp Datapath, inf *k8s.Informers, pods func() []P
 	m := &Metrics{
 		Registry: r,
 		SignalToDatapath: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "signal_to_datapath_seconds",
-			Help:    "Time from draind receiving a Kubernetes event (its informer decoded the object) to the datapath update it caused returning.",
+			Help:    "Time from draind receiving a Kubernetes event (an EndpointSlice before draind decodes it, any other object as its informer takes it decoded) to the datapath update it caused returning.",
 			Buckets: []float64{.00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1}}),
 		DrainStarts: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "drain_starts_total",
 			Help: "Drains started, by reason."}, []string{"reason"}),

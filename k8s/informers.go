@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
 )
@@ -29,6 +30,11 @@ type Config struct {
 	Resync time.Duration
 	// Clock stamps each object's receipt (nil: the real clock).
 	Clock clock.PassiveClock
+	// REST, when set, is the client configuration the clientset was made
+	// from: the EndpointSlice watch then decodes straight into slim slices
+	// (slicecodec.go). Without it (a fake clientset) slices are decoded by
+	// the clientset and converted.
+	REST *rest.Config
 }
 
 // Informers are draind's four watches, each caching slim objects.
@@ -40,6 +46,9 @@ type Informers struct {
 
 	// Malformed counts objects that could not be (fully) converted.
 	Malformed atomic.Uint64
+	// SliceDecoding says how EndpointSlice watch events are decoded:
+	// "slim" (straight into slices) or why not.
+	SliceDecoding string
 
 	node string
 }
@@ -69,14 +78,26 @@ func NewInformers(client kubernetes.Interface, cfg Config) *Informers {
 		return cache.SharedIndexInformerOptions{ResyncPeriod: cfg.Resync, Indexers: ix}
 	}
 	disc := client.DiscoveryV1()
+	// The watch delivers *Slice when it decodes them itself (lists still
+	// come as the API's objects, converted by the transform).
+	var sliceType runtime.Object = &discoveryv1.EndpointSlice{}
+	watchSlices := func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+		return disc.EndpointSlices(metav1.NamespaceAll).Watch(ctx, o)
+	}
+	inf.SliceDecoding = "generic: no REST configuration (a fake clientset)"
+	if cfg.REST != nil {
+		if w, err := sliceWatcher(cfg.REST, clk, inf); err != nil {
+			inf.SliceDecoding = "generic: " + err.Error()
+		} else {
+			sliceType, watchSlices, inf.SliceDecoding = &Slice{}, w, "slim"
+		}
+	}
 	inf.Slices = cache.NewSharedIndexInformerWithOptions(lw(&cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			return disc.EndpointSlices(metav1.NamespaceAll).List(ctx, o)
 		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			return disc.EndpointSlices(metav1.NamespaceAll).Watch(ctx, o)
-		},
-	}), &discoveryv1.EndpointSlice{}, opts(cache.Indexers{
+		WatchFuncWithContext: watchSlices,
+	}), sliceType, opts(cache.Indexers{
 		cache.NamespaceIndex: cache.MetaNamespaceIndexFunc,
 		IndexByService: func(obj any) ([]string, error) {
 			s, ok := obj.(*Slice)

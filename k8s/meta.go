@@ -25,12 +25,13 @@ type Meta struct {
 	Receipt
 }
 
-// Receipt is when draind received an object from the API server: its
-// informer stamps it before converting it, in the reflector's goroutine,
-// as the watch hands it over decoded (decoding itself, in the goroutine
-// that reads the stream, comes before). Event-to-datapath latencies count
-// from it, so that they include the time an event spends queued inside the
-// informer, not only the pass after its handler.
+// Receipt is when draind received an object from the API server. An
+// EndpointSlice a watch delivers (a thousand a second in a busy cluster) is
+// stamped before draind decodes it, in the goroutine that reads the stream
+// (slicecodec.go); any other object as the reflector takes it decoded,
+// before converting it. Event-to-datapath latencies count from it, so that
+// they include the time an event spends queued inside the informer, not
+// only the pass after its handler.
 type Receipt struct {
 	received int64 // Unix nanoseconds of the informers' clock; 0: none
 }

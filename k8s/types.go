@@ -104,7 +104,10 @@ type Slice struct {
 	Controller bool
 	Family     Family
 	wide       bool // some address is not plain IPv4 (with the flags: one word)
-	Ports      []SlicePort
+	// initialEventsEnd: a watch-list bookmark's k8s.io/initial-events-end
+	// annotation (only SliceFromProto keeps it: see GetAnnotations).
+	initialEventsEnd bool
+	Ports            []SlicePort
 
 	// The endpoints, packed (Len and Endpoint read them): the informer
 	// keeps every endpoint of the cluster, so they hold no pointer (the GC
@@ -492,22 +495,130 @@ func (t *nodeTable) index(name string) uint32 {
 	return i
 }
 
+// indexBytes is index for a name being decoded: only a name it has not
+// seen is copied.
+func (t *nodeTable) indexBytes(b []byte) uint32 {
+	if len(b) == 0 {
+		return 0
+	}
+	t.mu.Lock()
+	i, ok := t.numbers[string(b)]
+	t.mu.Unlock()
+	if ok {
+		return i
+	}
+	return t.index(string(b))
+}
+
 var nodeNames nodeTable
 
 // SliceFrom converts an EndpointSlice. ok is false for slices draind ignores
 // (FQDN, no service label). Malformed addresses are skipped, never fatal.
 func SliceFrom(s *discoveryv1.EndpointSlice) (sl *Slice, skipped int) {
-	service := s.Labels[discoveryv1.LabelServiceName]
-	size := metaSize(&s.ObjectMeta, false) + len(service)
-	for _, p := range s.Ports {
-		if p.Name != nil {
-			size += len(*p.Name)
+	p := sliceParts{name: s.Name, namespace: s.Namespace, resourceVersion: s.ResourceVersion, deletion: s.DeletionTimestamp,
+		service: s.Labels[discoveryv1.LabelServiceName], managedBy: s.Labels[discoveryv1.LabelManagedBy],
+		addressType: s.AddressType,
+		ports:       make([]portPart, len(s.Ports)),
+		endpoints:   make([]endpointPart, len(s.Endpoints))}
+	for i, sp := range s.Ports {
+		pp := &p.ports[i]
+		if sp.Name != nil {
+			pp.name, pp.hasName = *sp.Name, true
+		}
+		if sp.Protocol != nil {
+			pp.protocol, pp.hasProtocol = *sp.Protocol, true
+		}
+		if sp.Port != nil {
+			pp.port, pp.hasPort = *sp.Port, true
 		}
 	}
+	for i := range s.Endpoints {
+		e, ep := &s.Endpoints[i], &p.endpoints[i]
+		if len(e.Addresses) > 0 {
+			ep.addr, ep.hasAddr = e.Addresses[0], true
+		}
+		ep.ready, ep.serving, ep.terminating = condOf(e.Conditions.Ready), condOf(e.Conditions.Serving), condOf(e.Conditions.Terminating)
+		if e.NodeName != nil {
+			ep.node = *e.NodeName
+		}
+		if r := e.TargetRef; r != nil {
+			ep.hasRef, ep.refKind, ep.refNamespace = true, refKindOf(r.Kind), r.Namespace
+			ep.podUID, ep.podName = r.UID, r.Name
+		}
+	}
+	return p.build()
+}
+
+// sliceParts is what SliceFrom reads of an EndpointSlice, from the API's
+// decoded object or straight from its protobuf (SliceFromProto): build
+// converts both the same way.
+type sliceParts struct {
+	name, namespace, resourceVersion string
+	deletion                         *metav1.Time
+	service, managedBy               string // the two labels
+	initialEventsEnd                 bool   // the watch-list bookmark's annotation
+	addressType                      discoveryv1.AddressType
+	ports                            []portPart
+	endpoints                        []endpointPart
+}
+
+type portPart struct {
+	name                          string
+	protocol                      corev1.Protocol
+	port                          int32
+	hasName, hasProtocol, hasPort bool
+}
+
+// An endpoint condition as the API has it: unset, false or true.
+const (
+	condUnset int8 = iota
+	condFalse
+	condTrue
+)
+
+func condOf(b *bool) int8 {
+	switch {
+	case b == nil:
+		return condUnset
+	case *b:
+		return condTrue
+	}
+	return condFalse
+}
+
+// refKind is a targetRef's kind, as far as SliceFrom cares.
+type refKind uint8
+
+const (
+	refNoKind refKind = iota // ""
+	refPod
+	refOther
+)
+
+// endpointPart is one endpoint.
+type endpointPart struct {
+	addr                        string // the first address
+	hasAddr                     bool
+	ready, serving, terminating int8
+	node                        string
+	hasRef                      bool
+	refKind                     refKind
+	refNamespace                string
+	podUID                      types.UID
+	podName                     string
+}
+
+// build converts the parts.
+func (p *sliceParts) build() (sl *Slice, skipped int) {
+	size := len(p.name) + len(p.namespace) + len(p.resourceVersion) + len(p.service)
+	for i := range p.ports {
+		size += len(p.ports[i].name)
+	}
 	k := newKeeper(size)
-	out := &Slice{Meta: metaOf(k, &s.ObjectMeta, false), Service: k.keep(service),
-		Controller: s.Labels[discoveryv1.LabelManagedBy] == ManagedByController}
-	switch s.AddressType {
+	out := &Slice{Meta: Meta{Name: k.keep(p.name), Namespace: k.keep(p.namespace), ResourceVersion: k.keep(p.resourceVersion),
+		DeletionTimestamp: p.deletion}, Service: k.keep(p.service), Controller: p.managedBy == ManagedByController,
+		initialEventsEnd: p.initialEventsEnd}
+	switch p.addressType {
 	case discoveryv1.AddressTypeIPv4:
 		out.Family = IPv4
 	case discoveryv1.AddressTypeIPv6:
@@ -515,44 +626,45 @@ func SliceFrom(s *discoveryv1.EndpointSlice) (sl *Slice, skipped int) {
 	default:
 		return out, 0 // FQDN: no family, no endpoints
 	}
-	for _, p := range s.Ports {
-		if p.Port == nil || *p.Port <= 0 || *p.Port > 65535 {
+	for i := range p.ports {
+		pp := &p.ports[i]
+		if !pp.hasPort || pp.port <= 0 || pp.port > 65535 {
 			skipped++
 			continue
 		}
 		proto := corev1.ProtocolTCP
-		if p.Protocol != nil {
-			proto = *p.Protocol
+		if pp.hasProtocol {
+			proto = pp.protocol
 		}
 		pr, ok := protocolOf(proto)
 		if !ok {
 			continue
 		}
 		name := ""
-		if p.Name != nil {
-			name = k.keep(*p.Name)
+		if pp.hasName {
+			name = k.keep(pp.name)
 		}
-		out.Ports = append(out.Ports, SlicePort{Name: name, Port: uint16(*p.Port), Protocol: pr})
+		out.Ports = append(out.Ports, SlicePort{Name: name, Port: uint16(pp.port), Protocol: pr})
 	}
-	eps := make([]Endpoint, 0, len(s.Endpoints))
-	for i := range s.Endpoints {
-		e := &s.Endpoints[i]
-		if len(e.Addresses) == 0 {
+	eps := make([]Endpoint, 0, len(p.endpoints))
+	for i := range p.endpoints {
+		e := &p.endpoints[i]
+		if !e.hasAddr {
 			skipped++
 			continue
 		}
-		a, err := netip.ParseAddr(e.Addresses[0])
+		a, err := netip.ParseAddr(e.addr)
 		if err != nil || (a.Is4() != (out.Family == IPv4)) {
 			skipped++
 			continue
 		}
-		ep := Endpoint{Addr: a}
-		// API semantics: nil ready means ready; nil serving means the same
-		// as ready; nil terminating means not terminating.
-		ready := e.Conditions.Ready == nil || *e.Conditions.Ready
+		ep := Endpoint{Addr: a, Node: e.node} // the node numbered in nodeNames as it is packed
+		// API semantics: unset ready means ready; unset serving means the
+		// same as ready; unset terminating means not terminating.
+		ready := e.ready != condFalse
 		serving := ready
-		if e.Conditions.Serving != nil {
-			serving = *e.Conditions.Serving
+		if e.serving != condUnset {
+			serving = e.serving == condTrue
 		}
 		if ready {
 			ep.Conds |= CondReady
@@ -560,18 +672,15 @@ func SliceFrom(s *discoveryv1.EndpointSlice) (sl *Slice, skipped int) {
 		if serving {
 			ep.Conds |= CondServing
 		}
-		if e.Conditions.Terminating != nil && *e.Conditions.Terminating {
+		if e.terminating == condTrue {
 			ep.Conds |= CondTerminating
-		}
-		if e.NodeName != nil {
-			ep.Node = *e.NodeName // numbered in nodeNames as it is packed
 		}
 		// A Pod of another namespace is no pod of this slice's Service:
 		// the endpoint is kept (kube-proxy routes to it), its identity
 		// is not.
-		if r := e.TargetRef; r != nil && (r.Kind == "Pod" || r.Kind == "") && (r.Namespace == "" || r.Namespace == s.Namespace) {
-			ep.PodUID = r.UID
-			ep.PodName = r.Name
+		if e.hasRef && e.refKind != refOther && (e.refNamespace == "" || e.refNamespace == p.namespace) {
+			ep.PodUID = e.podUID
+			ep.PodName = e.podName
 		}
 		eps = append(eps, ep)
 	}

@@ -166,7 +166,7 @@ func runDaemon(ctx context.Context, o *runOptions) error {
 			return err
 		}
 	}
-	client, err := apiClient(o)
+	client, restCfg, err := apiClient(o)
 	if err != nil {
 		return err
 	}
@@ -208,7 +208,7 @@ func runDaemon(ctx context.Context, o *runOptions) error {
 		EntryTTL: o.entryTTL, Linger: o.linger, LeaseDuration: o.leaseDur, GoneGrace: o.goneGrace,
 		UDPReexpire: o.udpReexpire, MinSyncInterval: o.minSync, RegistryOnlyPolicy: regPolicy,
 		Quiet: o.quiet, MaxWait: o.maxWait, MaxWaiters: o.maxWaiters, MaxWaitersPerPod: o.maxWaitersPerPod,
-		MaxConnections: o.maxConnections, Logger: log, FlowLister: flows,
+		MaxConnections: o.maxConnections, Logger: log, FlowLister: flows, REST: restCfg,
 	}, client, dp, ct)
 	if err := dp.Attach(cgroup); err != nil {
 		return err
@@ -226,18 +226,18 @@ func runDaemon(ctx context.Context, o *runOptions) error {
 
 // apiClient builds the API client from the kubeconfig or the pod's
 // ServiceAccount.
-func apiClient(o *runOptions) (kubernetes.Interface, error) {
+func apiClient(o *runOptions) (kubernetes.Interface, *rest.Config, error) {
 	cfg, err := restConfig(o.kubeconfig)
 	if err != nil {
-		return nil, fmt.Errorf("loading the API client configuration: %w", err)
+		return nil, nil, fmt.Errorf("loading the API client configuration: %w", err)
 	}
 	cfg.QPS, cfg.Burst = o.apiQPS, o.apiBurst
 	cfg.UserAgent = "draind/" + version
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("creating the API client: %w", err)
+		return nil, nil, fmt.Errorf("creating the API client: %w", err)
 	}
-	return client, nil
+	return client, cfg, nil
 }
 
 // openConntrack opens conntrack in this network namespace, or returns nil

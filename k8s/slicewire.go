@@ -1,0 +1,541 @@
+package k8s
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// Decoding an EndpointSlice's protobuf encoding straight into what
+// SliceFrom reads. Informers decode every slice update of the cluster into
+// a whole discoveryv1.EndpointSlice (every field, a pointer per condition,
+// node and zone name, hints, managed fields) only for SliceFrom to keep a
+// few of them: at 1,000 updates a second that decoding is the largest
+// share of draind's CPU and garbage. SliceFromProto reads the fields
+// SliceFrom uses and skips the rest, with the generated decoder's
+// semantics (last value wins, embedded messages merge, unknown fields are
+// skipped). Whatever the generated decoder accepts, it converts the same
+// (FuzzSliceFromProto); it refuses malformed framing, but does not check
+// the fields it skips, which only the API server writes.
+
+// SliceFromProto decodes b, a discovery/v1 EndpointSlice in protobuf (the
+// object inside the API's runtime.Unknown envelope), as SliceFrom would
+// convert it once decoded.
+func SliceFromProto(b []byte) (*Slice, int, error) {
+	var p sliceParts
+	if err := p.decode(b); err != nil {
+		return nil, 0, fmt.Errorf("decoding an EndpointSlice: %w", err)
+	}
+	sl, skipped := p.build()
+	return sl, skipped, nil
+}
+
+// Wire types.
+const (
+	wireVarint = 0
+	wireI64    = 1
+	wireLen    = 2
+	wireStart  = 3
+	wireEnd    = 4
+	wireI32    = 5
+)
+
+var (
+	errTruncated  = io.ErrUnexpectedEOF
+	errOverflow   = errors.New("proto: integer overflow")
+	errLength     = errors.New("proto: negative length found during unmarshaling")
+	errEndOfGroup = errors.New("proto: unexpected end of group")
+)
+
+// wireReader reads one message's fields.
+type wireReader struct{ b []byte }
+
+func (r *wireReader) varint() (uint64, error) {
+	var v uint64
+	for shift := uint(0); ; shift += 7 {
+		if shift >= 64 {
+			return 0, errOverflow
+		}
+		if len(r.b) == 0 {
+			return 0, errTruncated
+		}
+		c := r.b[0]
+		r.b = r.b[1:]
+		v |= uint64(c&0x7f) << shift
+		if c < 0x80 {
+			return v, nil
+		}
+	}
+}
+
+// tag reads the next field's number and wire type.
+func (r *wireReader) tag() (int, int, error) {
+	v, err := r.varint()
+	if err != nil {
+		return 0, 0, err
+	}
+	field, typ := int32(v>>3), int(v&7)
+	if typ == wireEnd {
+		return 0, 0, errors.New("proto: wiretype end group for non-group")
+	}
+	if field <= 0 {
+		return 0, 0, fmt.Errorf("proto: illegal tag %d (wire type %d)", field, typ)
+	}
+	return int(field), typ, nil
+}
+
+// bytes reads a length-delimited field's content.
+func (r *wireReader) bytes() ([]byte, error) {
+	n, err := r.varint()
+	if err != nil {
+		return nil, err
+	}
+	if int(n) < 0 {
+		return nil, errLength
+	}
+	if uint64(len(r.b)) < n {
+		return nil, errTruncated
+	}
+	out := r.b[:n]
+	r.b = r.b[n:]
+	return out, nil
+}
+
+// skip skips a field of wire type typ (its tag read), groups included.
+func (r *wireReader) skip(typ int) error {
+	depth := 0
+	for {
+		switch typ {
+		case wireVarint:
+			if _, err := r.varint(); err != nil {
+				return err
+			}
+		case wireI64:
+			if len(r.b) < 8 {
+				return errTruncated
+			}
+			r.b = r.b[8:]
+		case wireLen:
+			if _, err := r.bytes(); err != nil {
+				return err
+			}
+		case wireStart:
+			depth++
+		case wireEnd:
+			if depth == 0 {
+				return errEndOfGroup
+			}
+			depth--
+		case wireI32:
+			if len(r.b) < 4 {
+				return errTruncated
+			}
+			r.b = r.b[4:]
+		default:
+			return fmt.Errorf("proto: illegal wireType %d", typ)
+		}
+		if depth == 0 {
+			return nil
+		}
+		v, err := r.varint()
+		if err != nil {
+			return err
+		}
+		typ = int(v & 7)
+	}
+}
+
+// want checks a known field's wire type.
+func want(field, typ, w int) error {
+	if typ != w {
+		return fmt.Errorf("proto: wrong wireType = %d for field %d", typ, field)
+	}
+	return nil
+}
+
+func (r *wireReader) str(field, typ int) (string, error) {
+	if err := want(field, typ, wireLen); err != nil {
+		return "", err
+	}
+	b, err := r.bytes()
+	return string(b), err
+}
+
+func (r *wireReader) msg(field, typ int) ([]byte, error) {
+	if err := want(field, typ, wireLen); err != nil {
+		return nil, err
+	}
+	return r.bytes()
+}
+
+// decode reads an EndpointSlice's fields into p, with the generated
+// decoder's semantics: a repeated scalar's last value wins, a repeated
+// message merges into the one before.
+func (p *sliceParts) decode(b []byte) error {
+	r := wireReader{b: b}
+	for len(r.b) > 0 {
+		field, typ, err := r.tag()
+		if err == nil {
+			err = p.decodeField(&r, field, typ)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (p *sliceParts) decodeField(r *wireReader, field, typ int) error {
+	switch field {
+	case 1: // metadata
+		m, err := r.msg(field, typ)
+		if err == nil {
+			err = p.decodeMeta(m)
+		}
+		return err
+	case 2: // endpoints
+		m, err := r.msg(field, typ)
+		if err != nil {
+			return err
+		}
+		p.endpoints = append(p.endpoints, endpointPart{})
+		return p.endpoints[len(p.endpoints)-1].decode(m)
+	case 3: // ports
+		m, err := r.msg(field, typ)
+		if err != nil {
+			return err
+		}
+		p.ports = append(p.ports, portPart{})
+		return p.ports[len(p.ports)-1].decode(m)
+	case 4: // addressType
+		s, err := r.str(field, typ)
+		p.addressType = discoveryv1.AddressType(s)
+		return err
+	}
+	return r.skip(typ)
+}
+
+// decodeMeta reads what SliceFrom keeps of an ObjectMeta: name, namespace,
+// resourceVersion, deletionTimestamp, two labels and the watch-list
+// bookmark's annotation.
+func (p *sliceParts) decodeMeta(b []byte) error {
+	r := wireReader{b: b}
+	for len(r.b) > 0 {
+		field, typ, err := r.tag()
+		if err == nil {
+			err = p.decodeMetaField(&r, field, typ)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (p *sliceParts) decodeMetaField(r *wireReader, field, typ int) error {
+	var err error
+	switch field {
+	case 1:
+		p.name, err = r.str(field, typ)
+	case 3:
+		p.namespace, err = r.str(field, typ)
+	case 6:
+		p.resourceVersion, err = r.str(field, typ)
+	case 9:
+		var t []byte
+		if t, err = r.msg(field, typ); err == nil {
+			if p.deletion == nil {
+				p.deletion = &metav1.Time{}
+			}
+			err = decodeTime(t, p.deletion)
+		}
+	case 11, 12: // labels, annotations: map entries
+		var e []byte
+		if e, err = r.msg(field, typ); err == nil {
+			err = p.decodeEntry(e, field == 12)
+		}
+	default:
+		err = r.skip(typ)
+	}
+	return err
+}
+
+// decodeEntry reads one map entry of the labels or annotations, keeping
+// the few SliceFrom reads (a map of every label is what the full decoding
+// costs).
+func (p *sliceParts) decodeEntry(b []byte, annotation bool) error {
+	var k, v []byte
+	r := wireReader{b: b}
+	for len(r.b) > 0 {
+		field, typ, err := r.tag()
+		if err == nil {
+			switch field {
+			case 1:
+				k, err = r.msg(field, typ)
+			case 2:
+				v, err = r.msg(field, typ)
+			default:
+				err = r.skip(typ)
+			}
+		}
+		if err != nil {
+			return err
+		}
+	}
+	switch {
+	case annotation:
+		if string(k) == metav1.InitialEventsAnnotationKey {
+			p.initialEventsEnd = string(v) == "true"
+		}
+	case string(k) == discoveryv1.LabelServiceName:
+		p.service = string(v)
+	case string(k) == discoveryv1.LabelManagedBy:
+		p.managedBy = string(v)
+	}
+	return nil
+}
+
+// decodeTime reads a metav1.Time as its own Unmarshal does: seconds and
+// nanoseconds, the whole time replaced.
+func decodeTime(b []byte, t *metav1.Time) error {
+	if len(b) == 0 {
+		t.Time = time.Time{}
+		return nil
+	}
+	var sec, nsec int64
+	r := wireReader{b: b}
+	for len(r.b) > 0 {
+		field, typ, err := r.tag()
+		if err == nil {
+			switch field {
+			case 1, 2:
+				var v uint64
+				if err = want(field, typ, wireVarint); err == nil {
+					v, err = r.varint()
+				}
+				if field == 1 {
+					sec = int64(v)
+				} else {
+					nsec = int64(int32(v))
+				}
+			default:
+				err = r.skip(typ)
+			}
+		}
+		if err != nil {
+			return err
+		}
+	}
+	t.Time = time.Unix(sec, nsec).Local()
+	return nil
+}
+
+func (e *endpointPart) decode(b []byte) error {
+	r := wireReader{b: b}
+	for len(r.b) > 0 {
+		field, typ, err := r.tag()
+		if err == nil {
+			err = e.decodeField(&r, field, typ)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (e *endpointPart) decodeField(r *wireReader, field, typ int) error {
+	var err error
+	switch field {
+	case 1: // addresses: SliceFrom reads the first
+		var a []byte
+		if a, err = r.msg(field, typ); err == nil && !e.hasAddr {
+			e.addr, e.hasAddr = string(a), true
+		}
+	case 2: // conditions
+		var c []byte
+		if c, err = r.msg(field, typ); err == nil {
+			err = e.decodeConditions(c)
+		}
+	case 4: // targetRef
+		var t []byte
+		if t, err = r.msg(field, typ); err == nil {
+			e.hasRef = true
+			err = e.decodeRef(t)
+		}
+	case 6: // nodeName
+		var n []byte
+		if n, err = r.msg(field, typ); err == nil {
+			e.node = nodeNames.name(nodeNames.indexBytes(n))
+		}
+	default:
+		err = r.skip(typ)
+	}
+	return err
+}
+
+func (e *endpointPart) decodeConditions(b []byte) error {
+	r := wireReader{b: b}
+	for len(r.b) > 0 {
+		field, typ, err := r.tag()
+		if err == nil {
+			err = e.decodeConditionsField(&r, field, typ)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (e *endpointPart) decodeConditionsField(r *wireReader, field, typ int) error {
+	var dst *int8
+	switch field {
+	case 1:
+		dst = &e.ready
+	case 2:
+		dst = &e.serving
+	case 3:
+		dst = &e.terminating
+	default:
+		return r.skip(typ)
+	}
+	if err := want(field, typ, wireVarint); err != nil {
+		return err
+	}
+	v, err := r.varint()
+	*dst = condFalse
+	if v != 0 {
+		*dst = condTrue
+	}
+	return err
+}
+
+func (e *endpointPart) decodeRef(b []byte) error {
+	r := wireReader{b: b}
+	for len(r.b) > 0 {
+		field, typ, err := r.tag()
+		if err == nil {
+			err = e.decodeRefField(&r, field, typ)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (e *endpointPart) decodeRefField(r *wireReader, field, typ int) error {
+	var err error
+	var v []byte
+	switch field {
+	case 1:
+		if v, err = r.msg(field, typ); err == nil {
+			switch string(v) {
+			case "":
+				e.refKind = refNoKind
+			case "Pod":
+				e.refKind = refPod
+			default:
+				e.refKind = refOther
+			}
+		}
+	case 2:
+		if v, err = r.msg(field, typ); err == nil {
+			e.refNamespace = string(v)
+		}
+	case 3:
+		if v, err = r.msg(field, typ); err == nil {
+			e.podName = string(v)
+		}
+	case 4:
+		if v, err = r.msg(field, typ); err == nil {
+			e.podUID = types.UID(v)
+		}
+	default:
+		err = r.skip(typ)
+	}
+	return err
+}
+
+// refKindOf classifies a targetRef's kind.
+func refKindOf(kind string) refKind {
+	switch kind {
+	case "":
+		return refNoKind
+	case "Pod":
+		return refPod
+	}
+	return refOther
+}
+
+func (pp *portPart) decode(b []byte) error {
+	r := wireReader{b: b}
+	for len(r.b) > 0 {
+		field, typ, err := r.tag()
+		if err == nil {
+			err = pp.decodeField(&r, field, typ)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (pp *portPart) decodeField(r *wireReader, field, typ int) error {
+	var err error
+	switch field {
+	case 1:
+		var n []byte
+		if n, err = r.msg(field, typ); err == nil {
+			pp.name, pp.hasName = string(n), true
+		}
+	case 2:
+		var s []byte
+		if s, err = r.msg(field, typ); err == nil {
+			pp.protocol, pp.hasProtocol = corev1.Protocol(s), true
+		}
+	case 3:
+		if err = want(field, typ, wireVarint); err == nil {
+			var v uint64
+			v, err = r.varint()
+			pp.port, pp.hasPort = int32(v), true
+		}
+	default:
+		err = r.skip(typ)
+	}
+	return err
+}
+
+// GetAnnotations returns the only annotation a slice keeps: a watch-list
+// bookmark's end of the initial events, which the reflector reads from a
+// slice SliceFromProto decoded.
+func (s *Slice) GetAnnotations() map[string]string {
+	if !s.initialEventsEnd {
+		return nil
+	}
+	return map[string]string{metav1.InitialEventsAnnotationKey: "true"}
+}
+
+// A *Slice is a runtime.Object, so that a watch can deliver it as it
+// decoded it (see sliceDecoder).
+var _ runtime.Object = (*Slice)(nil)
+
+// GetObjectKind: a slim slice carries no type metadata.
+func (s *Slice) GetObjectKind() schema.ObjectKind { return schema.EmptyObjectKind }
+
+// DeepCopyObject copies the slice. Its endpoints are never written once
+// built, so the copy shares them.
+func (s *Slice) DeepCopyObject() runtime.Object {
+	c := *s
+	return &c
+}

@@ -1,0 +1,115 @@
+package k8s
+
+import (
+	"reflect"
+	"strconv"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// wireSlice is an EndpointSlice as the EndpointSlice controller writes it,
+// every field set, n endpoints.
+func wireSlice(n int) *discoveryv1.EndpointSlice {
+	tr, fa := true, false
+	name, port, proto, app := "http", int32(8080), corev1.ProtocolTCP, "h2c"
+	del := metav1.NewTime(time.Date(2026, 12, 1, 5, 0, 0, 123, time.UTC))
+	grace := int64(30)
+	s := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Name: "web-abcde", GenerateName: "web-", Namespace: "shop", UID: "5e1c0000-0000-0000-0000-000000000001",
+			ResourceVersion: "12345", Generation: 3, DeletionTimestamp: &del, DeletionGracePeriodSeconds: &grace,
+			Labels:          map[string]string{discoveryv1.LabelServiceName: "web", discoveryv1.LabelManagedBy: ManagedByController, "app": "web"},
+			Annotations:     map[string]string{"endpoints.kubernetes.io/last-change-trigger-time": "2026-01-01T00:00:00Z"},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Service", Name: "web", UID: "5e4f", Controller: &tr}},
+			Finalizers:      []string{"x"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: &name, Port: &port, Protocol: &proto, AppProtocol: &app}},
+	}
+	for j := range n {
+		node, zone, host := "node-"+strconv.Itoa(j%3), "zone-a", "h"
+		ready := j%4 != 0
+		s.Endpoints = append(s.Endpoints, discoveryv1.Endpoint{
+			Addresses:  []string{"10.0.0." + strconv.Itoa(j+1), "10.1.0." + strconv.Itoa(j+1)},
+			Conditions: discoveryv1.EndpointConditions{Ready: &ready, Serving: &tr, Terminating: &fa},
+			Hostname:   &host, NodeName: &node, Zone: &zone,
+			Hints:     &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: "zone-a"}}},
+			TargetRef: &corev1.ObjectReference{Kind: "Pod", Namespace: "shop", Name: "web-7d4b9c8f6-" + strconv.Itoa(j), UID: types.UID("00000000-0000-0000-0000-00000000000" + strconv.Itoa(j%10))},
+		})
+	}
+	return s
+}
+
+// checkSame decodes b both ways: where the generated decoder accepts b,
+// SliceFromProto must convert it as SliceFrom converts the decoded object.
+func checkSame(t *testing.T, b []byte) {
+	t.Helper()
+	var es discoveryv1.EndpointSlice
+	wantErr := es.Unmarshal(b)
+	got, gotSkipped, err := SliceFromProto(b)
+	if wantErr != nil {
+		return // refused by the API's decoder: anything but a panic will do
+	}
+	if err != nil {
+		t.Fatalf("SliceFromProto refused what the generated decoder accepts: %v", err)
+	}
+	want, wantSkipped := SliceFrom(&es)
+	// Only the straight decoding keeps the bookmark's annotation: the
+	// reflector reads it from the API's object before SliceFrom runs.
+	want.initialEventsEnd = es.Annotations[metav1.InitialEventsAnnotationKey] == "true"
+	if gotSkipped != wantSkipped || !reflect.DeepEqual(got, want) {
+		t.Fatalf("SliceFromProto:\n%+v (skipped %d)\nSliceFrom(Unmarshal):\n%+v (skipped %d)", got, gotSkipped, want, wantSkipped)
+	}
+}
+
+func TestSliceFromProto(t *testing.T) {
+	for _, n := range []int{0, 1, 15} {
+		b, err := wireSlice(n).Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkSame(t, b)
+	}
+	// Fields repeated (last wins, messages merge) and unknown ones.
+	b, _ := wireSlice(2).Marshal()
+	extra, _ := (&discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Name: "other", Labels: map[string]string{discoveryv1.LabelServiceName: "web2"}},
+		AddressType: discoveryv1.AddressTypeIPv6}).Marshal()
+	checkSame(t, append(append([]byte{}, b...), extra...))
+	checkSame(t, append(append([]byte{}, b...), 0xf8, 0x07, 0x01)) // field 127, varint
+}
+
+func FuzzSliceFromProto(f *testing.F) {
+	for _, n := range []int{0, 1, 3} {
+		b, _ := wireSlice(n).Marshal()
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) { checkSame(t, b) })
+}
+
+// BenchmarkSliceFromProto: one 15-endpoint slice update decoded and
+// slimmed, straight (proto) and as the informer does today (generated
+// decoder, then SliceFrom).
+func BenchmarkSliceFromProto(b *testing.B) {
+	w, _ := wireSlice(15).Marshal()
+	b.Run("generated", func(b *testing.B) {
+		b.ReportAllocs()
+		for range b.N {
+			var es discoveryv1.EndpointSlice
+			if err := es.Unmarshal(w); err != nil {
+				b.Fatal(err)
+			}
+			SliceFrom(&es)
+		}
+	})
+	b.Run("proto", func(b *testing.B) {
+		b.ReportAllocs()
+		for range b.N {
+			if _, _, err := SliceFromProto(w); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
