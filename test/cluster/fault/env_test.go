@@ -395,6 +395,11 @@ func (f *fixture) startDraind(name string, args ...string) *headline.Draind {
 		f.t.Fatalf("starting draind on %s: %v", n.Bed.Name, err)
 	}
 	f.logs = append(f.logs, d.LogPath())
+	// Against a real kube-apiserver draind decodes the EndpointSlice watch
+	// itself (k8s/slicecodec.go); it says so once synced.
+	if c, err := countLog(d.LogPath(), "endpointslice_decoding=slim"); err != nil || c == 0 {
+		f.t.Errorf("draind on %s does not decode the EndpointSlice watch itself (%v); last lines of its log:\n%s", n.Bed.Name, err, tail(d.LogPath(), 20))
+	}
 	f.t.Cleanup(func() {
 		if err := d.Stop(); err != nil {
 			f.t.Errorf("%v", err)
