@@ -47,7 +47,8 @@ type Informers struct {
 	// Malformed counts objects that could not be (fully) converted.
 	Malformed atomic.Uint64
 	// SliceDecoding says how EndpointSlice watch events are decoded:
-	// "slim" (straight into slices) or why not.
+	// "slim" (draind's own slice client: protobuf straight into slices,
+	// other encodings converted as they are decoded) or why not.
 	SliceDecoding string
 
 	node string
@@ -199,9 +200,7 @@ func slimTransform[T any, S any](inf *Informers, from func(*T) (S, int)) func(an
 			return obj, nil
 		}
 		slim, skipped := from(o)
-		if skipped > 0 {
-			inf.Malformed.Add(1)
-		}
+		inf.noteSkipped(skipped)
 		return slim, nil
 	}
 }
