@@ -75,6 +75,16 @@ func (k *keeper) keep(v string) string {
 	return k.b.String()[start:]
 }
 
+// keepText is keep of text as received.
+func keepText[T bytestring](k *keeper, v T) string {
+	if len(v) == 0 {
+		return ""
+	}
+	start := k.b.Len()
+	writeText(&k.b, v)
+	return k.b.String()[start:]
+}
+
 // metaSize is the length of the strings metaOf keeps.
 func metaSize(m *metav1.ObjectMeta, uid bool) int {
 	n := len(m.Name) + len(m.Namespace) + len(m.ResourceVersion)

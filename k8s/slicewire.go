@@ -6,12 +6,10 @@ import (
 	"io"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/types"
 )
 
 // Decoding an EndpointSlice's protobuf encoding straight into what
@@ -30,13 +28,16 @@ import (
 // object inside the API's runtime.Unknown envelope), as SliceFrom would
 // convert it once decoded.
 func SliceFromProto(b []byte) (*Slice, int, error) {
-	var p sliceParts
-	if err := p.decode(b); err != nil {
+	var p wireParts
+	if err := decodeSlice(&p, b); err != nil {
 		return nil, 0, fmt.Errorf("decoding an EndpointSlice: %w", err)
 	}
 	sl, skipped := p.build()
 	return sl, skipped, nil
 }
+
+// wireParts are the parts of a slice as they lie in its encoding.
+type wireParts = sliceParts[[]byte]
 
 // Wire types.
 const (
@@ -161,14 +162,6 @@ func want(field, typ, w int) error {
 	return nil
 }
 
-func (r *wireReader) str(field, typ int) (string, error) {
-	if err := want(field, typ, wireLen); err != nil {
-		return "", err
-	}
-	b, err := r.bytes()
-	return string(b), err
-}
-
 func (r *wireReader) msg(field, typ int) ([]byte, error) {
 	if err := want(field, typ, wireLen); err != nil {
 		return nil, err
@@ -179,12 +172,13 @@ func (r *wireReader) msg(field, typ int) ([]byte, error) {
 // decode reads an EndpointSlice's fields into p, with the generated
 // decoder's semantics: a repeated scalar's last value wins, a repeated
 // message merges into the one before.
-func (p *sliceParts) decode(b []byte) error {
+func decodeSlice(p *wireParts, b []byte) error {
+	p.endpoints = make([]endpointPart[[]byte], 0, countEndpoints(b))
 	r := wireReader{b: b}
 	for len(r.b) > 0 {
 		field, typ, err := r.tag()
 		if err == nil {
-			err = p.decodeField(&r, field, typ)
+			err = decodeSliceField(p, &r, field, typ)
 		}
 		if err != nil {
 			return err
@@ -193,12 +187,33 @@ func (p *sliceParts) decode(b []byte) error {
 	return nil
 }
 
-func (p *sliceParts) decodeField(r *wireReader, field, typ int) error {
+// countEndpoints counts the endpoints in an EndpointSlice's encoding (as
+// far as it can be read: decodeSlice finds what is wrong), so that they
+// are decoded into one allocation.
+func countEndpoints(b []byte) int {
+	n := 0
+	r := wireReader{b: b}
+	for len(r.b) > 0 {
+		field, typ, err := r.tag()
+		if err == nil {
+			err = r.skip(typ)
+		}
+		if err != nil {
+			break
+		}
+		if field == 2 {
+			n++
+		}
+	}
+	return n
+}
+
+func decodeSliceField(p *wireParts, r *wireReader, field, typ int) error {
 	switch field {
 	case 1: // metadata
 		m, err := r.msg(field, typ)
 		if err == nil {
-			err = p.decodeMeta(m)
+			err = decodeMeta(p, m)
 		}
 		return err
 	case 2: // endpoints
@@ -206,18 +221,18 @@ func (p *sliceParts) decodeField(r *wireReader, field, typ int) error {
 		if err != nil {
 			return err
 		}
-		p.endpoints = append(p.endpoints, endpointPart{})
-		return p.endpoints[len(p.endpoints)-1].decode(m)
+		p.endpoints = append(p.endpoints, endpointPart[[]byte]{})
+		return decodeEndpoint(&p.endpoints[len(p.endpoints)-1], m)
 	case 3: // ports
 		m, err := r.msg(field, typ)
 		if err != nil {
 			return err
 		}
-		p.ports = append(p.ports, portPart{})
-		return p.ports[len(p.ports)-1].decode(m)
+		p.ports = append(p.ports, portPart[[]byte]{})
+		return decodePort(&p.ports[len(p.ports)-1], m)
 	case 4: // addressType
-		s, err := r.str(field, typ)
-		p.addressType = discoveryv1.AddressType(s)
+		var err error
+		p.addressType, err = r.msg(field, typ)
 		return err
 	}
 	return r.skip(typ)
@@ -226,12 +241,12 @@ func (p *sliceParts) decodeField(r *wireReader, field, typ int) error {
 // decodeMeta reads what SliceFrom keeps of an ObjectMeta: name, namespace,
 // resourceVersion, deletionTimestamp, two labels and the watch-list
 // bookmark's annotation.
-func (p *sliceParts) decodeMeta(b []byte) error {
+func decodeMeta(p *wireParts, b []byte) error {
 	r := wireReader{b: b}
 	for len(r.b) > 0 {
 		field, typ, err := r.tag()
 		if err == nil {
-			err = p.decodeMetaField(&r, field, typ)
+			err = decodeMetaField(p, &r, field, typ)
 		}
 		if err != nil {
 			return err
@@ -240,15 +255,15 @@ func (p *sliceParts) decodeMeta(b []byte) error {
 	return nil
 }
 
-func (p *sliceParts) decodeMetaField(r *wireReader, field, typ int) error {
+func decodeMetaField(p *wireParts, r *wireReader, field, typ int) error {
 	var err error
 	switch field {
 	case 1:
-		p.name, err = r.str(field, typ)
+		p.name, err = r.msg(field, typ)
 	case 3:
-		p.namespace, err = r.str(field, typ)
+		p.namespace, err = r.msg(field, typ)
 	case 6:
-		p.resourceVersion, err = r.str(field, typ)
+		p.resourceVersion, err = r.msg(field, typ)
 	case 9:
 		var t []byte
 		if t, err = r.msg(field, typ); err == nil {
@@ -260,7 +275,7 @@ func (p *sliceParts) decodeMetaField(r *wireReader, field, typ int) error {
 	case 11, 12: // labels, annotations: map entries
 		var e []byte
 		if e, err = r.msg(field, typ); err == nil {
-			err = p.decodeEntry(e, field == 12)
+			err = decodeEntry(p, e, field == 12)
 		}
 	default:
 		err = r.skip(typ)
@@ -271,7 +286,7 @@ func (p *sliceParts) decodeMetaField(r *wireReader, field, typ int) error {
 // decodeEntry reads one map entry of the labels or annotations, keeping
 // the few SliceFrom reads (a map of every label is what the full decoding
 // costs).
-func (p *sliceParts) decodeEntry(b []byte, annotation bool) error {
+func decodeEntry(p *wireParts, b []byte, annotation bool) error {
 	var k, v []byte
 	r := wireReader{b: b}
 	for len(r.b) > 0 {
@@ -296,9 +311,9 @@ func (p *sliceParts) decodeEntry(b []byte, annotation bool) error {
 			p.initialEventsEnd = string(v) == "true"
 		}
 	case string(k) == discoveryv1.LabelServiceName:
-		p.service = string(v)
+		p.service = v
 	case string(k) == discoveryv1.LabelManagedBy:
-		p.managedBy = string(v)
+		p.managedBy = v
 	}
 	return nil
 }
@@ -338,12 +353,12 @@ func decodeTime(b []byte, t *metav1.Time) error {
 	return nil
 }
 
-func (e *endpointPart) decode(b []byte) error {
+func decodeEndpoint(e *endpointPart[[]byte], b []byte) error {
 	r := wireReader{b: b}
 	for len(r.b) > 0 {
 		field, typ, err := r.tag()
 		if err == nil {
-			err = e.decodeField(&r, field, typ)
+			err = decodeEndpointField(e, &r, field, typ)
 		}
 		if err != nil {
 			return err
@@ -352,29 +367,29 @@ func (e *endpointPart) decode(b []byte) error {
 	return nil
 }
 
-func (e *endpointPart) decodeField(r *wireReader, field, typ int) error {
+func decodeEndpointField(e *endpointPart[[]byte], r *wireReader, field, typ int) error {
 	var err error
 	switch field {
 	case 1: // addresses: SliceFrom reads the first
 		var a []byte
 		if a, err = r.msg(field, typ); err == nil && !e.hasAddr {
-			e.addr, e.hasAddr = string(a), true
+			e.addr, e.hasAddr = a, true
 		}
 	case 2: // conditions
 		var c []byte
 		if c, err = r.msg(field, typ); err == nil {
-			err = e.decodeConditions(c)
+			err = decodeConditions(e, c)
 		}
 	case 4: // targetRef
 		var t []byte
 		if t, err = r.msg(field, typ); err == nil {
 			e.hasRef = true
-			err = e.decodeRef(t)
+			err = decodeRef(e, t)
 		}
 	case 6: // nodeName
 		var n []byte
 		if n, err = r.msg(field, typ); err == nil {
-			e.node = nodeNames.name(nodeNames.indexBytes(n))
+			e.node = nodeNames.indexBytes(n)
 		}
 	default:
 		err = r.skip(typ)
@@ -382,12 +397,12 @@ func (e *endpointPart) decodeField(r *wireReader, field, typ int) error {
 	return err
 }
 
-func (e *endpointPart) decodeConditions(b []byte) error {
+func decodeConditions(e *endpointPart[[]byte], b []byte) error {
 	r := wireReader{b: b}
 	for len(r.b) > 0 {
 		field, typ, err := r.tag()
 		if err == nil {
-			err = e.decodeConditionsField(&r, field, typ)
+			err = decodeConditionsField(e, &r, field, typ)
 		}
 		if err != nil {
 			return err
@@ -396,7 +411,7 @@ func (e *endpointPart) decodeConditions(b []byte) error {
 	return nil
 }
 
-func (e *endpointPart) decodeConditionsField(r *wireReader, field, typ int) error {
+func decodeConditionsField(e *endpointPart[[]byte], r *wireReader, field, typ int) error {
 	var dst *int8
 	switch field {
 	case 1:
@@ -419,12 +434,12 @@ func (e *endpointPart) decodeConditionsField(r *wireReader, field, typ int) erro
 	return err
 }
 
-func (e *endpointPart) decodeRef(b []byte) error {
+func decodeRef(e *endpointPart[[]byte], b []byte) error {
 	r := wireReader{b: b}
 	for len(r.b) > 0 {
 		field, typ, err := r.tag()
 		if err == nil {
-			err = e.decodeRefField(&r, field, typ)
+			err = decodeRefField(e, &r, field, typ)
 		}
 		if err != nil {
 			return err
@@ -433,7 +448,7 @@ func (e *endpointPart) decodeRef(b []byte) error {
 	return nil
 }
 
-func (e *endpointPart) decodeRefField(r *wireReader, field, typ int) error {
+func decodeRefField(e *endpointPart[[]byte], r *wireReader, field, typ int) error {
 	var err error
 	var v []byte
 	switch field {
@@ -450,15 +465,15 @@ func (e *endpointPart) decodeRefField(r *wireReader, field, typ int) error {
 		}
 	case 2:
 		if v, err = r.msg(field, typ); err == nil {
-			e.refNamespace = string(v)
+			e.refNamespace = v
 		}
 	case 3:
 		if v, err = r.msg(field, typ); err == nil {
-			e.podName = string(v)
+			e.podName = v
 		}
 	case 4:
 		if v, err = r.msg(field, typ); err == nil {
-			e.podUID = types.UID(v)
+			e.podUID = v
 		}
 	default:
 		err = r.skip(typ)
@@ -477,12 +492,12 @@ func refKindOf(kind string) refKind {
 	return refOther
 }
 
-func (pp *portPart) decode(b []byte) error {
+func decodePort(pp *portPart[[]byte], b []byte) error {
 	r := wireReader{b: b}
 	for len(r.b) > 0 {
 		field, typ, err := r.tag()
 		if err == nil {
-			err = pp.decodeField(&r, field, typ)
+			err = decodePortField(pp, &r, field, typ)
 		}
 		if err != nil {
 			return err
@@ -491,18 +506,18 @@ func (pp *portPart) decode(b []byte) error {
 	return nil
 }
 
-func (pp *portPart) decodeField(r *wireReader, field, typ int) error {
+func decodePortField(pp *portPart[[]byte], r *wireReader, field, typ int) error {
 	var err error
 	switch field {
 	case 1:
 		var n []byte
 		if n, err = r.msg(field, typ); err == nil {
-			pp.name, pp.hasName = string(n), true
+			pp.name, pp.hasName = n, true
 		}
 	case 2:
 		var s []byte
 		if s, err = r.msg(field, typ); err == nil {
-			pp.protocol, pp.hasProtocol = corev1.Protocol(s), true
+			pp.protocol, pp.hasProtocol = s, true
 		}
 	case 3:
 		if err = want(field, typ, wireVarint); err == nil {

@@ -1,6 +1,7 @@
 package k8s
 
 import (
+	"net/netip"
 	"reflect"
 	"strconv"
 	"testing"
@@ -111,5 +112,26 @@ func BenchmarkSliceFromProto(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
+	})
+}
+
+// FuzzParseAddr: parseAddr, which reads plain IPv4 addresses itself, must
+// agree with netip.ParseAddr on every input, as text and as bytes.
+func FuzzParseAddr(f *testing.F) {
+	for _, s := range []string{"10.0.0.1", "0.0.0.0", "255.255.255.255", "256.1.1.1", "01.2.3.4", "1.2.3", "1.2.3.4.5",
+		"1..2.3", ".1.2.3", "1.2.3.", "1.2.3.4%eth0", "::1", "::ffff:10.0.0.1", "fe80::1%eth0", "", "1.2.3.04", "1.2.3.-4", "1.2.3.4 "} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		want, wantErr := netip.ParseAddr(s)
+		check := func(form string, got netip.Addr, err error) {
+			if (err != nil) != (wantErr != nil) || got != want {
+				t.Fatalf("parseAddr(%s %q) = %v, %v; netip.ParseAddr: %v, %v", form, s, got, err, want, wantErr)
+			}
+		}
+		a, err := parseAddr(s)
+		check("text", a, err)
+		a, err = parseAddr([]byte(s))
+		check("bytes", a, err)
 	})
 }

@@ -11,7 +11,6 @@ import (
 	"encoding/binary"
 	"math"
 	"net/netip"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -261,7 +260,7 @@ const uuidLen = 36
 
 // parseUUID parses the text form the API server writes (lower-case hex,
 // 8-4-4-4-12): only one that formatUUID gives back unchanged.
-func parseUUID(s string) (u [16]byte, ok bool) {
+func parseUUID[T bytestring](s T) (u [16]byte, ok bool) {
 	if len(s) != uuidLen {
 		return u, false
 	}
@@ -314,8 +313,11 @@ func appendUUID(b []byte, u [16]byte) []byte {
 
 // splitPodName splits a pod's name after its last '-': what precedes it
 // (its ReplicaSet's or StatefulSet's name) is shared by the slice's pods.
-func splitPodName(name string) (prefix, suffix string) {
-	i := strings.LastIndexByte(name, '-')
+func splitPodName[T bytestring](name T) (prefix, suffix T) {
+	i := len(name) - 1
+	for i >= 0 && name[i] != '-' {
+		i--
+	}
 	return name[:i+1], name[i+1:]
 }
 
@@ -323,67 +325,122 @@ func splitPodName(name string) (prefix, suffix string) {
 // Addresses with a zone, and pod UIDs or names longer than 65,535 bytes,
 // are skipped and counted: the API accepts neither.
 func (s *Slice) SetEndpoints(eps []Endpoint) (skipped int) {
-	size := 0
+	in := make([]endpointIn[string], len(eps))
+	for i := range eps {
+		e := &eps[i]
+		in[i] = endpointIn[string]{addr: e.Addr, conds: e.Conds, node: nodeNames.index(e.Node), uid: string(e.PodUID), name: e.PodName}
+	}
+	return packEndpoints(s, in)
+}
+
+// bytestring is text as received: a string of a decoded object, or bytes
+// straight from the wire (SliceFromProto), read without a copy.
+type bytestring interface{ ~string | ~[]byte }
+
+// endpointIn is one endpoint as packEndpoints takes it.
+type endpointIn[T bytestring] struct {
+	addr      netip.Addr
+	conds     uint8
+	node      uint32 // index in nodeNames
+	uid, name T
+}
+
+// packEndpoints replaces s's endpoints with eps, packed (see Slice), and
+// counts those it skips (as SetEndpoints says). Their text is copied once,
+// into one string.
+func packEndpoints[T bytestring](s *Slice, eps []endpointIn[T]) (skipped int) {
 	s.wide = false
 	for i := range eps {
-		size += len(eps[i].PodUID) + len(eps[i].PodName)
-		s.wide = s.wide || !eps[i].Addr.Is4()
+		s.wide = s.wide || !eps[i].addr.Is4()
 	}
 	stride := 4
 	if s.wide {
 		stride = 16
 	}
-	var strs strings.Builder
-	strs.Grow(size)
-	put := func(v string) (uint32, uint16) {
-		off := strs.Len()
-		strs.WriteString(v)
-		return uint32(off), uint16(len(v))
-	}
 	s.endpoints = make([]packedEndpoint, 0, len(eps))
 	s.addrs = make([]byte, 0, stride*len(eps))
-	var prefixes []string // distinct, at offsets prefixAt
-	var prefixAt []uint32
+	// First the layout of the text: the UIDs that are not UUIDs, the
+	// names' distinct prefixes (a slice's pods have a few owners) and
+	// their suffixes.
+	var prefixes [16]T
+	var prefixAt [16]uint32
+	nPrefixes, size := 0, 0
 	for i := range eps {
 		e := &eps[i]
-		if e.Addr.Zone() != "" || len(e.PodUID) > math.MaxUint16 || len(e.PodName) > math.MaxUint16 {
+		if e.addr.Zone() != "" || len(e.uid) > math.MaxUint16 || len(e.name) > math.MaxUint16 {
 			skipped++
 			continue
 		}
-		p := packedEndpoint{conds: e.Conds, node: nodeNames.index(e.Node)}
+		p := packedEndpoint{conds: e.conds, node: e.node}
 		if s.wide {
-			a := e.Addr.As16()
+			a := e.addr.As16()
 			s.addrs = append(s.addrs, a[:]...)
-			if e.Addr.Is4() {
+			if e.addr.Is4() {
 				p.flags |= v4InWide
 			}
 		} else {
-			a := e.Addr.As4()
+			a := e.addr.As4()
 			s.addrs = append(s.addrs, a[:]...)
 		}
-		if u, ok := parseUUID(string(e.PodUID)); ok {
+		if u, ok := parseUUID(e.uid); ok {
 			p.uid, p.flags = u, p.flags|uuidUID
-		} else if e.PodUID != "" {
-			off, n := put(string(e.PodUID))
-			binary.LittleEndian.PutUint32(p.uid[:4], off)
-			binary.LittleEndian.PutUint16(p.uid[4:6], n)
+		} else if len(e.uid) > 0 {
+			binary.LittleEndian.PutUint32(p.uid[:4], uint32(size))
+			binary.LittleEndian.PutUint16(p.uid[4:6], uint16(len(e.uid)))
 			p.flags |= textUID
+			size += len(e.uid)
 		}
-		prefix, suffix := splitPodName(e.PodName)
-		if k := slices.Index(prefixes, prefix); k >= 0 {
-			p.prefix, p.prefixLen = prefixAt[k], uint16(len(prefix))
-		} else {
-			p.prefix, p.prefixLen = put(prefix)
-			if len(prefixes) < 16 { // a slice's pods have a few owners
-				prefixes, prefixAt = append(prefixes, prefix), append(prefixAt, p.prefix)
+		prefix, suffix := splitPodName(e.name)
+		p.prefix, p.prefixLen = uint32(size), uint16(len(prefix))
+		known := false
+		for k := range nPrefixes {
+			if string(prefixes[k]) == string(prefix) {
+				p.prefix, known = prefixAt[k], true
+				break
 			}
 		}
-		p.suffix, p.suffixLen = put(suffix)
+		if !known {
+			size += len(prefix)
+			if nPrefixes < len(prefixes) {
+				prefixes[nPrefixes], prefixAt[nPrefixes] = prefix, p.prefix
+				nPrefixes++
+			}
+		}
+		p.suffix, p.suffixLen = uint32(size), uint16(len(suffix))
+		size += len(suffix)
 		s.endpoints = append(s.endpoints, p)
 	}
-	// The strings of the distinct prefixes and the suffixes only.
-	s.strs = strings.Clone(strs.String())
+	// Then the text itself, in the same order.
+	var b strings.Builder
+	b.Grow(size)
+	kept := 0
+	for i := range eps {
+		e := &eps[i]
+		if e.addr.Zone() != "" || len(e.uid) > math.MaxUint16 || len(e.name) > math.MaxUint16 {
+			continue
+		}
+		p := &s.endpoints[kept]
+		kept++
+		if p.flags&textUID != 0 {
+			writeText(&b, e.uid)
+		}
+		prefix, suffix := splitPodName(e.name)
+		if int(p.prefix) == b.Len() && len(prefix) > 0 {
+			writeText(&b, prefix)
+		}
+		writeText(&b, suffix)
+	}
+	s.strs = b.String()
 	return skipped
+}
+
+// writeText appends v to b without another copy.
+func writeText[T bytestring](b *strings.Builder, v T) {
+	if x, ok := any(v).([]byte); ok {
+		b.Write(x)
+		return
+	}
+	b.WriteString(string(v))
 }
 
 // Trusted reports whether the slice is the cluster's own record of svc's
@@ -515,18 +572,18 @@ var nodeNames nodeTable
 // SliceFrom converts an EndpointSlice. ok is false for slices draind ignores
 // (FQDN, no service label). Malformed addresses are skipped, never fatal.
 func SliceFrom(s *discoveryv1.EndpointSlice) (sl *Slice, skipped int) {
-	p := sliceParts{name: s.Name, namespace: s.Namespace, resourceVersion: s.ResourceVersion, deletion: s.DeletionTimestamp,
+	p := sliceParts[string]{name: s.Name, namespace: s.Namespace, resourceVersion: s.ResourceVersion, deletion: s.DeletionTimestamp,
 		service: s.Labels[discoveryv1.LabelServiceName], managedBy: s.Labels[discoveryv1.LabelManagedBy],
-		addressType: s.AddressType,
-		ports:       make([]portPart, len(s.Ports)),
-		endpoints:   make([]endpointPart, len(s.Endpoints))}
+		addressType: string(s.AddressType),
+		ports:       make([]portPart[string], len(s.Ports)),
+		endpoints:   make([]endpointPart[string], len(s.Endpoints))}
 	for i, sp := range s.Ports {
 		pp := &p.ports[i]
 		if sp.Name != nil {
 			pp.name, pp.hasName = *sp.Name, true
 		}
 		if sp.Protocol != nil {
-			pp.protocol, pp.hasProtocol = *sp.Protocol, true
+			pp.protocol, pp.hasProtocol = string(*sp.Protocol), true
 		}
 		if sp.Port != nil {
 			pp.port, pp.hasPort = *sp.Port, true
@@ -539,32 +596,32 @@ func SliceFrom(s *discoveryv1.EndpointSlice) (sl *Slice, skipped int) {
 		}
 		ep.ready, ep.serving, ep.terminating = condOf(e.Conditions.Ready), condOf(e.Conditions.Serving), condOf(e.Conditions.Terminating)
 		if e.NodeName != nil {
-			ep.node = *e.NodeName
+			ep.node = nodeNames.index(*e.NodeName)
 		}
 		if r := e.TargetRef; r != nil {
 			ep.hasRef, ep.refKind, ep.refNamespace = true, refKindOf(r.Kind), r.Namespace
-			ep.podUID, ep.podName = r.UID, r.Name
+			ep.podUID, ep.podName = string(r.UID), r.Name
 		}
 	}
 	return p.build()
 }
 
 // sliceParts is what SliceFrom reads of an EndpointSlice, from the API's
-// decoded object or straight from its protobuf (SliceFromProto): build
-// converts both the same way.
-type sliceParts struct {
-	name, namespace, resourceVersion string
+// decoded object (T string) or straight from its protobuf (SliceFromProto,
+// T []byte: the text is read where it lies and copied once, by build):
+// build converts both the same way.
+type sliceParts[T bytestring] struct {
+	name, namespace, resourceVersion T
 	deletion                         *metav1.Time
-	service, managedBy               string // the two labels
-	initialEventsEnd                 bool   // the watch-list bookmark's annotation
-	addressType                      discoveryv1.AddressType
-	ports                            []portPart
-	endpoints                        []endpointPart
+	service, managedBy               T    // the two labels
+	initialEventsEnd                 bool // the watch-list bookmark's annotation
+	addressType                      T
+	ports                            []portPart[T]
+	endpoints                        []endpointPart[T]
 }
 
-type portPart struct {
-	name                          string
-	protocol                      corev1.Protocol
+type portPart[T bytestring] struct {
+	name, protocol                T
 	port                          int32
 	hasName, hasProtocol, hasPort bool
 }
@@ -596,32 +653,32 @@ const (
 )
 
 // endpointPart is one endpoint.
-type endpointPart struct {
-	addr                        string // the first address
+type endpointPart[T bytestring] struct {
+	addr                        T // the first address
 	hasAddr                     bool
 	ready, serving, terminating int8
-	node                        string
+	node                        uint32 // index in nodeNames
 	hasRef                      bool
 	refKind                     refKind
-	refNamespace                string
-	podUID                      types.UID
-	podName                     string
+	refNamespace                T
+	podUID                      T
+	podName                     T
 }
 
 // build converts the parts.
-func (p *sliceParts) build() (sl *Slice, skipped int) {
+func (p *sliceParts[T]) build() (sl *Slice, skipped int) {
 	size := len(p.name) + len(p.namespace) + len(p.resourceVersion) + len(p.service)
 	for i := range p.ports {
 		size += len(p.ports[i].name)
 	}
 	k := newKeeper(size)
-	out := &Slice{Meta: Meta{Name: k.keep(p.name), Namespace: k.keep(p.namespace), ResourceVersion: k.keep(p.resourceVersion),
-		DeletionTimestamp: p.deletion}, Service: k.keep(p.service), Controller: p.managedBy == ManagedByController,
+	out := &Slice{Meta: Meta{Name: keepText(k, p.name), Namespace: keepText(k, p.namespace), ResourceVersion: keepText(k, p.resourceVersion),
+		DeletionTimestamp: p.deletion}, Service: keepText(k, p.service), Controller: string(p.managedBy) == ManagedByController,
 		initialEventsEnd: p.initialEventsEnd}
-	switch p.addressType {
-	case discoveryv1.AddressTypeIPv4:
+	switch string(p.addressType) {
+	case string(discoveryv1.AddressTypeIPv4):
 		out.Family = IPv4
-	case discoveryv1.AddressTypeIPv6:
+	case string(discoveryv1.AddressTypeIPv6):
 		out.Family = IPv6
 	default:
 		return out, 0 // FQDN: no family, no endpoints
@@ -632,33 +689,32 @@ func (p *sliceParts) build() (sl *Slice, skipped int) {
 			skipped++
 			continue
 		}
-		proto := corev1.ProtocolTCP
+		pr, ok := bpf.TCP, true
 		if pp.hasProtocol {
-			proto = pp.protocol
+			pr, ok = protocolOfText(pp.protocol)
 		}
-		pr, ok := protocolOf(proto)
 		if !ok {
 			continue
 		}
 		name := ""
 		if pp.hasName {
-			name = k.keep(pp.name)
+			name = keepText(k, pp.name)
 		}
 		out.Ports = append(out.Ports, SlicePort{Name: name, Port: uint16(pp.port), Protocol: pr})
 	}
-	eps := make([]Endpoint, 0, len(p.endpoints))
+	eps := make([]endpointIn[T], 0, len(p.endpoints))
 	for i := range p.endpoints {
 		e := &p.endpoints[i]
 		if !e.hasAddr {
 			skipped++
 			continue
 		}
-		a, err := netip.ParseAddr(e.addr)
+		a, err := parseAddr(e.addr)
 		if err != nil || (a.Is4() != (out.Family == IPv4)) {
 			skipped++
 			continue
 		}
-		ep := Endpoint{Addr: a, Node: e.node} // the node numbered in nodeNames as it is packed
+		ep := endpointIn[T]{addr: a, node: e.node}
 		// API semantics: unset ready means ready; unset serving means the
 		// same as ready; unset terminating means not terminating.
 		ready := e.ready != condFalse
@@ -667,25 +723,74 @@ func (p *sliceParts) build() (sl *Slice, skipped int) {
 			serving = e.serving == condTrue
 		}
 		if ready {
-			ep.Conds |= CondReady
+			ep.conds |= CondReady
 		}
 		if serving {
-			ep.Conds |= CondServing
+			ep.conds |= CondServing
 		}
 		if e.terminating == condTrue {
-			ep.Conds |= CondTerminating
+			ep.conds |= CondTerminating
 		}
 		// A Pod of another namespace is no pod of this slice's Service:
 		// the endpoint is kept (kube-proxy routes to it), its identity
 		// is not.
-		if e.hasRef && e.refKind != refOther && (e.refNamespace == "" || e.refNamespace == p.namespace) {
-			ep.PodUID = e.podUID
-			ep.PodName = e.podName
+		if e.hasRef && e.refKind != refOther && (len(e.refNamespace) == 0 || string(e.refNamespace) == string(p.namespace)) {
+			ep.uid, ep.name = e.podUID, e.podName
 		}
 		eps = append(eps, ep)
 	}
-	skipped += out.SetEndpoints(eps)
+	skipped += packEndpoints(out, eps)
 	return out, skipped
+}
+
+// protocolOfText is protocolOf of a protocol as received.
+func protocolOfText[T bytestring](p T) (bpf.Protocol, bool) {
+	switch string(p) {
+	case string(corev1.ProtocolTCP), "":
+		return bpf.TCP, true
+	case string(corev1.ProtocolUDP):
+		return bpf.UDP, true
+	}
+	return 0, false
+}
+
+// parseAddr parses an endpoint's address as netip.ParseAddr does, a plain
+// dotted IPv4 address without copying it first (the API server writes
+// every address of a slice in this form).
+func parseAddr[T bytestring](v T) (netip.Addr, error) {
+	if a, ok := parseIPv4(v); ok {
+		return a, nil
+	}
+	return netip.ParseAddr(string(v))
+}
+
+// parseIPv4 parses four decimal octets without leading zeros; anything else
+// is not ok (netip.ParseAddr decides it).
+func parseIPv4[T bytestring](v T) (netip.Addr, bool) {
+	var out [4]byte
+	part, digits, val := 0, 0, 0
+	for i := 0; i < len(v); i++ {
+		switch c := v[i]; {
+		case c >= '0' && c <= '9':
+			if digits > 0 && val == 0 {
+				return netip.Addr{}, false // a leading zero
+			}
+			val, digits = val*10+int(c-'0'), digits+1
+			if val > 255 {
+				return netip.Addr{}, false
+			}
+		case c == '.' && digits > 0 && part < 3:
+			out[part] = byte(val)
+			part, val, digits = part+1, 0, 0
+		default:
+			return netip.Addr{}, false
+		}
+	}
+	if part != 3 || digits == 0 {
+		return netip.Addr{}, false
+	}
+	out[3] = byte(val)
+	return netip.AddrFrom4(out), true
 }
 
 // ServiceFrom converts a Service. Unparseable cluster IPs are skipped.
