@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 	"time"
 
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -28,12 +29,27 @@ import (
 // object inside the API's runtime.Unknown envelope), as SliceFrom would
 // convert it once decoded.
 func SliceFromProto(b []byte) (*Slice, int, error) {
-	var p wireParts
-	if err := decodeSlice(&p, b); err != nil {
+	p := wirePartsPool.Get().(*wireParts)
+	defer releaseParts(p)
+	if err := decodeSlice(p, b); err != nil {
 		return nil, 0, fmt.Errorf("decoding an EndpointSlice: %w", err)
 	}
 	sl, skipped := p.build()
 	return sl, skipped, nil
+}
+
+// wirePartsPool holds parts to decode into: a slice's are garbage once
+// built, a thousand times a second.
+var wirePartsPool = sync.Pool{New: func() any { return new(wireParts) }}
+
+// releaseParts returns p to the pool, empty: nothing in it may keep the
+// encoding it was decoded from alive.
+func releaseParts(p *wireParts) {
+	clear(p.endpoints)
+	clear(p.ports)
+	clear(p.scratch)
+	*p = wireParts{endpoints: p.endpoints[:0], ports: p.ports[:0], scratch: p.scratch[:0]}
+	wirePartsPool.Put(p)
 }
 
 // wireParts are the parts of a slice as they lie in its encoding.
@@ -173,7 +189,9 @@ func (r *wireReader) msg(field, typ int) ([]byte, error) {
 // decoder's semantics: a repeated scalar's last value wins, a repeated
 // message merges into the one before.
 func decodeSlice(p *wireParts, b []byte) error {
-	p.endpoints = make([]endpointPart[[]byte], 0, countEndpoints(b))
+	if n := countEndpoints(b); cap(p.endpoints) < n {
+		p.endpoints = make([]endpointPart[[]byte], 0, n)
+	}
 	r := wireReader{b: b}
 	for len(r.b) > 0 {
 		field, typ, err := r.tag()
@@ -275,7 +293,8 @@ func decodeMetaField(p *wireParts, r *wireReader, field, typ int) error {
 	case 11, 12: // labels, annotations: map entries
 		var e []byte
 		if e, err = r.msg(field, typ); err == nil {
-			err = decodeEntry(p, e, field == 12)
+			// The entry, and the rest of the metadata after it.
+			err = decodeEntry(p, e[:len(e)+len(r.b)], len(e), field == 12)
 		}
 	default:
 		err = r.skip(typ)
@@ -285,20 +304,26 @@ func decodeMetaField(p *wireParts, r *wireReader, field, typ int) error {
 
 // decodeEntry reads one map entry of the labels or annotations, keeping
 // the few SliceFrom reads (a map of every label is what the full decoding
-// costs).
-func decodeEntry(p *wireParts, b []byte, annotation bool) error {
+// costs). b is the entry (its first n bytes) and the rest of the metadata:
+// as the generated decoder reads an entry, a key or value may run past the
+// entry's end (up to the metadata's), which ends it; key and value are
+// read whatever their wire type; any other field is skipped, and must end
+// within the entry.
+func decodeEntry(p *wireParts, b []byte, n int, annotation bool) error {
 	var k, v []byte
 	r := wireReader{b: b}
-	for len(r.b) > 0 {
-		field, typ, err := r.tag()
+	for len(b)-len(r.b) < n {
+		t, err := r.varint()
 		if err == nil {
-			switch field {
+			switch int32(t >> 3) {
 			case 1:
-				k, err = r.msg(field, typ)
+				k, err = r.bytes()
 			case 2:
-				v, err = r.msg(field, typ)
+				v, err = r.bytes()
 			default:
-				err = r.skip(typ)
+				if err = r.skip(int(t & 7)); err == nil && len(b)-len(r.b) > n {
+					err = errTruncated
+				}
 			}
 		}
 		if err != nil {

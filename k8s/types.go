@@ -618,6 +618,7 @@ type sliceParts[T bytestring] struct {
 	addressType                      T
 	ports                            []portPart[T]
 	endpoints                        []endpointPart[T]
+	scratch                          []endpointIn[T] // build's, kept for the next build (SliceFromProto's parts are reused)
 }
 
 type portPart[T bytestring] struct {
@@ -702,7 +703,10 @@ func (p *sliceParts[T]) build() (sl *Slice, skipped int) {
 		}
 		out.Ports = append(out.Ports, SlicePort{Name: name, Port: uint16(pp.port), Protocol: pr})
 	}
-	eps := make([]endpointIn[T], 0, len(p.endpoints))
+	eps := p.scratch[:0]
+	if cap(eps) < len(p.endpoints) {
+		eps = make([]endpointIn[T], 0, len(p.endpoints))
+	}
 	for i := range p.endpoints {
 		e := &p.endpoints[i]
 		if !e.hasAddr {
@@ -740,6 +744,7 @@ func (p *sliceParts[T]) build() (sl *Slice, skipped int) {
 		eps = append(eps, ep)
 	}
 	skipped += packEndpoints(out, eps)
+	p.scratch = eps
 	return out, skipped
 }
 
