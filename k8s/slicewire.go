@@ -343,14 +343,15 @@ func decodeEntry(p *wireParts, b []byte, n int, annotation bool) error {
 	return nil
 }
 
-// decodeTime reads a metav1.Time as its own Unmarshal does: seconds and
-// nanoseconds, the whole time replaced.
+// decodeTime reads a metav1.Time as its own Unmarshal does: the whole time
+// replaced, by its seconds (the nanoseconds must be a varint, and are
+// dropped: the API's JSON has none).
 func decodeTime(b []byte, t *metav1.Time) error {
 	if len(b) == 0 {
 		t.Time = time.Time{}
 		return nil
 	}
-	var sec, nsec int64
+	var sec int64
 	r := wireReader{b: b}
 	for len(r.b) > 0 {
 		field, typ, err := r.tag()
@@ -363,8 +364,6 @@ func decodeTime(b []byte, t *metav1.Time) error {
 				}
 				if field == 1 {
 					sec = int64(v)
-				} else {
-					nsec = int64(int32(v))
 				}
 			default:
 				err = r.skip(typ)
@@ -374,7 +373,7 @@ func decodeTime(b []byte, t *metav1.Time) error {
 			return err
 		}
 	}
-	t.Time = time.Unix(sec, nsec).Local()
+	t.Time = time.Unix(sec, 0).Local()
 	return nil
 }
 

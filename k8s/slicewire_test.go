@@ -1,6 +1,7 @@
 package k8s
 
 import (
+	"encoding/binary"
 	"net/netip"
 	"reflect"
 	"strconv"
@@ -80,6 +81,12 @@ func TestSliceFromProto(t *testing.T) {
 		AddressType: discoveryv1.AddressTypeIPv6}).Marshal()
 	checkSame(t, append(append([]byte{}, b...), extra...))
 	checkSame(t, append(append([]byte{}, b...), 0xf8, 0x07, 0x01)) // field 127, varint
+	// A deletion time with nanoseconds (the API server writes none):
+	// metav1.Time drops them.
+	ts := binary.AppendUvarint([]byte{0x08}, 1700000000) // seconds
+	ts = append(ts, 0x10, 0x05)                          // nanos 5
+	meta := append([]byte{0x4a, byte(len(ts))}, ts...)   // deletionTimestamp
+	checkSame(t, append(append(append([]byte{}, b...), 0x0a, byte(len(meta))), meta...))
 }
 
 func FuzzSliceFromProto(f *testing.F) {
