@@ -66,14 +66,7 @@ func newKeeper(n int) *keeper {
 	return k
 }
 
-func (k *keeper) keep(v string) string {
-	if v == "" {
-		return ""
-	}
-	start := k.b.Len()
-	k.b.WriteString(v)
-	return k.b.String()[start:]
-}
+func (k *keeper) keep(v string) string { return keepText(k, v) }
 
 // keepText is keep of text as received.
 func keepText[T bytestring](k *keeper, v T) string {
