@@ -411,10 +411,7 @@ func decodeEndpointField(e *endpointPart[[]byte], r *wireReader, field, typ int)
 			err = decodeRef(e, t)
 		}
 	case 6: // nodeName
-		var n []byte
-		if n, err = r.msg(field, typ); err == nil {
-			e.node = nodeNames.indexBytes(n)
-		}
+		e.node, err = r.msg(field, typ)
 	default:
 		err = r.skip(typ)
 	}

@@ -116,14 +116,14 @@ type Slice struct {
 	// prefix (a ReplicaSet's or StatefulSet's name) per slice.
 	endpoints []packedEndpoint
 	addrs     []byte // 4 bytes per endpoint, or 16 when wide
-	strs      string // textual UIDs and names' parts
+	strs      string // textual UIDs, names' parts and nodes' names the full nodeNames does not know
 }
 
 // packedEndpoint is an Endpoint as a Slice stores it (less its address):
 // 32 bytes, no pointers.
 type packedEndpoint struct {
 	uid            [16]byte // a UUID, binary (uuidUID); else the offset and length of its text in strs
-	node           uint32   // index in nodeNames (0: none)
+	node           uint32   // index in nodeNames (0: none), or the name in strs (ownNode)
 	prefix, suffix uint32   // the pod name's two parts: offsets in strs
 	prefixLen      uint16
 	suffixLen      uint16
@@ -146,7 +146,7 @@ func (s *Slice) Len() int { return len(s.endpoints) }
 // together in one new string.
 func (s *Slice) Endpoint(i int) Endpoint {
 	p := &s.endpoints[i]
-	e := Endpoint{Conds: p.conds, Node: nodeNames.name(p.node)}
+	e := Endpoint{Conds: p.conds, Node: s.nodeName(p.node)}
 	if s.wide {
 		e.Addr = netip.AddrFrom16([16]byte(s.addrs[16*i:]))
 		if p.flags&v4InWide != 0 {
@@ -200,7 +200,26 @@ func (s *Slice) Addr(i int) netip.Addr {
 func (s *Slice) Conds(i int) uint8 { return s.endpoints[i].conds }
 
 // Node returns endpoint i's node ("" if none; no allocation).
-func (s *Slice) Node(i int) string { return nodeNames.name(s.endpoints[i].node) }
+func (s *Slice) Node(i int) string { return s.nodeName(s.endpoints[i].node) }
+
+func (s *Slice) nodeName(n uint32) string {
+	if n&nodeOwn != 0 {
+		off := (n &^ nodeOwn) >> 8
+		return s.strs[off : off+(n&0xff)]
+	}
+	return nodeNames.name(n)
+}
+
+// ownNode is a packed endpoint's node when the full nodeNames does not know
+// its name: the name's offset in strs (23 bits) and length (8; the API
+// allows 253). ok is false if they do not fit (never for what the API
+// server sends).
+func ownNode(off, n int) (uint32, bool) {
+	if n > 0xff || off >= 1<<23 {
+		return 0, false
+	}
+	return nodeOwn | uint32(off)<<8 | uint32(n), true
+}
 
 // HasPod reports whether endpoint i names a pod (a PodUID).
 func (s *Slice) HasPod(i int) bool { return s.endpoints[i].flags&(uuidUID|textUID) != 0 }
@@ -328,7 +347,7 @@ func (s *Slice) SetEndpoints(eps []Endpoint) (skipped int) {
 	in := make([]endpointIn[string], len(eps))
 	for i := range eps {
 		e := &eps[i]
-		in[i] = endpointIn[string]{addr: e.Addr, conds: e.Conds, node: nodeNames.index(e.Node), uid: string(e.PodUID), name: e.PodName}
+		in[i] = endpointIn[string]{addr: e.Addr, conds: e.Conds, node: e.Node, uid: string(e.PodUID), name: e.PodName}
 	}
 	return packEndpoints(s, in)
 }
@@ -339,10 +358,9 @@ type bytestring interface{ ~string | ~[]byte }
 
 // endpointIn is one endpoint as packEndpoints takes it.
 type endpointIn[T bytestring] struct {
-	addr      netip.Addr
-	conds     uint8
-	node      uint32 // index in nodeNames
-	uid, name T
+	addr            netip.Addr
+	conds           uint8
+	node, uid, name T
 }
 
 // packEndpoints replaces s's endpoints with eps, packed (see Slice), and
@@ -371,7 +389,14 @@ func packEndpoints[T bytestring](s *Slice, eps []endpointIn[T]) (skipped int) {
 			skipped++
 			continue
 		}
-		p := packedEndpoint{conds: e.conds, node: e.node}
+		p := packedEndpoint{conds: e.conds}
+		if n, ok := nodeIndex(&nodeNames, e.node); ok {
+			p.node = n
+		} else if p.node, ok = ownNode(size, len(e.node)); ok {
+			size += len(e.node)
+		} else {
+			skipped++ // kept, without its node
+		}
 		if s.wide {
 			a := e.addr.As16()
 			s.addrs = append(s.addrs, a[:]...)
@@ -421,6 +446,9 @@ func packEndpoints[T bytestring](s *Slice, eps []endpointIn[T]) (skipped int) {
 		}
 		p := &s.endpoints[kept]
 		kept++
+		if p.node&nodeOwn != 0 {
+			writeText(&b, e.node)
+		}
 		if p.flags&textUID != 0 {
 			writeText(&b, e.uid)
 		}
@@ -514,11 +542,22 @@ func slimMeta(m *metav1.ObjectMeta) metav1.ObjectMeta {
 // nodeTable numbers node names: a cluster has hundreds of nodes, its
 // slices name them 100,000 times, and a number (unlike a string) is no
 // pointer for the GC to follow. Numbers are never reused; 0 is "".
+//
+// Anyone allowed to write an EndpointSlice can name any node, so the table
+// is bounded: past maxNodeNames names, a name it does not know is kept in
+// the slice that names it (ownNode) and goes when the slice goes.
 type nodeTable struct {
 	mu      sync.Mutex
 	numbers map[string]uint32
 	names   atomic.Pointer[[]string] // readers load it without the lock
 }
+
+// maxNodeNames bounds nodeTable: more than the largest clusters have nodes
+// (Kubernetes is tested to 5,000), and at most ~5 MB of names.
+const maxNodeNames = 1 << 14
+
+// nodeOwn marks a packed endpoint's node as the slice's own (ownNode).
+const nodeOwn uint32 = 1 << 31
 
 func (t *nodeTable) name(i uint32) string {
 	if i == 0 {
@@ -527,14 +566,17 @@ func (t *nodeTable) name(i uint32) string {
 	return (*t.names.Load())[i]
 }
 
-func (t *nodeTable) index(name string) uint32 {
-	if name == "" {
-		return 0
+// index returns name's number, numbering it if it is new and the table is
+// not full; ok is false if it is neither known nor numbered. Only a name
+// it numbers is copied (name may be bytes being decoded).
+func nodeIndex[T bytestring](t *nodeTable, name T) (uint32, bool) {
+	if len(name) == 0 {
+		return 0, true
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if i, ok := t.numbers[name]; ok {
-		return i
+	if i, ok := t.numbers[string(name)]; ok {
+		return i, true
 	}
 	var names []string
 	if p := t.names.Load(); p != nil {
@@ -543,28 +585,24 @@ func (t *nodeTable) index(name string) uint32 {
 		names = []string{""}
 		t.numbers = map[string]uint32{}
 	}
+	if len(names) > maxNodeNames {
+		return 0, false
+	}
 	// Readers hold a header of the old length: append writes past it (or
 	// into a new array), never under it.
-	next := append(names, strings.Clone(name))
+	next := append(names, strings.Clone(string(name)))
 	i := uint32(len(next) - 1)
-	t.numbers[name] = i
+	t.numbers[next[i]] = i
 	t.names.Store(&next)
-	return i
+	return i, true
 }
 
-// indexBytes is index for a name being decoded: only a name it has not
-// seen is copied.
-func (t *nodeTable) indexBytes(b []byte) uint32 {
-	if len(b) == 0 {
-		return 0
+// len is how many names the table numbers.
+func (t *nodeTable) len() int {
+	if p := t.names.Load(); p != nil {
+		return len(*p) - 1
 	}
-	t.mu.Lock()
-	i, ok := t.numbers[string(b)]
-	t.mu.Unlock()
-	if ok {
-		return i
-	}
-	return t.index(string(b))
+	return 0
 }
 
 var nodeNames nodeTable
@@ -596,7 +634,7 @@ func SliceFrom(s *discoveryv1.EndpointSlice) (sl *Slice, skipped int) {
 		}
 		ep.ready, ep.serving, ep.terminating = condOf(e.Conditions.Ready), condOf(e.Conditions.Serving), condOf(e.Conditions.Terminating)
 		if e.NodeName != nil {
-			ep.node = nodeNames.index(*e.NodeName)
+			ep.node = *e.NodeName
 		}
 		if r := e.TargetRef; r != nil {
 			ep.hasRef, ep.refKind, ep.refNamespace = true, refKindOf(r.Kind), r.Namespace
@@ -658,7 +696,7 @@ type endpointPart[T bytestring] struct {
 	addr                        T // the first address
 	hasAddr                     bool
 	ready, serving, terminating int8
-	node                        uint32 // index in nodeNames
+	node                        T // the node's name
 	hasRef                      bool
 	refKind                     refKind
 	refNamespace                T

@@ -262,3 +262,70 @@ func TestCachedSizes(t *testing.T) {
 		}
 	}
 }
+
+// TestNodeNamesBounded: anyone who may write an EndpointSlice can name any
+// node, so the node-name table stops numbering at maxNodeNames; a name it
+// does not know then stays with its slice, read back the same, through
+// every way a slice is made.
+func TestNodeNamesBounded(t *testing.T) {
+	known := "bounded-known"
+	if _, ok := nodeIndex(&nodeNames, known); !ok {
+		t.Fatal("the table was full before the test")
+	}
+	for n := 0; nodeNames.len() < maxNodeNames; n++ {
+		eps := make([]Endpoint, 1000)
+		for i := range eps {
+			eps[i] = Endpoint{Addr: netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), Node: fmt.Sprintf("made-up-%d-%d", n, i)}
+		}
+		var s Slice
+		s.SetEndpoints(eps)
+	}
+	if n := nodeNames.len(); n != maxNodeNames {
+		t.Fatalf("the table numbers %d names, want %d", n, maxNodeNames)
+	}
+	long := strings.Repeat("n", 300) // more than the API allows: kept without its node
+	es := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: "web-1", Namespace: "shop", Labels: map[string]string{discoveryv1.LabelServiceName: "web"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Port: ptr(int32(80))}},
+		Endpoints: []discoveryv1.Endpoint{
+			{Addresses: []string{"10.0.0.1"}, NodeName: ptr("late-node-a"), TargetRef: &corev1.ObjectReference{Kind: "Pod", Name: "web-7d4-a", UID: "not-a-uuid"}},
+			{Addresses: []string{"10.0.0.2"}, NodeName: ptr(known), TargetRef: &corev1.ObjectReference{Kind: "Pod", Name: "web-7d4-b", UID: "0b7e6a5c-3f52-4d4a-9a39-1d2a2f6c9e01"}},
+			{Addresses: []string{"10.0.0.3"}, NodeName: ptr("late-node-b"), TargetRef: &corev1.ObjectReference{Kind: "Pod", Name: "web-7d4-c", UID: "also-text"}},
+			{Addresses: []string{"10.0.0.4"}, NodeName: ptr("late-node-a")},
+			{Addresses: []string{"10.0.0.5"}, NodeName: ptr(long)},
+		},
+	}
+	wire, err := es.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fromProto, protoSkipped, err := SliceFromProto(wire)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fromAPI, apiSkipped := SliceFrom(es)
+	for name, got := range map[string]struct {
+		s       *Slice
+		skipped int
+	}{"SliceFrom": {fromAPI, apiSkipped}, "SliceFromProto": {fromProto, protoSkipped}} {
+		if got.s.Len() != 5 || got.skipped != 1 {
+			t.Fatalf("%s: %d endpoints, %d skipped; want 5 and 1 (the node name too long)", name, got.s.Len(), got.skipped)
+		}
+		for i, want := range []Endpoint{
+			{Node: "late-node-a", PodUID: "not-a-uuid", PodName: "web-7d4-a"},
+			{Node: known, PodUID: "0b7e6a5c-3f52-4d4a-9a39-1d2a2f6c9e01", PodName: "web-7d4-b"},
+			{Node: "late-node-b", PodUID: "also-text", PodName: "web-7d4-c"},
+			{Node: "late-node-a"},
+			{Node: ""},
+		} {
+			e := got.s.Endpoint(i)
+			if e.Node != want.Node || got.s.Node(i) != want.Node || e.PodUID != want.PodUID || e.PodName != want.PodName {
+				t.Errorf("%s: endpoint %d is node %q (Node %q), pod %q %q; want %q, %q %q", name, i, e.Node, got.s.Node(i), e.PodUID, e.PodName, want.Node, want.PodUID, want.PodName)
+			}
+		}
+	}
+	if n := nodeNames.len(); n != maxNodeNames {
+		t.Errorf("the table numbers %d names after the late slice, want %d", n, maxNodeNames)
+	}
+}
