@@ -376,6 +376,10 @@ func benchClusterScale(b *testing.B, sc scaleCase) {
 			b.Fatal(err)
 		}
 	}
+	if *scaleAllocProfile != "" {
+		writeProfile(b, "allocs", *scaleAllocProfile+".base")
+	}
+	allocBefore := totalAlloc()
 	cpuBefore, apiBefore := processCPU(), childCPU(cmd.Process.Pid)
 	fmt.Fprintf(stdin, "churn %d %s %d\n", scaleChurnPerSec, *scaleChurn, sc.burst)
 	if synced.IsZero() {
@@ -389,8 +393,12 @@ func benchClusterScale(b *testing.B, sc scaleCase) {
 	}
 	time.Sleep(200 * time.Millisecond) // the tail of the churn to arrive (samples, not sync)
 	cpu, apiCPU := processCPU()-cpuBefore, childCPU(cmd.Process.Pid)-apiBefore
+	allocated := totalAlloc() - allocBefore
 	if *scaleCPUProfile != "" {
 		pprof.StopCPUProfile()
+	}
+	if *scaleAllocProfile != "" {
+		writeProfile(b, "allocs", *scaleAllocProfile)
 	}
 	// Memory, now that the samples are in: RSS as the process runs, its
 	// peak, then the live heap and RSS without garbage (what the state
@@ -444,6 +452,9 @@ func benchClusterScale(b *testing.B, sc scaleCase) {
 	// writing the updates): what the latency tail competes with here, and
 	// a real node does not.
 	b.ReportMetric(float64(apiCPU.Microseconds())/float64(updates), "api-cpu-µs/update")
+	// Bytes allocated per update while it churns: how often the GC runs,
+	// and each of its cycles is a burst of slow samples (README).
+	b.ReportMetric(float64(allocated)/1024/float64(updates), "alloc-KB/update")
 	b.ReportMetric(heapMB, "heap-MB")
 	b.ReportMetric(heapMB/per10k, "heap-MB/10k")
 	b.ReportMetric(rssMB, "rss-MB")
@@ -498,9 +509,10 @@ func memoryClasses() string {
 }
 
 var (
-	scaleHeapProfile = flag.String("clusterscale.heapprofile", "", "write the live heap after the churn to this file")
-	scaleCPUProfile  = flag.String("clusterscale.cpuprofile", "", "write a CPU profile of the churn alone to this file")
-	scaleSamples     = flag.String("clusterscale.samples", "", "write every latency sample (ms after Ready, latency in µs) to this file")
+	scaleHeapProfile  = flag.String("clusterscale.heapprofile", "", "write the live heap after the churn to this file")
+	scaleCPUProfile   = flag.String("clusterscale.cpuprofile", "", "write a CPU profile of the churn alone to this file")
+	scaleSamples      = flag.String("clusterscale.samples", "", "write every latency sample (ms after Ready, latency in µs) to this file")
+	scaleAllocProfile = flag.String("clusterscale.allocprofile", "", "write the allocations of the churn alone to this file (compare with go tool pprof -base FILE.base)")
 )
 
 // writeSamples writes the samples, one per line, in the order they came.
@@ -515,18 +527,30 @@ func writeSamples(b *testing.B, path string, samples []latencySample) {
 }
 
 func writeHeapProfile(b *testing.B, path string) {
+	// The profile is as of the last GC that completed before the one
+	// before it: two more make it the live heap's.
+	runtime.GC()
+	runtime.GC()
+	writeProfile(b, "heap", path)
+}
+
+// writeProfile writes the runtime's profile name to path.
+func writeProfile(b *testing.B, name, path string) {
 	f, err := os.Create(path)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer f.Close()
-	// The profile is as of the last GC that completed before the one
-	// before it: two more make it the live heap's.
-	runtime.GC()
-	runtime.GC()
-	if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
+	if err := pprof.Lookup(name).WriteTo(f, 0); err != nil {
 		b.Fatal(err)
 	}
+}
+
+// totalAlloc is the bytes this process has allocated so far.
+func totalAlloc() uint64 {
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.TotalAlloc
 }
 
 // quantile returns the q-quantile of v (0 when v is empty).
