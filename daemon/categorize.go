@@ -118,16 +118,17 @@ type oneListing struct {
 
 // categorize categorises the endpoints of svc's slices for every service
 // port and family. node is this node (internalTrafficPolicy Local selects
-// only its endpoints); drains are the pod drains by pod.
+// only its endpoints); drains are the pod drains by pod. The result's
+// listed reuses listed's array (nil: a new one).
 //
 // It runs for every slice update of the cluster (a thousand a second in a
 // busy one), so it sorts and merges rather than building maps.
-func categorize(svc *k8s.Service, sliceList []*k8s.Slice, drains map[k8s.PodKey]*podDrain, node string) categorized {
+func categorize(svc *k8s.Service, sliceList []*k8s.Slice, drains map[k8s.PodKey]*podDrain, node string, listed listedEndpoints) categorized {
 	n := 0
 	for _, sl := range sliceList {
 		n += sl.Len()
 	}
-	out := categorized{listed: make(listedEndpoints, 0, n)}
+	out := categorized{listed: slices.Grow(listed[:0], n)}
 	key := svc.Namespace + "/" + svc.Name
 	// The listings are scratch space, reused from call to call.
 	rp := rawListings.Get().(*[]oneListing)

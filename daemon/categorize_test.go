@@ -108,7 +108,7 @@ func TestCategorize(t *testing.T) {
 			[]want{{selectable: []string{"10.0.0.2:8080"}, draining: map[string]string{"10.0.0.1:8080": ReasonTerminating}}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := categorize(tc.svc, tc.slices, byPod(drains), "this-node")
+			got := categorize(tc.svc, tc.slices, byPod(drains), "this-node", nil)
 			if len(got.servicePorts) != len(tc.want) {
 				t.Fatalf("%d service-ports, want %d: %+v", len(got.servicePorts), len(tc.want), got.servicePorts)
 			}
@@ -151,11 +151,16 @@ func byPod(drains map[types.UID]*podDrain) map[k8s.PodKey]*podDrain {
 }
 
 // TestCategorizeListed: every listed endpoint is recorded with its pod
-// (departure detection), and drained pods are reported.
+// (departure detection), and drained pods are reported. The listing
+// reuses the last one's array and keeps nothing of it.
 func TestCategorizeListed(t *testing.T) {
 	drains := map[types.UID]*podDrain{"d": {UID: "d", Reason: k8s.ReasonOffline}}
+	last := listedEndpoints{{key("10.0.0.9:8080", bpf.TCP), k8s.PodKeyOf("x")}, {key("10.0.0.1:8080", bpf.TCP), k8s.PodKeyOf("x")}}
 	got := categorize(catService(), []*k8s.Slice{catSlice(k8s.IPv4, 8080, bpf.TCP,
-		catEndpoint("10.0.0.1", "d", "n1", condReady), catEndpoint("10.0.0.2", "b", "n1", condReady))}, byPod(drains), "n1")
+		catEndpoint("10.0.0.1", "d", "n1", condReady), catEndpoint("10.0.0.2", "b", "n1", condReady))}, byPod(drains), "n1", last[:0])
+	if &got.listed[0] != &last[0] {
+		t.Error("the listing did not reuse the last one's array")
+	}
 	podOf := func(ap string) k8s.PodKey { p, _ := got.listed.podOf(key(ap, bpf.TCP)); return p }
 	if len(got.listed) != 2 || podOf("10.0.0.1:8080") != k8s.PodKeyOf("d") || podOf("10.0.0.2:8080") != k8s.PodKeyOf("b") {
 		t.Errorf("listed %v", got.listed)

@@ -58,7 +58,7 @@ func (a *serviceIDs) alloc(frontends, draining []bpf.EndpointKey, selectable []n
 			}
 		}
 	}
-	if len(selectable) > 0 {
+	if len(selectable) > 0 && len(a.pinnedBySet) > 0 { // none after the first pass: no key to build
 		sk := backendSetKey(selectable)
 		if id, ok := a.pinnedBySet[sk]; ok && active[id] == nil {
 			delete(a.pinnedBySet, sk)

@@ -24,11 +24,26 @@ type tracker struct {
 	leases   time.Time
 	// leasesGone are the pods whose drain Lease was deleted.
 	leasesGone []types.UID
+	// spare is the dirty set the last pass took: the pass has ended when
+	// the next one takes, so take hands its maps out again (a thousand
+	// updates a second would otherwise grow two new maps per pass).
+	spare dirtySet
 }
 
 func (t *tracker) init() {
 	t.services = map[string]time.Time{}
 	t.ips = map[netip.Addr]struct{}{}
+}
+
+// reuse returns m emptied, or a new map if there is none or m is large:
+// clearing a map costs its size, and one pass (the first) may have marked
+// the whole cluster.
+func reuse[K comparable, V any](m map[K]V) map[K]V {
+	if m == nil || len(m) > 1024 {
+		return map[K]V{}
+	}
+	clear(m)
+	return m
 }
 
 type dirtySet struct {
@@ -39,11 +54,14 @@ type dirtySet struct {
 	leasesGone []types.UID
 }
 
+// take returns what changed since the last take and starts recording
+// afresh. What it returns is valid until the next take.
 func (t *tracker) take() dirtySet {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	out := dirtySet{services: t.services, ips: t.ips, pods: t.pods, leases: t.leases, leasesGone: t.leasesGone}
-	t.init()
+	t.services, t.ips = reuse(t.spare.services), reuse(t.spare.ips)
+	t.spare = out
 	t.pods, t.leases, t.leasesGone = time.Time{}, time.Time{}, nil
 	return out
 }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net/netip"
+	"reflect"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -145,5 +147,48 @@ func TestReceivedAtKeepsTheMonotonicClock(t *testing.T) {
 	}
 	if at := receivedAt(time.Time{}, now); at != now {
 		t.Errorf("no receipt gave %v, want now", at)
+	}
+}
+
+// TestTrackerTakesAfresh: each take returns exactly what was marked since
+// the last one, though its maps are the ones the take before last returned.
+func TestTrackerTakesAfresh(t *testing.T) {
+	var tr tracker
+	tr.init()
+	at := time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC)
+	ip := func(s string) netip.Addr { return netip.MustParseAddr(s) }
+	mark := func(svc string, addr string) {
+		tr.markService(svc, at)
+		tr.markIPs([]netip.Addr{ip(addr)})
+	}
+	check := func(n int, got dirtySet, svc, addr string) {
+		t.Helper()
+		if _, ok := got.services[svc]; !ok || len(got.services) != 1 {
+			t.Errorf("take %d: services %v, want only %s", n, got.services, svc)
+		}
+		if _, ok := got.ips[ip(addr)]; !ok || len(got.ips) != 1 {
+			t.Errorf("take %d: IPs %v, want only %s", n, got.ips, addr)
+		}
+	}
+	mark("shop/a", "10.0.0.1")
+	first := tr.take()
+	check(1, first, "shop/a", "10.0.0.1")
+	mark("shop/b", "10.0.0.2")
+	check(2, tr.take(), "shop/b", "10.0.0.2")
+	mark("shop/c", "10.0.0.3")
+	third := tr.take()
+	check(3, third, "shop/c", "10.0.0.3")
+	if reflect.ValueOf(third.services).UnsafePointer() != reflect.ValueOf(first.services).UnsafePointer() {
+		t.Error("the third take did not reuse the first one's map")
+	}
+	// A large set is not kept: clearing it would cost every pass its size.
+	for i := range 2000 {
+		tr.markIPs([]netip.Addr{netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)})})
+	}
+	big := tr.take()
+	tr.take()
+	mark("shop/d", "10.0.0.4")
+	if got := tr.take(); reflect.ValueOf(got.ips).UnsafePointer() == reflect.ValueOf(big.ips).UnsafePointer() || len(got.ips) != 1 {
+		t.Errorf("a set of 2,000 IPs was reused (%d IPs now)", len(got.ips))
 	}
 }
