@@ -377,7 +377,7 @@ func benchClusterScale(b *testing.B, sc scaleCase) {
 		}
 	}
 	if *scaleAllocProfile != "" {
-		writeProfile(b, "allocs", *scaleAllocProfile+".base")
+		writeHeapProfile(b, *scaleAllocProfile+".base") // the same records: allocations too
 	}
 	allocBefore := totalAlloc()
 	cpuBefore, apiBefore := processCPU(), childCPU(cmd.Process.Pid)
@@ -398,7 +398,7 @@ func benchClusterScale(b *testing.B, sc scaleCase) {
 		pprof.StopCPUProfile()
 	}
 	if *scaleAllocProfile != "" {
-		writeProfile(b, "allocs", *scaleAllocProfile)
+		writeHeapProfile(b, *scaleAllocProfile)
 	}
 	// Memory, now that the samples are in: RSS as the process runs, its
 	// peak, then the live heap and RSS without garbage (what the state
@@ -512,7 +512,7 @@ var (
 	scaleHeapProfile  = flag.String("clusterscale.heapprofile", "", "write the live heap after the churn to this file")
 	scaleCPUProfile   = flag.String("clusterscale.cpuprofile", "", "write a CPU profile of the churn alone to this file")
 	scaleSamples      = flag.String("clusterscale.samples", "", "write every latency sample (ms after Ready, latency in µs) to this file")
-	scaleAllocProfile = flag.String("clusterscale.allocprofile", "", "write the allocations of the churn alone to this file (compare with go tool pprof -base FILE.base)")
+	scaleAllocProfile = flag.String("clusterscale.allocprofile", "", "write the heap profile after the churn to this file and before it to FILE.base: go tool pprof -sample_index=alloc_space -base FILE.base shows the churn's allocations (two GCs before each)")
 )
 
 // writeSamples writes the samples, one per line, in the order they came.
@@ -526,22 +526,19 @@ func writeSamples(b *testing.B, path string, samples []latencySample) {
 	}
 }
 
+// writeHeapProfile writes the heap profile: the live heap, and every
+// allocation so far (go tool pprof -sample_index=alloc_space).
 func writeHeapProfile(b *testing.B, path string) {
-	// The profile is as of the last GC that completed before the one
-	// before it: two more make it the live heap's.
-	runtime.GC()
-	runtime.GC()
-	writeProfile(b, "heap", path)
-}
-
-// writeProfile writes the runtime's profile name to path.
-func writeProfile(b *testing.B, name, path string) {
 	f, err := os.Create(path)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer f.Close()
-	if err := pprof.Lookup(name).WriteTo(f, 0); err != nil {
+	// The profile is as of the last GC that completed before the one
+	// before it: two more make it the heap's and allocations' of now.
+	runtime.GC()
+	runtime.GC()
+	if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
 		b.Fatal(err)
 	}
 }

@@ -1,10 +1,12 @@
 package k8s
 
 import (
+	"bytes"
 	"context"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -212,4 +214,81 @@ func TestSlimSliceWatch(t *testing.T) {
 			}
 		})
 	}
+}
+
+// watchEventSeeds are watch events as the API server frames them, and the
+// shapes parseWatchEvent leaves to the generated decoder.
+func watchEventSeeds(t testing.TB) [][]byte {
+	obj, err := wireSlice(2).Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out [][]byte
+	for _, ev := range []metav1.WatchEvent{
+		{Type: "MODIFIED", Object: runtime.RawExtension{Raw: obj}},
+		{Type: "BOOKMARK", Object: runtime.RawExtension{Raw: []byte{}}},
+		{Type: "NOT-A-TYPE"},
+		{},
+	} {
+		b, err := ev.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, b)
+	}
+	out = append(out,
+		append(slices.Clone(out[0]), out[2]...),   // the type twice: the last wins
+		append(slices.Clone(out[0]), 0x18, 0x01), // field 3, varint: unknown
+		[]byte{0x12, 0x02, 0x0a, 0x00},           // an object with an empty raw
+		[]byte{0x12, 0x03, 0x0a, 0x05, 0x01},     // truncated
+	)
+	return out
+}
+
+// TestWatchEventDecoder: a watch event's object is read where it lies in
+// the frame, the same as the generated decoder reads it; what the fast path
+// leaves (a field repeated or unknown) decodes as before.
+func TestWatchEventDecoder(t *testing.T) {
+	var dec runtime.Serializer
+	for _, info := range scheme.Codecs.WithoutConversion().SupportedMediaTypes() {
+		if info.MediaType == runtime.ContentTypeProtobuf {
+			dec = watchEventDecoder{info.StreamSerializer.Serializer}
+		}
+	}
+	seeds := watchEventSeeds(t)
+	for i, b := range seeds {
+		var got, want metav1.WatchEvent
+		_, _, gotErr := dec.Decode(b, nil, &got)
+		wantErr := want.Unmarshal(b)
+		if (gotErr != nil) != (wantErr != nil) || got.Type != want.Type || !bytes.Equal(got.Object.Raw, want.Object.Raw) {
+			t.Errorf("seed %d: decoded %q %d bytes (%v), the generated decoder %q %d bytes (%v)", i, got.Type, len(got.Object.Raw), gotErr, want.Type, len(want.Object.Raw), wantErr)
+		}
+	}
+	if _, raw, ok := parseWatchEvent(seeds[0]); !ok || &raw[0] != &seeds[0][bytes.Index(seeds[0], raw)] {
+		t.Error("the object of a MODIFIED event was copied, or not read")
+	}
+	if n := testing.AllocsPerRun(100, func() { parseWatchEvent(seeds[0]) }); n != 0 {
+		t.Errorf("parsing an event allocates %v times", n)
+	}
+}
+
+// FuzzWatchEvent: whatever parseWatchEvent reads, the generated decoder
+// reads the same.
+func FuzzWatchEvent(f *testing.F) {
+	for _, b := range watchEventSeeds(f) {
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		typ, raw, ok := parseWatchEvent(b)
+		if !ok {
+			return
+		}
+		var want metav1.WatchEvent
+		if err := want.Unmarshal(b); err != nil {
+			t.Fatalf("parsed %q, but the generated decoder fails: %v", typ, err)
+		}
+		if typ != want.Type || !bytes.Equal(raw, want.Object.Raw) {
+			t.Fatalf("parsed %q %x, the generated decoder %q %x", typ, raw, want.Type, want.Object.Raw)
+		}
+	})
 }
