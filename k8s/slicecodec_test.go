@@ -237,7 +237,7 @@ func watchEventSeeds(t testing.TB) [][]byte {
 		out = append(out, b)
 	}
 	out = append(out,
-		append(slices.Clone(out[0]), out[2]...),   // the type twice: the last wins
+		append(slices.Clone(out[0]), out[2]...),  // the type twice: the last wins
 		append(slices.Clone(out[0]), 0x18, 0x01), // field 3, varint: unknown
 		[]byte{0x12, 0x02, 0x0a, 0x00},           // an object with an empty raw
 		[]byte{0x12, 0x03, 0x0a, 0x05, 0x01},     // truncated
