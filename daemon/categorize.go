@@ -71,6 +71,12 @@ func (c *categorized) addDrainedPod(uid types.UID) {
 	c.drainedPods[uid] = struct{}{}
 }
 
+// catScratch is categorize's space, reused from call to call.
+type catScratch struct {
+	listed     listedEndpoints
+	selectable []netip.AddrPort
+}
+
 // listedEndpoint is an identified endpoint and its pod.
 type listedEndpoint struct {
 	key bpf.EndpointKey
@@ -119,16 +125,22 @@ type oneListing struct {
 // categorize categorises the endpoints of svc's slices for every service
 // port and family. node is this node (internalTrafficPolicy Local selects
 // only its endpoints); drains are the pod drains by pod. The result's
-// listed reuses listed's array (nil: a new one).
+// listing and selectable endpoints are in scratch's arrays (nil: new
+// ones), valid until categorize is given scratch again.
 //
 // It runs for every slice update of the cluster (a thousand a second in a
 // busy one), so it sorts and merges rather than building maps.
-func categorize(svc *k8s.Service, sliceList []*k8s.Slice, drains map[k8s.PodKey]*podDrain, node string, listed listedEndpoints) categorized {
+func categorize(svc *k8s.Service, sliceList []*k8s.Slice, drains map[k8s.PodKey]*podDrain, node string, scratch *catScratch) categorized {
 	n := 0
 	for _, sl := range sliceList {
 		n += sl.Len()
 	}
-	out := categorized{listed: slices.Grow(listed[:0], n)}
+	if scratch == nil {
+		scratch = &catScratch{}
+	}
+	out := categorized{listed: slices.Grow(scratch.listed[:0], n)}
+	selectable := slices.Grow(scratch.selectable[:0], n)
+	defer func() { scratch.listed, scratch.selectable = out.listed, selectable }()
 	key := svc.Namespace + "/" + svc.Name
 	// The listings are scratch space, reused from call to call.
 	rp := rawListings.Get().(*[]oneListing)
@@ -152,8 +164,8 @@ func categorize(svc *k8s.Service, sliceList []*k8s.Slice, drains map[k8s.PodKey]
 			// In address order; the listings of one address keep the
 			// order they were listed in, which the merge depends on.
 			slices.SortStableFunc(raw, func(a, b oneListing) int { return a.ap.Compare(b.ap) })
-			c := servicePortEndpoints{key: servicePortKey{key, sp.Name, sp.Protocol, fam},
-				selectable: make([]netip.AddrPort, 0, len(raw))}
+			c := servicePortEndpoints{key: servicePortKey{key, sp.Name, sp.Protocol, fam}}
+			first := len(selectable)
 			for i := 0; i < len(raw); {
 				j := i + 1
 				for j < len(raw) && raw[j].ap == raw[i].ap {
@@ -165,7 +177,7 @@ func categorize(svc *k8s.Service, sliceList []*k8s.Slice, drains map[k8s.PodKey]
 					out.listed = append(out.listed, listedEndpoint{endpointKey(l.ap, sp.Protocol), l.listedPod})
 				}
 				if l.selectable {
-					c.selectable = append(c.selectable, l.ap)
+					selectable = append(selectable, l.ap)
 				}
 				if l.draining {
 					d := drainingEndpoint{key: endpointKey(l.ap, sp.Protocol), reason: l.reason, expires: l.expires}
@@ -176,6 +188,7 @@ func categorize(svc *k8s.Service, sliceList []*k8s.Slice, drains map[k8s.PodKey]
 					c.draining = append(c.draining, d)
 				}
 			}
+			c.selectable = selectable[first:len(selectable):len(selectable)]
 			for _, vip := range svc.ClusterIPs {
 				if familyOf(vip) == fam {
 					c.frontends = append(c.frontends, bpf.EndpointKey{Addr: vip, Port: sp.Port, Proto: sp.Protocol})

@@ -156,10 +156,14 @@ func byPod(drains map[types.UID]*podDrain) map[k8s.PodKey]*podDrain {
 func TestCategorizeListed(t *testing.T) {
 	drains := map[types.UID]*podDrain{"d": {UID: "d", Reason: k8s.ReasonOffline}}
 	last := listedEndpoints{{key("10.0.0.9:8080", bpf.TCP), k8s.PodKeyOf("x")}, {key("10.0.0.1:8080", bpf.TCP), k8s.PodKeyOf("x")}}
+	scratch := &catScratch{listed: last[:0], selectable: make([]netip.AddrPort, 1, 4)}
 	got := categorize(catService(), []*k8s.Slice{catSlice(k8s.IPv4, 8080, bpf.TCP,
-		catEndpoint("10.0.0.1", "d", "n1", condReady), catEndpoint("10.0.0.2", "b", "n1", condReady))}, byPod(drains), "n1", last[:0])
+		catEndpoint("10.0.0.1", "d", "n1", condReady), catEndpoint("10.0.0.2", "b", "n1", condReady))}, byPod(drains), "n1", scratch)
 	if &got.listed[0] != &last[0] {
 		t.Error("the listing did not reuse the last one's array")
+	}
+	if sel := got.servicePorts[0].selectable; len(sel) != 1 || sel[0] != netip.MustParseAddrPort("10.0.0.2:8080") || &sel[0] != &scratch.selectable[0] {
+		t.Errorf("selectable %v, want 10.0.0.2:8080 in the scratch array", sel)
 	}
 	podOf := func(ap string) k8s.PodKey { p, _ := got.listed.podOf(key(ap, bpf.TCP)); return p }
 	if len(got.listed) != 2 || podOf("10.0.0.1:8080") != k8s.PodKeyOf("d") || podOf("10.0.0.2:8080") != k8s.PodKeyOf("b") {

@@ -170,11 +170,11 @@ type model struct {
 	// a drained pod: its all-ports entries keep it after the pod left them
 	// (a gone headless pod is not refused).
 	listedPolicy map[types.UID]bpf.Policy
-	// listed is categorize's last listing, its array reused by the next
-	// (recomputeService reads a listing only while it runs).
-	listed listedEndpoints
-	ids    serviceIDs
-	warned map[string]string // Service -> the bad annotation value last warned about
+	// scratch is categorize's (recomputeService reads a categorisation
+	// only while it runs).
+	scratch catScratch
+	ids     serviceIDs
+	warned  map[string]string // Service -> the bad annotation value last warned about
 
 	touched             map[bpf.EndpointKey]struct{}
 	touchedServicePorts map[bpf.ServicePortID]struct{}
@@ -236,7 +236,7 @@ func (m *model) recomputeService(key string, now time.Time) (changed bool) {
 	var cat categorized
 	policy := bpf.PolicyOff
 	if svc != nil {
-		cat = categorize(svc, m.state.SlicesOf(key), m.drainsByPod, m.cfg.Node, m.listed)
+		cat = categorize(svc, m.state.SlicesOf(key), m.drainsByPod, m.cfg.Node, &m.scratch)
 		policy = m.policyOf(svc)
 	} else {
 		delete(m.warned, key)
@@ -263,9 +263,6 @@ func (m *model) recomputeService(key string, now time.Time) (changed bool) {
 		changed = changed || len(old.keys) > 0
 	}
 	changed = changed || len(next.keys) > 0
-	if cat.listed != nil {
-		m.listed = cat.listed // scratch for the next Service
-	}
 	if len(next.servicePorts) == 0 {
 		delete(m.results, key)
 	} else {

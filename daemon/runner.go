@@ -44,15 +44,21 @@ func (r *runner) Run() {
 func (r *runner) Loop(ctx context.Context) {
 	var last time.Time
 	next := r.clock.Now().Add(r.maxInterval)
+	// One timer for every wait (a pass per few slice updates would
+	// otherwise make and stop one each time).
+	t := r.clock.NewTimer(max(next.Sub(r.clock.Now()), 0))
+	defer t.Stop()
 	for {
-		wait := max(next.Sub(r.clock.Now()), 0)
-		t := r.clock.NewTimer(wait)
 		select {
 		case <-ctx.Done():
-			t.Stop()
 			return
 		case <-r.signal:
-			t.Stop()
+			if !t.Stop() {
+				select { // fired meanwhile: not a deadline any more
+				case <-t.C():
+				default:
+				}
+			}
 		case <-t.C():
 		}
 		if r.minInterval > 0 && !last.IsZero() {
@@ -69,5 +75,6 @@ func (r *runner) Loop(ctx context.Context) {
 		if dl := r.fn(); !dl.IsZero() && dl.Before(next) {
 			next = dl
 		}
+		t.Reset(max(next.Sub(r.clock.Now()), 0))
 	}
 }
