@@ -207,6 +207,7 @@ func categorize(svc *k8s.Service, sliceList []*k8s.Slice, drains map[k8s.PodKey]
 		}
 		last = append(last, l)
 	}
+	clear(out.listed[len(last):]) // the scratch keeps no pod of another Service
 	out.listed = last
 	return out
 }

@@ -3,6 +3,7 @@ package daemon
 import (
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -251,7 +252,8 @@ func (c *claims) noteDepartures(old, s *k8s.Slice) {
 			return !still
 		})
 		if !still {
-			c.departed[e.Addr] = departedClaim{uid: e.PodUID, node: e.Node, at: now}
+			// Copies: a slice's own text would keep all of it alive.
+			c.departed[e.Addr] = departedClaim{uid: types.UID(strings.Clone(string(e.PodUID))), node: strings.Clone(e.Node), at: now}
 		}
 	}
 	c.pruneDeparted()

@@ -55,7 +55,8 @@ type dirtySet struct {
 }
 
 // take returns what changed since the last take and starts recording
-// afresh. What it returns is valid until the next take.
+// afresh. What it returns is valid until the next take (only sync takes,
+// under modelMu, and keeps none of it).
 func (t *tracker) take() dirtySet {
 	t.mu.Lock()
 	defer t.mu.Unlock()

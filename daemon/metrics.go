@@ -134,6 +134,9 @@ func NewMetrics(version string, dp Datapath, inf *k8s.Informers, pods func() []P
 		r.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: ns, Name: "informer_malformed_objects_total",
 			Help: "API objects that could not be fully converted (skipped fields, bad addresses, malformed drain Leases)."},
 			func() float64 { return float64(inf.Malformed.Load()) }))
+		r.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Name: "node_names",
+			Help: "Node names numbered once for the process (at 16,384, further names are kept by each slice that names them)."},
+			func() float64 { return float64(k8s.NodeNames()) }))
 	}
 	return m
 }

@@ -263,6 +263,7 @@ func (m *model) recomputeService(key string, now time.Time) (changed bool) {
 		changed = changed || len(old.keys) > 0
 	}
 	changed = changed || len(next.keys) > 0
+	clear(cat.listed) // the scratch keeps no pod (a textual UID keeps its slice's text)
 	if len(next.servicePorts) == 0 {
 		delete(m.results, key)
 	} else {

@@ -75,6 +75,9 @@ func (d watchEventDecoder) Decode(data []byte, defaults *schema.GroupVersionKind
 // bytes (field 2, a runtime.RawExtension: its field 1), each present once;
 // ok is false for anything else.
 func parseWatchEvent(data []byte) (typ string, raw []byte, ok bool) {
+	if len(data) == 0 {
+		return "", nil, false // the generated path's "empty data" error
+	}
 	var t, obj []byte
 	var hasType, hasObj bool
 	r := wireReader{b: data}

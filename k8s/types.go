@@ -210,6 +210,16 @@ func (s *Slice) nodeName(n uint32) string {
 	return nodeNames.name(n)
 }
 
+// ownIndex is where name is in names, or -1.
+func ownIndex[T bytestring](names []T, name T) int {
+	for k, n := range names {
+		if string(n) == string(name) {
+			return k
+		}
+	}
+	return -1
+}
+
 // ownNode is a packed endpoint's node when the full nodeNames does not know
 // its name: the name's offset in strs (23 bits) and length (8; the API
 // allows 253). ok is false if they do not fit (never for what the API
@@ -342,7 +352,9 @@ func splitPodName[T bytestring](name T) (prefix, suffix T) {
 
 // SetEndpoints replaces the endpoints (a slice built by hand, in tests).
 // Addresses with a zone, and pod UIDs or names longer than 65,535 bytes,
-// are skipped and counted: the API accepts neither.
+// are skipped and counted: the API accepts neither. A node name longer
+// than 255 bytes (the API allows 253) is dropped and counted; its endpoint
+// is kept.
 func (s *Slice) SetEndpoints(eps []Endpoint) (skipped int) {
 	in := make([]endpointIn[string], len(eps))
 	for i := range eps {
@@ -383,6 +395,11 @@ func packEndpoints[T bytestring](s *Slice, eps []endpointIn[T]) (skipped int) {
 	var prefixes [16]T
 	var prefixAt [16]uint32
 	nPrefixes, size := 0, 0
+	// Node names the full table does not know, kept once per slice (the
+	// first 8; a slice names a few nodes).
+	var ownNames [8]T
+	var ownAt [8]uint32
+	nOwn := 0
 	for i := range eps {
 		e := &eps[i]
 		if e.addr.Zone() != "" || len(e.uid) > math.MaxUint16 || len(e.name) > math.MaxUint16 {
@@ -392,7 +409,13 @@ func packEndpoints[T bytestring](s *Slice, eps []endpointIn[T]) (skipped int) {
 		p := packedEndpoint{conds: e.conds}
 		if n, ok := nodeIndex(&nodeNames, e.node); ok {
 			p.node = n
+		} else if k := ownIndex(ownNames[:nOwn], e.node); k >= 0 {
+			p.node = ownAt[k]
 		} else if p.node, ok = ownNode(size, len(e.node)); ok {
+			if nOwn < len(ownNames) {
+				ownNames[nOwn], ownAt[nOwn] = e.node, p.node
+				nOwn++
+			}
 			size += len(e.node)
 		} else {
 			skipped++ // kept, without its node
@@ -446,7 +469,7 @@ func packEndpoints[T bytestring](s *Slice, eps []endpointIn[T]) (skipped int) {
 		}
 		p := &s.endpoints[kept]
 		kept++
-		if p.node&nodeOwn != 0 {
+		if p.node&nodeOwn != 0 && int((p.node&^nodeOwn)>>8) == b.Len() { // not one kept before
 			writeText(&b, e.node)
 		}
 		if p.flags&textUID != 0 {
@@ -491,7 +514,7 @@ type SlicePort struct {
 type Endpoint struct {
 	Addr    netip.Addr
 	Conds   uint8
-	Node    string    // interned
+	Node    string    // numbered once per process (nodeTable), or the slice's own
 	PodUID  types.UID // "" when the endpoint has no Pod targetRef
 	PodName string
 }
@@ -573,6 +596,9 @@ func nodeIndex[T bytestring](t *nodeTable, name T) (uint32, bool) {
 	if len(name) == 0 {
 		return 0, true
 	}
+	if len(name) > 0xff {
+		return 0, false // longer than the API allows, and than ownNode keeps
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if i, ok := t.numbers[string(name)]; ok {
@@ -596,6 +622,10 @@ func nodeIndex[T bytestring](t *nodeTable, name T) (uint32, bool) {
 	t.names.Store(&next)
 	return i, true
 }
+
+// NodeNames is how many node names the process has numbered (at most
+// 16,384; past that, slices keep their own).
+func NodeNames() int { return nodeNames.len() }
 
 // len is how many names the table numbers.
 func (t *nodeTable) len() int {

@@ -266,11 +266,18 @@ func TestCachedSizes(t *testing.T) {
 // TestNodeNamesBounded: anyone who may write an EndpointSlice can name any
 // node, so the node-name table stops numbering at maxNodeNames; a name it
 // does not know then stays with its slice, read back the same, through
-// every way a slice is made.
+// every way a slice is made. The table stays full for the rest of the
+// package's tests, which then run on the slices' own names (as correct).
 func TestNodeNamesBounded(t *testing.T) {
 	known := "bounded-known"
 	if _, ok := nodeIndex(&nodeNames, known); !ok {
 		t.Fatal("the table was full before the test")
+	}
+	long := strings.Repeat("n", 300) // more than the API allows: kept without its node, full table or not
+	var s Slice
+	before := nodeNames.len()
+	if skipped := s.SetEndpoints([]Endpoint{{Addr: netip.MustParseAddr("10.0.0.1"), Node: long}}); skipped != 1 || s.Len() != 1 || s.Node(0) != "" || nodeNames.len() != before {
+		t.Fatalf("a 300-byte node name: %d skipped, %d endpoints, node %q, table %d -> %d", skipped, s.Len(), s.Node(0), before, nodeNames.len())
 	}
 	for n := 0; nodeNames.len() < maxNodeNames; n++ {
 		eps := make([]Endpoint, 1000)
@@ -283,7 +290,6 @@ func TestNodeNamesBounded(t *testing.T) {
 	if n := nodeNames.len(); n != maxNodeNames {
 		t.Fatalf("the table numbers %d names, want %d", n, maxNodeNames)
 	}
-	long := strings.Repeat("n", 300) // more than the API allows: kept without its node
 	es := &discoveryv1.EndpointSlice{
 		ObjectMeta:  metav1.ObjectMeta{Name: "web-1", Namespace: "shop", Labels: map[string]string{discoveryv1.LabelServiceName: "web"}},
 		AddressType: discoveryv1.AddressTypeIPv4,
@@ -323,6 +329,9 @@ func TestNodeNamesBounded(t *testing.T) {
 			if e.Node != want.Node || got.s.Node(i) != want.Node || e.PodUID != want.PodUID || e.PodName != want.PodName {
 				t.Errorf("%s: endpoint %d is node %q (Node %q), pod %q %q; want %q, %q %q", name, i, e.Node, got.s.Node(i), e.PodUID, e.PodName, want.Node, want.PodUID, want.PodName)
 			}
+		}
+		if n := strings.Count(got.s.strs, "late-node-a"); n != 1 {
+			t.Errorf("%s: a node name two endpoints share is kept %d times", name, n)
 		}
 	}
 	if n := nodeNames.len(); n != maxNodeNames {
