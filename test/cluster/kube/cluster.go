@@ -519,16 +519,6 @@ func removeStaleDirs(log *slog.Logger) {
 	}
 }
 
-// freePort asks the kernel for a loopback port nobody is listening on.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("finding a free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
 func logMentions(path, s string) bool {
 	b, err := os.ReadFile(path)
 	return err == nil && bytes.Contains(b, []byte(s))

@@ -3,7 +3,6 @@ package realnode_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -77,12 +76,10 @@ func TestInjectRollout(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	webhookAddr, err := kube.FreeAddr()
 	if err != nil {
 		t.Fatal(err)
 	}
-	webhookAddr := l.Addr().String()
-	l.Close()
 	overlay := writeInjectOverlay(t, root, webhookAddr)
 	installInject(ctx, t, n, overlay)
 	if out, err := n.Kubectl(ctx, "-n", "draind-system", "rollout", "status", "deploy/draind-webhook", "--timeout=3m"); err != nil {
@@ -110,12 +107,10 @@ func TestInjectRollout(t *testing.T) {
 	if err := kube.WriteKubeconfig(kubeconfig, sa); err != nil {
 		t.Fatal(err)
 	}
-	hl, err := net.Listen("tcp", "127.0.0.1:0")
+	healthAddr, err := kube.FreeAddr()
 	if err != nil {
 		t.Fatal(err)
 	}
-	healthAddr := hl.Addr().String()
-	hl.Close()
 	args, env := injectbed.HostArgs(&dep, kubeconfig, webhookAddr, healthAddr)
 	wh, err := injectbed.StartProcess(img.Binary, args, env, webhookAddr, healthAddr, n.LogPath("draind-webhook-host"))
 	if err != nil {
