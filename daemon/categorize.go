@@ -197,19 +197,25 @@ func categorize(svc *k8s.Service, sliceList []*k8s.Slice, drains map[k8s.PodKey]
 			out.servicePorts = append(out.servicePorts, c)
 		}
 	}
-	// Two service-ports of one protocol may share a target port: the
-	// later listing of a key wins.
-	slices.SortStableFunc(out.listed, func(a, b listedEndpoint) int { return a.key.Compare(b.key) })
-	last := out.listed[:0]
-	for i, l := range out.listed {
-		if i+1 < len(out.listed) && out.listed[i+1].key == l.key {
+	out.listed = latestListings(out.listed)
+	return out
+}
+
+// latestListings sorts listed by key and keeps each key's last listing:
+// two service-ports of one protocol may share a target port, and the later
+// listing of a key wins. It reuses listed's array and clears what it drops
+// (the scratch keeps no pod of another Service).
+func latestListings(listed listedEndpoints) listedEndpoints {
+	slices.SortStableFunc(listed, func(a, b listedEndpoint) int { return a.key.Compare(b.key) })
+	last := listed[:0]
+	for i, l := range listed {
+		if i+1 < len(listed) && listed[i+1].key == l.key {
 			continue
 		}
 		last = append(last, l)
 	}
-	clear(out.listed[len(last):]) // the scratch keeps no pod of another Service
-	out.listed = last
-	return out
+	clear(listed[len(last):])
+	return last
 }
 
 var rawListings = sync.Pool{New: func() any { return new([]oneListing) }}
