@@ -32,7 +32,10 @@ done
 
 # Gross-regression thresholds of the CI form (a loaded 2-core machine must
 # pass them comfortably; see the README's "Performance" for today's figures).
-max_p99_ms=5            # BenchmarkClusterScale/endpoints=150k p99, median of runs
+max_p99_ms=5            # BenchmarkClusterScale/endpoints=150k p99, median of runs, on a host as fast as this one:
+api_cpu_us=140          # ... where the stand-in API server spends about this per update (150k): on a slower
+                        # host (more) the p99 limit grows in proportion, never shrinks (the stalls it guards
+                        # against took 95-270 ms)
 max_rss_mb=150          # ... RSS as the process runs at the end of the churn
 max_peak_rss_mb=200     # ... peak RSS, the initial lists included
 max_sync_s=15           # ... start to Ready
@@ -151,8 +154,13 @@ check() {
 }
 
 scale_checks() {
-  local f="$out/scale-150k.txt" ok=0
-  check "ClusterScale 150k p99-ms (median of runs)" "$(get BenchmarkClusterScale/endpoints=150k p99-ms median "$f")" $max_p99_ms || ok=1
+  local f="$out/scale-150k.txt" ok=0 api limit
+  # The host's speed, measured in the same runs: the stand-in's CPU per
+  # update, which draind's code does not change.
+  api=$(get BenchmarkClusterScale/endpoints=150k api-cpu-µs/update median "$f")
+  limit=$(awk -v m="$max_p99_ms" -v a="$api" -v b="$api_cpu_us" 'BEGIN { r = a / b; if (r < 1) r = 1; printf "%.2f", m * r }')
+  echo "     (the stand-in's CPU per update: $api µs against $api_cpu_us here; p99 limit $limit ms)"
+  check "ClusterScale 150k p99-ms (median of runs)" "$(get BenchmarkClusterScale/endpoints=150k p99-ms median "$f")" "$limit" || ok=1
   check "ClusterScale 150k rss-MB" "$(get BenchmarkClusterScale/endpoints=150k rss-MB median "$f")" $max_rss_mb || ok=1
   check "ClusterScale 150k peak-rss-MB" "$(get BenchmarkClusterScale/endpoints=150k peak-rss-MB median "$f")" $max_peak_rss_mb || ok=1
   check "ClusterScale 150k sync-s" "$(get BenchmarkClusterScale/endpoints=150k sync-s median "$f")" $max_sync_s || ok=1
