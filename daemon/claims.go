@@ -202,6 +202,14 @@ func (c *claims) setSlice(key string, s *k8s.Slice) []netip.Addr {
 	if old == s {
 		return nil
 	}
+	if old != nil && s != nil && samePods(old, s) {
+		// The usual update: the same pods in the same places, new
+		// conditions. The index stays, nobody departs, and only the
+		// places whose readiness flipped can change a claim.
+		c.table[n] = s
+		c.pruneDeparted()
+		return c.flippedIPs(old, s, n)
+	}
 	// Scratch space reused under mu: every slice event of the cluster
 	// comes here.
 	c.before = readyClaims(c.before, old)
@@ -257,6 +265,49 @@ func (c *claims) noteDepartures(old, s *k8s.Slice) {
 		}
 	}
 	c.pruneDeparted()
+}
+
+// samePods reports whether a and b list the same pods at the same IPs in
+// the same places.
+func samePods(a, b *k8s.Slice) bool {
+	if a.Len() != b.Len() {
+		return false
+	}
+	for i := range a.Len() {
+		if a.HasPod(i) != b.HasPod(i) || a.Addr(i) != b.Addr(i) || a.PodKey(i) != b.PodKey(i) {
+			return false
+		}
+	}
+	return true
+}
+
+// flippedIPs is changedIPs for an update that kept every pod in its place
+// (samePods): a pod's ready claim at an IP changed where its readiness
+// flipped, unless another place in the slice, or another trusted slice,
+// still lists it ready there.
+func (c *claims) flippedIPs(old, s *k8s.Slice, n int32) []netip.Addr {
+	var changed []netip.Addr
+	for i := range s.Len() {
+		if !s.HasPod(i) || old.Ready(i) == s.Ready(i) {
+			continue
+		}
+		r := readyClaim{s.Addr(i), s.PodKey(i)}
+		if slices.Contains(changed, r.ip) || readyIn(old, r) == readyIn(s, r) || c.readyElsewhere(r, n) {
+			continue
+		}
+		changed = append(changed, r.ip)
+	}
+	return changed
+}
+
+// readyIn reports whether s lists r's pod ready at r's IP.
+func readyIn(s *k8s.Slice, r readyClaim) bool {
+	for i := range s.Len() {
+		if s.Ready(i) && s.HasPod(i) && s.Addr(i) == r.ip && s.PodKey(i) == r.pod {
+			return true
+		}
+	}
+	return false
 }
 
 // sameIPs reports whether a and b list pods at the same IPs, in the same

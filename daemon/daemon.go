@@ -72,6 +72,10 @@ type Config struct {
 	REST *rest.Config
 	// OnLatency, if set, sees every event-to-datapath latency (benchmarks).
 	OnLatency func(time.Duration)
+	// OnIntake, if set, sees how long every EndpointSlice event waited
+	// between its receipt and draind's handler: client-go's part of the
+	// latency (its queue, indexer and handler dispatch; benchmarks).
+	OnIntake func(time.Duration)
 }
 
 // Defaults fills unset fields.

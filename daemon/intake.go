@@ -194,11 +194,15 @@ func (d *Daemon) sliceEvent(oldObj, newObj any, received time.Time) {
 	cur, _ := newObj.(*k8s.Slice)
 	now := d.clock.Now()
 	at := receivedAt(received, now)
+	if d.cfg.OnIntake != nil && !received.IsZero() {
+		d.cfg.OnIntake(now.Sub(at))
+	}
+	trustedOld, trustedCur := d.trustedPair(old, cur)
 	if old != nil {
-		d.vanished.observe(d.trusted(old), cur, now) // only trusted slices identify a pod
+		d.vanished.observe(trustedOld, cur, now) // only trusted slices identify a pod
 	}
 	if cur != nil {
-		d.tracker.markIPs(d.claims.setSlice(cur.Namespace+"/"+cur.Name, d.trusted(cur)))
+		d.tracker.markIPs(d.claims.setSlice(cur.Namespace+"/"+cur.Name, trustedCur))
 	} else if old != nil {
 		d.tracker.markIPs(d.claims.setSlice(old.Namespace+"/"+old.Name, nil))
 	}
@@ -253,6 +257,30 @@ func (d *Daemon) trusted(s *k8s.Slice) *k8s.Slice {
 		return nil
 	}
 	return s
+}
+
+// trustedPair is trusted of a slice's old and current state (either may be
+// nil), looking their Service up once when they name the same one (the
+// usual update).
+func (d *Daemon) trustedPair(old, cur *k8s.Slice) (*k8s.Slice, *k8s.Slice) {
+	if old == nil || cur == nil || old.Service == "" || old.Service != cur.Service || old.Namespace != cur.Namespace {
+		return d.trustedOrNil(old), d.trustedOrNil(cur)
+	}
+	svc := d.state.Service(cur.Namespace + "/" + cur.Service)
+	keep := func(s *k8s.Slice) *k8s.Slice {
+		if s.Trusted(svc) {
+			return s
+		}
+		return nil
+	}
+	return keep(old), keep(cur)
+}
+
+func (d *Daemon) trustedOrNil(s *k8s.Slice) *k8s.Slice {
+	if s == nil {
+		return nil
+	}
+	return d.trusted(s)
 }
 
 // leaseEvent: pod drains changed. A deleted Lease also ends its pod's
