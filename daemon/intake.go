@@ -128,7 +128,9 @@ func sameVersion(a, b any) bool {
 // onChange calls fn with the old and new object of every add (old nil),
 // real update and delete (new nil). Resyncs, which repeat a
 // resourceVersion, are dropped.
-func onChange(inf cache.SharedIndexInformer, fn func(old, new any, received time.Time)) cache.ResourceEventHandlerRegistration {
+func onChange(inf interface {
+	AddEventHandler(cache.ResourceEventHandler) (cache.ResourceEventHandlerRegistration, error)
+}, fn func(old, new any, received time.Time)) cache.ResourceEventHandlerRegistration {
 	reg, _ := inf.AddEventHandler(eventFuncs(fn))
 	return reg
 }

@@ -26,7 +26,8 @@ type Config struct {
 	Namespace string
 	// NodeName restricts the Pod informer to this node's pods.
 	NodeName string
-	// Resync re-delivers every cached object periodically (0: never).
+	// Resync re-delivers every cached object periodically (0: never);
+	// not the EndpointSlices (SliceInformer never resyncs).
 	Resync time.Duration
 	// Clock stamps each object's receipt (nil: the real clock).
 	Clock clock.PassiveClock
@@ -39,7 +40,7 @@ type Config struct {
 
 // Informers are draind's four watches, each caching slim objects.
 type Informers struct {
-	Slices   cache.SharedIndexInformer
+	Slices   *SliceInformer
 	Services cache.SharedIndexInformer
 	Leases   cache.SharedIndexInformer
 	Pods     cache.SharedIndexInformer
@@ -93,12 +94,14 @@ func NewInformers(client kubernetes.Interface, cfg Config) *Informers {
 			sliceType, watchSlices, inf.SliceDecoding = &Slice{}, w, "slim"
 		}
 	}
-	inf.Slices = cache.NewSharedIndexInformerWithOptions(lw(&cache.ListWatch{
+	// Slices: the busiest watch by far, handled as it arrives (see
+	// SliceInformer).
+	inf.Slices = NewSliceInformer(lw(&cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			return disc.EndpointSlices(metav1.NamespaceAll).List(ctx, o)
 		},
 		WatchFuncWithContext: watchSlices,
-	}), sliceType, opts(cache.Indexers{
+	}), sliceType, cache.Indexers{
 		cache.NamespaceIndex: cache.MetaNamespaceIndexFunc,
 		IndexByService: func(obj any) ([]string, error) {
 			s, ok := obj.(*Slice)
@@ -107,8 +110,7 @@ func NewInformers(client kubernetes.Interface, cfg Config) *Informers {
 			}
 			return []string{s.Namespace + "/" + s.Service}, nil
 		},
-	}))
-	setTransform(inf.Slices, slimTransform(inf, SliceFrom))
+	}, stampReceipt(clk, slimTransform(inf, SliceFrom)))
 
 	core := client.CoreV1()
 	inf.Services = cache.NewSharedIndexInformerWithOptions(lw(&cache.ListWatch{
@@ -205,9 +207,15 @@ func slimTransform[T any, S any](inf *Informers, from func(*T) (S, int)) func(an
 	}
 }
 
+// informer is what Run and the sync checks need of an informer.
+type informer interface {
+	RunWithContext(context.Context)
+	HasSynced() bool
+}
+
 // All returns the informers with their names.
-func (inf *Informers) All() map[string]cache.SharedIndexInformer {
-	return map[string]cache.SharedIndexInformer{
+func (inf *Informers) All() map[string]informer {
+	return map[string]informer{
 		"endpointslices": inf.Slices, "services": inf.Services, "leases": inf.Leases, "pods": inf.Pods,
 	}
 }

@@ -29,7 +29,7 @@ func TestInformersStampReceipt(t *testing.T) {
 	if err := inf.WaitForSync(ctx); err != nil {
 		t.Fatal(err)
 	}
-	received := func(i cache.SharedIndexInformer, key string) time.Time {
+	received := func(i interface{ GetStore() cache.Store }, key string) time.Time {
 		obj, ok, err := i.GetStore().GetByKey(key)
 		if err != nil || !ok {
 			t.Fatalf("%s: not cached (%v)", key, err)
@@ -40,7 +40,7 @@ func TestInformersStampReceipt(t *testing.T) {
 		}
 		return r.Received()
 	}
-	for name, i := range map[string]cache.SharedIndexInformer{"shop/web-x7k2p": inf.Slices, "shop/web": inf.Services,
+	for name, i := range map[string]interface{ GetStore() cache.Store }{"shop/web-x7k2p": inf.Slices, "shop/web": inf.Services,
 		"draind-system/drain-x": inf.Leases, "shop/p": inf.Pods} {
 		if got := received(i, name); !got.Equal(t0) {
 			t.Errorf("%s received %v, want the clock's %v", name, got, t0)
