@@ -61,6 +61,13 @@ func (m *model) addContribution(k bpf.EndpointKey, c contribution) {
 
 // removeContribution drops the contributions of k that match.
 func (m *model) removeContribution(k bpf.EndpointKey, match func(contribution) bool) {
+	m.dropContributions(k, match)
+	m.forgetIfEmpty(k)
+}
+
+// dropContributions drops the contributions of k that match and leaves k,
+// emptied, in place (forgetIfEmpty removes it).
+func (m *model) dropContributions(k bpf.EndpointKey, match func(contribution) bool) {
 	cs := m.contributions[k]
 	out := cs[:0]
 	for _, c := range cs {
@@ -75,8 +82,15 @@ func (m *model) removeContribution(k bpf.EndpointKey, match func(contribution) b
 		}
 		out = append(out, c)
 	}
-	if len(out) > 0 {
+	if len(out) < len(cs) {
+		clear(cs[len(out):]) // the slice's spare room keeps no UID or pod name
 		m.contributions[k] = out
+	}
+}
+
+// forgetIfEmpty removes k if it has no contribution left.
+func (m *model) forgetIfEmpty(k bpf.EndpointKey) {
+	if cs, ok := m.contributions[k]; !ok || len(cs) > 0 {
 		return
 	}
 	delete(m.contributions, k)

@@ -84,7 +84,9 @@ func (m *model) entryExpiry(k bpf.EndpointKey, c contribution, now time.Time) ti
 }
 
 // desiredServicePort returns the frontends and backends of an active
-// service-port (nil backends: the service-port is not active).
+// service-port (nil backends: the service-port is not active). The backend
+// addresses are left packed (be.Backends nil, the service-port's
+// selectable set): the writer unpacks the few sets a pass writes.
 func (m *model) desiredServicePort(id bpf.ServicePortID, now time.Time) (fes []bpf.Frontend, be *bpf.Backends) {
 	sp := m.servicePorts[id]
 	if sp == nil || sp.refs == 0 {
@@ -97,7 +99,7 @@ func (m *model) desiredServicePort(id bpf.ServicePortID, now time.Time) (fes []b
 	for _, k := range sp.frontends {
 		fes = append(fes, bpf.Frontend{Key: k, Service: id, NoSteer: sp.noSteer, Expires: exp})
 	}
-	return fes, &bpf.Backends{Service: id, Backends: sp.selectable.addrPorts(), Expires: exp}
+	return fes, &bpf.Backends{Service: id, Expires: exp}
 }
 
 // keysOf returns the entry keys contributed for each of the given pods,

@@ -3,6 +3,7 @@ package daemon
 import (
 	"encoding/json"
 	"net/url"
+	"slices"
 	"testing"
 	"time"
 
@@ -126,17 +127,42 @@ func FuzzModel(f *testing.F) {
 		}
 		m.setPodDrains(drains)
 		m.recomputeService("default/web", now)
+		checkContributionIndex(t, m)
+		m.recomputeService("default/web", now) // again: the same keys withdrawn and contributed anew
+		checkContributionIndex(t, m)
 		st.slices = nil // every endpoint departs
 		m.recomputeService("default/web", now.Add(time.Second))
+		checkContributionIndex(t, m)
 		for k := range m.contributions {
 			dr, ok := m.desiredDrain(k, now)
 			if !ok || dr.Policy != bpf.PolicyRewrite {
 				continue
 			}
-			if _, be := m.desiredServicePort(dr.Service, now); be == nil || len(be.Backends) == 0 {
+			if _, be := m.desiredServicePort(dr.Service, now); be == nil || len(m.servicePorts[dr.Service].selectable.addrPorts()) == 0 {
 				t.Fatalf("%v rewrites to service-port %d, which has no backends", k, dr.Service)
 			}
 		}
 		m.podStatuses()
 	})
+}
+
+// checkContributionIndex: every key in the model's contributions has one,
+// and byIP lists exactly those keys.
+func checkContributionIndex(t *testing.T, m *model) {
+	t.Helper()
+	n := 0
+	for k, cs := range m.contributions {
+		if len(cs) == 0 {
+			t.Fatalf("%v kept with no contribution", k)
+		}
+		if !slices.Contains(m.byIP[k.Addr], k) {
+			t.Fatalf("%v missing from byIP", k)
+		}
+	}
+	for _, keys := range m.byIP {
+		n += len(keys)
+	}
+	if n != len(m.contributions) {
+		t.Fatalf("byIP lists %d keys, contributions %d", n, len(m.contributions))
+	}
 }

@@ -255,6 +255,9 @@ func (m *model) recomputeService(key string, now time.Time) (changed bool) {
 		changed = true
 	}
 	if old != nil {
+		for _, k := range old.keys {
+			m.forgetIfEmpty(k)
+		}
 		for _, sp := range old.servicePorts {
 			if _, ok := next.servicePortID(sp.key); !ok {
 				m.releaseIfUnused(sp.id)
@@ -273,12 +276,16 @@ func (m *model) recomputeService(key string, now time.Time) (changed bool) {
 }
 
 // withdrawService removes what a Service contributed in its last result.
+//
+// The keys it empties stay (with their room and their place in byIP): the
+// Service usually contributes to the same keys again at once.
+// recomputeService forgets those it did not (forgetIfEmpty).
 func (m *model) withdrawService(old *serviceResult) {
 	if old == nil {
 		return
 	}
 	for _, k := range old.keys {
-		m.removeContribution(k, func(c contribution) bool {
+		m.dropContributions(k, func(c contribution) bool {
 			if c.kind != fromServicePort {
 				return false
 			}

@@ -302,7 +302,9 @@ func (p *pass) writeBackends(plans []servicePortPlan) {
 		if ok && cur.set == pl.set && !r.due(cur.expires, pl.backends.Expires, p.now) {
 			continue
 		}
-		if !p.do(func() string { return fmt.Sprintf("setting backends of service-port %d", pl.id) }, r.dp.SetBackends(*pl.backends)) {
+		be := *pl.backends
+		be.Backends = pl.set.addrPorts()
+		if !p.do(func() string { return fmt.Sprintf("setting backends of service-port %d", pl.id) }, r.dp.SetBackends(be)) {
 			r.retryServicePorts[pl.id] = struct{}{}
 			continue
 		}
@@ -315,9 +317,7 @@ func (p *pass) writeBackends(plans []servicePortPlan) {
 func (p *pass) writeFrontends(plans []servicePortPlan) (stale []staleFrontend) {
 	r := p.r
 	for _, pl := range plans {
-		want := map[bpf.EndpointKey]bool{}
 		for _, fe := range pl.frontends {
-			want[fe.Key] = true
 			cur, ok := r.frontends[fe.Key]
 			if ok && cur.Service == fe.Service && cur.NoSteer == fe.NoSteer && !r.due(cur.Expires, fe.Expires, p.now) {
 				continue
@@ -335,7 +335,8 @@ func (p *pass) writeFrontends(plans []servicePortPlan) (stale []staleFrontend) {
 			}
 		}
 		for _, k := range r.byService[pl.id] {
-			if !want[k] {
+			// A service-port has a frontend per VIP: one or two.
+			if !slices.ContainsFunc(pl.frontends, func(fe bpf.Frontend) bool { return fe.Key == k }) {
 				stale = append(stale, staleFrontend{k, pl.id})
 			}
 		}
