@@ -132,13 +132,17 @@ type Daemon struct {
 	runner   *runner
 	handlers []cache.ResourceEventHandlerRegistration
 
-	// Owned by the runner goroutine (pass.go).
+	// Owned by whoever holds modelMu: the runner goroutine, or the slice
+	// watch's for a pass it runs itself (pass.go, passNow).
 	model      *model
 	reconciler *reconciler
 	lastFull   time.Time
 	// modelMu is held by every pass and by status readers: the status view
 	// is built on demand (a scrape, draind status), never on the hot path.
 	modelMu sync.Mutex
+	// inlinePasses: the slice watch may run a pass itself (passNow), from
+	// the loop's start to its stop.
+	inlinePasses atomic.Bool
 
 	conntrackPolicy *conntrackPolicy
 	hosted          *hostedDrains
@@ -236,7 +240,13 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.hosted.Start(ctx)
 	d.runner.Start(ctx)
 	d.runner.Run()
+	// Passes in the slice watch's goroutine too, unless passes are rate
+	// limited (--min-sync-interval): only the loop keeps that bound.
+	d.inlinePasses.Store(d.cfg.MinSyncInterval == 0)
 	<-ctx.Done()
+	d.inlinePasses.Store(false)
+	d.modelMu.Lock() // a pass the watch began before finishes first
+	d.modelMu.Unlock()
 	d.runner.Stop()
 	d.hosted.Stop("draind is stopping")
 	d.gone.Stop()

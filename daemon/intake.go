@@ -11,8 +11,9 @@ import (
 	"github.com/draind/draind/k8s"
 )
 
-// Event intake: informer handlers only record what changed (tracker) and
-// ask for a pass; they never compute or write anything themselves.
+// Event intake: informer handlers record what changed (tracker) and ask
+// for a pass; they compute and write nothing themselves. The slice handler
+// then runs that pass itself when no other is running (passNow).
 
 // tracker records what changed since the last pass; informer handlers only
 // write here and return.
@@ -213,7 +214,9 @@ func (d *Daemon) sliceEvent(oldObj, newObj any, received time.Time) {
 			d.tracker.markService(s.Namespace+"/"+s.Service, at)
 		}
 	}
-	d.runner.Run()
+	if !d.passNow() {
+		d.runner.Run()
+	}
 }
 
 // serviceEvent: the Service must be recomputed; if whether it has a

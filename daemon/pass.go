@@ -17,6 +17,33 @@ import (
 func (d *Daemon) sync() time.Time {
 	d.modelMu.Lock()
 	defer d.modelMu.Unlock()
+	return d.syncLocked()
+}
+
+// passNow runs a pass in the caller's goroutine, the slice watch's, if no
+// other is running (else the loop will: the caller signals it), and tells
+// the loop when the next is due. It reports whether it ran one.
+//
+// Why: a burst of slice updates keeps both CPUs of a small node busy
+// reading and decoding; the loop's goroutine then waits for a CPU until
+// the burst is read, and every update of the burst with it. A pass run
+// right after each update's handler, while its slice is in the cache,
+// writes it at once (BenchmarkClusterScale at 150k: p50 0.32-0.45 -> 0.10
+// ms). The watch reads on meanwhile; the updates behind it wait in its
+// buffer, in order.
+func (d *Daemon) passNow() bool {
+	if !d.inlinePasses.Load() || !d.firstDone.Load() || !d.modelMu.TryLock() {
+		return false
+	}
+	defer d.modelMu.Unlock()
+	if !d.inlinePasses.Load() { // the loop is stopping
+		return false
+	}
+	d.runner.Schedule(d.syncLocked())
+	return true
+}
+
+func (d *Daemon) syncLocked() time.Time {
 	now := d.clock.Now()
 	dirty := d.tracker.take()
 	m := d.model

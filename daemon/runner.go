@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/utils/clock"
@@ -20,6 +21,8 @@ type runner struct {
 	fn          func() (next time.Time)
 	signal      chan struct{}
 	loop        loopRunner
+	// due is when the loop's timer fires next (UnixNano), for Schedule.
+	due atomic.Int64
 }
 
 // Start runs the loop until Stop.
@@ -40,12 +43,22 @@ func (r *runner) Run() {
 	}
 }
 
+// Schedule tells the loop that fn ran elsewhere and wants the next run at
+// next (zero: no deadline): the loop runs once more if its own timer
+// would fire later.
+func (r *runner) Schedule(next time.Time) {
+	if !next.IsZero() && next.UnixNano() < r.due.Load() {
+		r.Run()
+	}
+}
+
 // Loop runs until ctx ends.
 func (r *runner) Loop(ctx context.Context) {
 	var last time.Time
 	next := r.clock.Now().Add(r.maxInterval)
 	// One timer for every wait (a pass per few slice updates would
 	// otherwise make and stop one each time).
+	r.due.Store(next.UnixNano())
 	t := r.clock.NewTimer(max(next.Sub(r.clock.Now()), 0))
 	defer t.Stop()
 	for {
@@ -75,6 +88,7 @@ func (r *runner) Loop(ctx context.Context) {
 		if dl := r.fn(); !dl.IsZero() && dl.Before(next) {
 			next = dl
 		}
+		r.due.Store(next.UnixNano())
 		t.Reset(max(next.Sub(r.clock.Now()), 0))
 	}
 }

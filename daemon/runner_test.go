@@ -72,3 +72,32 @@ func TestRunnerSignalsAndDeadlines(t *testing.T) {
 		t.Errorf("the pass after a signal's ran %v after it, want 5s", at.Sub(signalled))
 	}
 }
+
+// TestRunnerSchedule: a pass that ran outside the loop and wants the next
+// sooner than the loop's timer wakes the loop; one that wants it later, or
+// not at all, does not.
+func TestRunnerSchedule(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC)
+	clk := testingclock.NewFakeClock(t0)
+	runs := make(chan struct{}, 16)
+	r := newRunner(clk, 0, time.Minute, func() time.Time {
+		runs <- struct{}{}
+		return time.Time{}
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	r.Start(ctx)
+	defer r.Stop()
+	eventually(t, 10*time.Second, "the loop to wait", clk.HasWaiters)
+	r.Schedule(time.Time{})
+	r.Schedule(t0.Add(2 * time.Minute)) // after the loop's own (maxInterval)
+	if len(r.signal) != 0 || len(runs) != 0 {
+		t.Fatal("a later deadline woke the loop")
+	}
+	r.Schedule(t0.Add(time.Second))
+	select {
+	case <-runs:
+	case <-time.After(10 * time.Second):
+		t.Fatal("an earlier deadline did not wake the loop")
+	}
+}

@@ -192,3 +192,89 @@ func TestTrackerTakesAfresh(t *testing.T) {
 		t.Errorf("a set of 2,000 IPs was reused (%d IPs now)", len(got.ips))
 	}
 }
+
+// TestSliceEventPassesAtOnce: once the loop runs, a slice update's handler
+// writes its effect before it returns (the watch's own pass), unless a
+// pass is running: then it leaves the update to the loop, signalled. Not
+// before the first pass, nor with passes rate limited (MinSyncInterval).
+func TestSliceEventPassesAtOnce(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		inline bool
+		busy   bool
+		want   bool // written before the handler returns
+	}{
+		{"idle", true, false, true},
+		{"a pass running", true, true, false},
+		{"not inline (before the loop, or rate limited)", false, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dp := NewFakeDatapath()
+			d := New(Config{Node: testNode, Namespace: testNS, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))},
+				fake.NewClientset(), dp, nil)
+			svc, _ := k8s.ServiceFrom(webService())
+			first, _ := k8s.SliceFrom(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+			if err := d.inf.Services.GetStore().Add(svc); err != nil {
+				t.Fatal(err)
+			}
+			if err := d.inf.Slices.GetStore().Add(first); err != nil {
+				t.Fatal(err)
+			}
+			d.serviceEvent(nil, svc, time.Time{})
+			d.sliceEvent(nil, first, time.Time{})
+			d.sync()
+			d.firstDone.Store(true)
+			d.inlinePasses.Store(tc.inline)
+			<-d.runner.signal // the adds' signals
+
+			next, _ := k8s.SliceFrom(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+			if err := d.inf.Slices.GetStore().Update(next); err != nil {
+				t.Fatal(err)
+			}
+			if tc.busy {
+				d.modelMu.Lock()
+			}
+			d.sliceEvent(first, next, time.Time{})
+			if tc.busy {
+				d.modelMu.Unlock()
+			}
+			written := slices.Contains(dp.DrainKeys(), key("10.0.0.1:8080", bpf.TCP))
+			if written != tc.want {
+				t.Fatalf("drain written before the handler returned: %v, want %v", written, tc.want)
+			}
+			if signalled := len(d.runner.signal) > 0; signalled == tc.want {
+				t.Errorf("loop signalled: %v, want %v", signalled, !tc.want)
+			}
+			d.sync() // what the loop would run
+			if !slices.Contains(dp.DrainKeys(), key("10.0.0.1:8080", bpf.TCP)) {
+				t.Errorf("drain not written after the loop's pass: %v", dp.DrainKeys())
+			}
+		})
+	}
+}
+
+// TestInlinePassesFollowTheLoop: the slice watch runs passes itself only
+// while the loop runs, and never when passes are rate limited.
+func TestInlinePassesFollowTheLoop(t *testing.T) {
+	for _, minSync := range []time.Duration{0, time.Second} {
+		d := New(Config{Node: testNode, Namespace: testNS, MinSyncInterval: minSync,
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, fake.NewClientset(), NewFakeDatapath(), nil)
+		d.SetAttached(true)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- d.Run(ctx) }()
+		eventually(t, 20*time.Second, "Ready", d.Ready)
+		if minSync == 0 {
+			eventually(t, 20*time.Second, "inline passes", d.inlinePasses.Load)
+		} else if d.inlinePasses.Load() {
+			t.Errorf("MinSyncInterval %v: inline passes on", minSync)
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if d.inlinePasses.Load() {
+			t.Errorf("MinSyncInterval %v: inline passes still on after the loop stopped", minSync)
+		}
+	}
+}

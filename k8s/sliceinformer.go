@@ -19,8 +19,10 @@ import (
 // on a 2-CPU node, those waits were most of draind's event-to-datapath
 // latency (BenchmarkClusterScale's intake-p50/p99-ms: 0.18-0.26 and
 // 0.6-1.7 ms through a shared informer, 0.04 and 0.3-0.8 here). A handler
-// here must be quick and never block: draind's only records what changed
-// and wakes the loop (daemon/intake.go).
+// here holds up the watch while it runs, so it must never block: draind's
+// records what changed and, when no pass is running, runs one (tens of µs
+// per Service; daemon/pass.go, passNow). The watch buffers what comes
+// meanwhile.
 //
 // It has no resync (draind's handlers drop resyncs anyway).
 type SliceInformer struct {
