@@ -13,6 +13,12 @@
 //   - wiring: daemon.go (configuration and lifecycle), intake.go (informer
 //     events), pass.go (one reconciler pass), runner.go; status and metrics.
 //
+// Who runs a pass: the loop (runner.go) on a signal, at a deadline, for a
+// refresh round; and the EndpointSlice watch's own goroutine right after an
+// update's handler, when no pass is running (pass.go, passNow), so that a
+// burst of updates on a busy node is written as it is read. Either holds
+// modelMu, which owns the model and the reconciler.
+//
 // Glossary (one name per concept):
 //
 //   - endpoint: an (address, port, protocol) of a pod, as an EndpointSlice
