@@ -157,10 +157,24 @@ func (s *SliceInformer) Delete(obj any) error {
 func (s *SliceInformer) Replace(list []any, _ string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	// Slim the whole list first, letting go of each API object as it is
+	// slimmed: the handlers below allocate, and a collection meanwhile
+	// must not find a list response of 150,000 endpoints live (its goal
+	// would then keep that much garbage in RSS for a long while).
+	for i, o := range list {
+		if slim, err := s.transform(o); err == nil {
+			list[i] = slim
+		} else {
+			list[i] = nil
+		}
+	}
 	listed := make(map[string]struct{}, len(list))
 	for _, o := range list {
 		// An object that cannot be stored (no metadata) is left out, not
 		// the whole list: relisting would meet it again.
+		if o == nil {
+			continue
+		}
 		if key, err := s.store(o); err == nil {
 			listed[key] = struct{}{}
 		}
