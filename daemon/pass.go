@@ -17,7 +17,7 @@ import (
 func (d *Daemon) sync() time.Time {
 	d.modelMu.Lock()
 	defer d.modelMu.Unlock()
-	return d.syncLocked()
+	return d.syncLocked(true)
 }
 
 // passNow runs a pass in the caller's goroutine, the slice watch's, if no
@@ -30,7 +30,8 @@ func (d *Daemon) sync() time.Time {
 // right after each update's handler, while its slice is in the cache,
 // writes it at once (BenchmarkClusterScale at 150k: p50 0.32-0.45 -> 0.10
 // ms). The watch reads on meanwhile; the updates behind it wait in its
-// buffer, in order.
+// buffer, in order. Such a pass writes events only: refresh rounds are the
+// loop's.
 func (d *Daemon) passNow() bool {
 	if !d.inlinePasses.Load() || !d.firstDone.Load() || !d.modelMu.TryLock() {
 		return false
@@ -39,11 +40,13 @@ func (d *Daemon) passNow() bool {
 	if !d.inlinePasses.Load() { // the loop is stopping
 		return false
 	}
-	d.runner.Schedule(d.syncLocked())
+	d.runner.Schedule(d.syncLocked(false))
 	return true
 }
 
-func (d *Daemon) syncLocked() time.Time {
+// syncLocked is a pass under modelMu: the loop's (loop: it also starts and
+// steps refresh rounds) or one passNow runs (events only, kept short).
+func (d *Daemon) syncLocked(loop bool) time.Time {
 	now := d.clock.Now()
 	dirty := d.tracker.take()
 	m := d.model
@@ -79,7 +82,7 @@ func (d *Daemon) syncLocked() time.Time {
 		m.endLingersOf(uid)
 	}
 	m.expireLingering(now)
-	d.apply(now, changedAt)
+	d.apply(now, changedAt, loop)
 	d.gone.pass(m, now)
 	d.hosted.setKeys(m.keysOf(d.hosted.uids()))
 	for _, dep := range m.takeDepartures() {
@@ -100,16 +103,17 @@ func (d *Daemon) syncLocked() time.Time {
 // apply writes the model's difference to the datapath and records how long
 // the events in changedAt took to reach it. The first pass evaluates
 // everything; after it, every quarter of the entry TTL a refresh round
-// evaluates everything again (deadlines refreshed), a batch per pass.
-func (d *Daemon) apply(now time.Time, changedAt []time.Time) {
+// evaluates everything again (deadlines refreshed), a batch per pass of
+// the loop's (loop).
+func (d *Daemon) apply(now time.Time, changedAt []time.Time, loop bool) {
 	first := !d.firstDone.Load()
 	if first {
 		d.lastFull = now
-	} else if now.Sub(d.lastFull) >= d.cfg.EntryTTL/4 {
+	} else if loop && now.Sub(d.lastFull) >= d.cfg.EntryTTL/4 {
 		d.lastFull = now
 		d.reconciler.startRefresh(d.model, now)
 	}
-	res := d.reconciler.apply(d.model, now, first)
+	res := d.reconciler.apply(d.model, now, first, loop)
 	done := d.clock.Now()
 	d.Metrics.DatapathOps.Add(float64(res.Ops))
 	if res.Ops > 0 {

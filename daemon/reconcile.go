@@ -215,8 +215,8 @@ func (r *reconciler) takeRefresh(now time.Time, spSet map[bpf.ServicePortID]stru
 // apply writes the difference for the touched keys and service-ports and
 // the next batch of a refresh round (or for everything when full: the
 // first pass, which also removes what a previous draind left).
-func (r *reconciler) apply(m *model, now time.Time, full bool) applyResult {
-	ids, keys := r.targets(m, now, full)
+func (r *reconciler) apply(m *model, now time.Time, full, refresh bool) applyResult {
+	ids, keys := r.targets(m, now, full, refresh)
 	plans := make([]servicePortPlan, 0, len(ids))
 	for _, id := range ids {
 		fes, be := m.desiredServicePort(id, now)
@@ -239,8 +239,9 @@ func (r *reconciler) apply(m *model, now time.Time, full bool) applyResult {
 }
 
 // targets returns the service-ports and keys to evaluate, sorted: the
-// touched ones and the retries, or everything applied and wanted.
-func (r *reconciler) targets(m *model, now time.Time, full bool) ([]bpf.ServicePortID, []bpf.EndpointKey) {
+// touched ones and the retries (and, if refresh, a due batch of a refresh
+// round), or everything applied and wanted.
+func (r *reconciler) targets(m *model, now time.Time, full, refresh bool) ([]bpf.ServicePortID, []bpf.EndpointKey) {
 	spSet, keySet := m.touchedServicePorts, m.touched
 	for id := range r.retryServicePorts {
 		spSet[id] = struct{}{}
@@ -250,7 +251,9 @@ func (r *reconciler) targets(m *model, now time.Time, full bool) ([]bpf.ServiceP
 	}
 	clear(r.retryServicePorts)
 	clear(r.retryKeys)
-	r.takeRefresh(now, spSet, keySet)
+	if refresh {
+		r.takeRefresh(now, spSet, keySet)
+	}
 	if full {
 		for _, src := range []map[bpf.ServicePortID]bool{setOf(r.backends), setOf(r.byService), setOf(m.servicePorts)} {
 			for id := range src {

@@ -278,3 +278,51 @@ func TestInlinePassesFollowTheLoop(t *testing.T) {
 		}
 	}
 }
+
+// TestRefreshRoundsAreTheLoops: a pass the slice watch runs itself writes
+// its events only; it neither starts a refresh round nor takes a batch of
+// one. The loop's does.
+func TestRefreshRoundsAreTheLoops(t *testing.T) {
+	clk := testingclock.NewFakeClock(time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC))
+	d := New(Config{Node: testNode, Namespace: testNS, Clock: clk, EntryTTL: time.Minute,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, fake.NewClientset(), NewFakeDatapath(), nil)
+	svc, _ := k8s.ServiceFrom(webService())
+	sl, _ := k8s.SliceFrom(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+	if err := d.inf.Services.GetStore().Add(svc); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.inf.Slices.GetStore().Add(sl); err != nil {
+		t.Fatal(err)
+	}
+	d.serviceEvent(nil, svc, time.Time{})
+	d.sliceEvent(nil, sl, time.Time{})
+	d.sync()
+	d.firstDone.Store(true)
+	t0 := d.lastFull
+	clk.Step(time.Minute) // a round is due
+	d.inlinePasses.Store(true)
+	if !d.passNow() {
+		t.Fatal("no pass ran")
+	}
+	if !d.lastFull.Equal(t0) || d.reconciler.refreshing() {
+		t.Fatal("a pass of the slice watch started a refresh round")
+	}
+	d.sync()
+	if !d.lastFull.Equal(clk.Now()) {
+		t.Fatal("the loop's pass did not start the round that was due")
+	}
+	// A round under way, its first batch due: only the loop takes it.
+	d.reconciler.startRefresh(d.model, clk.Now())
+	left := len(d.reconciler.refreshKeys) + len(d.reconciler.refreshServicePorts)
+	if left == 0 {
+		t.Fatal("an empty round")
+	}
+	d.passNow()
+	if n := len(d.reconciler.refreshKeys) + len(d.reconciler.refreshServicePorts); n != left {
+		t.Errorf("a pass of the slice watch took a batch of the round: %d left of %d", n, left)
+	}
+	d.sync()
+	if d.reconciler.refreshing() {
+		t.Error("the loop's pass did not take the round's batch")
+	}
+}
