@@ -143,6 +143,7 @@ type Daemon struct {
 	// inlinePasses: the slice watch may run a pass itself (passNow), from
 	// the loop's start to its stop.
 	inlinePasses atomic.Bool
+	inlineAfter  atomic.Int64 // UnixNano: no such pass before (passNow)
 
 	conntrackPolicy *conntrackPolicy
 	hosted          *hostedDrains

@@ -32,17 +32,34 @@ func (d *Daemon) sync() time.Time {
 // ms). The watch reads on meanwhile; the updates behind it wait in its
 // buffer, in order. Such a pass writes events only: refresh rounds are the
 // loop's.
+//
+// Not in the middle of a relist (the cache is then neither the state before
+// nor after it: the loop takes the list in), and not for a while after a
+// pass that took long (a large Service changing fast): the loop then takes
+// the updates in together, and the watch reads on.
 func (d *Daemon) passNow() bool {
-	if !d.inlinePasses.Load() || !d.firstDone.Load() || !d.modelMu.TryLock() {
+	if !d.inlinePasses.Load() || !d.firstDone.Load() || d.inf.Slices.Listing() ||
+		d.clock.Now().UnixNano() < d.inlineAfter.Load() || !d.modelMu.TryLock() {
 		return false
 	}
 	defer d.modelMu.Unlock()
 	if !d.inlinePasses.Load() { // the loop is stopping
 		return false
 	}
+	start := d.clock.Now()
 	d.runner.Schedule(d.syncLocked(false))
+	if end := d.clock.Now(); end.Sub(start) > slowInlinePass {
+		d.inlineAfter.Store(end.Add(inlineBackoff).UnixNano())
+	}
 	return true
 }
+
+// A pass the slice watch runs that takes longer than slowInlinePass hands
+// the updates of the next inlineBackoff to the loop.
+const (
+	slowInlinePass = time.Millisecond
+	inlineBackoff  = 10 * time.Millisecond
+)
 
 // syncLocked is a pass under modelMu: the loop's (loop: it also starts and
 // steps refresh rounds) or one passNow runs (events only, kept short).
@@ -125,7 +142,11 @@ func (d *Daemon) apply(now time.Time, changedAt []time.Time, loop bool) {
 			}
 		}
 	}
-	d.lastSync.Store(done.UnixNano())
+	if loop {
+		// The health check's "last pass": the loop's, which refresh the
+		// entries (a stalled loop must show, whatever the watch writes).
+		d.lastSync.Store(done.UnixNano())
+	}
 	if first {
 		d.model.ids.forgetPinned() // adopted or replaced by now
 		d.log.Info("first datapath pass done", logKeyOps, res.Ops)

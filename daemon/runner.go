@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"math"
 	"sync/atomic"
 	"time"
 
@@ -85,6 +86,10 @@ func (r *runner) Loop(ctx context.Context) {
 		}
 		last = r.clock.Now()
 		next = last.Add(r.maxInterval)
+		// While fn runs, and until its deadline is known, any deadline a
+		// pass elsewhere reports is sooner: Schedule signals (fn's pass may
+		// end before the other begins and know nothing of its deadline).
+		r.due.Store(math.MaxInt64)
 		if dl := r.fn(); !dl.IsZero() && dl.Before(next) {
 			next = dl
 		}

@@ -75,13 +75,34 @@ func TestRunnerSignalsAndDeadlines(t *testing.T) {
 
 // TestRunnerSchedule: a pass that ran outside the loop and wants the next
 // sooner than the loop's timer wakes the loop; one that wants it later, or
-// not at all, does not.
+// not at all, does not. While the loop's own pass runs, any deadline wakes
+// it (its pass may know nothing of the other's).
 func TestRunnerSchedule(t *testing.T) {
 	t0 := time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC)
 	clk := testingclock.NewFakeClock(t0)
-	runs := make(chan struct{}, 16)
-	r := newRunner(clk, 0, time.Minute, func() time.Time {
-		runs <- struct{}{}
+	idle := newRunner(clk, 0, time.Minute, func() time.Time { return time.Time{} })
+	idle.due.Store(t0.Add(time.Minute).UnixNano()) // as the loop leaves it
+	idle.Schedule(time.Time{})
+	idle.Schedule(t0.Add(2 * time.Minute))
+	if len(idle.signal) != 0 {
+		t.Fatal("a later deadline, or none, woke the loop")
+	}
+	idle.Schedule(t0.Add(time.Second))
+	if len(idle.signal) != 1 {
+		t.Fatal("an earlier deadline did not wake the loop")
+	}
+
+	runs := make(chan int, 16)
+	var r *runner
+	n := 0
+	r = newRunner(clk, 0, time.Minute, func() time.Time {
+		n++
+		if n == 1 {
+			// Another pass reports a deadline later than this pass's
+			// (maxInterval): the loop must still learn of it.
+			r.Schedule(clk.Now().Add(2 * time.Minute))
+		}
+		runs <- n
 		return time.Time{}
 	})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -89,15 +110,15 @@ func TestRunnerSchedule(t *testing.T) {
 	r.Start(ctx)
 	defer r.Stop()
 	eventually(t, 10*time.Second, "the loop to wait", clk.HasWaiters)
-	r.Schedule(time.Time{})
-	r.Schedule(t0.Add(2 * time.Minute)) // after the loop's own (maxInterval)
-	if len(r.signal) != 0 || len(runs) != 0 {
-		t.Fatal("a later deadline woke the loop")
-	}
-	r.Schedule(t0.Add(time.Second))
-	select {
-	case <-runs:
-	case <-time.After(10 * time.Second):
-		t.Fatal("an earlier deadline did not wake the loop")
+	r.Run()
+	for want := 1; want <= 2; want++ {
+		select {
+		case got := <-runs:
+			if got != want {
+				t.Fatalf("run %d, want %d", got, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no run %d: a deadline reported during the loop's pass was lost", want)
+		}
 	}
 }

@@ -62,8 +62,9 @@ type Status struct {
 	Health   string   `json:"health"`
 	Problems []string `json:"problems,omitempty"`
 	Warnings []string `json:"warnings,omitempty"`
-	// Started is when the process started; LastSync the end of the last
-	// datapath pass (zero before the first).
+	// Started is when the process started; LastSync the end of the event
+	// loop's last datapath pass (zero before the first; passes the slice
+	// watch runs itself do not count: they refresh nothing).
 	Started   time.Time       `json:"started,omitzero"`
 	LastSync  time.Time       `json:"last_sync,omitzero"`
 	Features  bpf.Features    `json:"features"`

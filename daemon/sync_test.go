@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
@@ -324,5 +325,97 @@ func TestRefreshRoundsAreTheLoops(t *testing.T) {
 	d.sync()
 	if d.reconciler.refreshing() {
 		t.Error("the loop's pass did not take the round's batch")
+	}
+}
+
+// slowDatapath makes every drain write take d on the fake clock.
+type slowDatapath struct {
+	*FakeDatapath
+	clk *testingclock.FakeClock
+	d   time.Duration
+}
+
+func (s *slowDatapath) UpsertDrain(d bpf.Drain) error {
+	s.clk.Step(s.d)
+	return s.FakeDatapath.UpsertDrain(d)
+}
+
+// TestSliceWatchPassesStandAside: the slice watch runs no pass itself
+// while it stores a relist (the loop takes the list in), nor for a while
+// after one of its passes took long; then again.
+func TestSliceWatchPassesStandAside(t *testing.T) {
+	clk := testingclock.NewFakeClock(time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC))
+	dp := &slowDatapath{NewFakeDatapath(), clk, 0}
+	d := New(Config{Node: testNode, Namespace: testNS, Clock: clk, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))},
+		fake.NewClientset(), dp, nil)
+	svc, _ := k8s.ServiceFrom(webService())
+	if err := d.inf.Services.GetStore().Add(svc); err != nil {
+		t.Fatal(err)
+	}
+	d.serviceEvent(nil, svc, time.Time{})
+	apiSlice := func(rv string, term ...string) *discoveryv1.EndpointSlice {
+		var eps []epSpec
+		for _, ip := range []string{"10.0.0.1", "10.0.0.2", "10.0.0.3"} {
+			if slices.Contains(term, ip) {
+				eps = append(eps, terminating(ip, "uid-"+ip))
+			} else {
+				eps = append(eps, ready(ip, "uid-"+ip))
+			}
+		}
+		s := slice("web-1", "web", v4, httpPorts(8080), eps...)
+		s.ResourceVersion = rv
+		return s
+	}
+	if err := d.inf.Slices.Replace([]any{apiSlice("1")}, "1"); err != nil {
+		t.Fatal(err)
+	}
+	d.sync()
+	d.firstDone.Store(true)
+	d.inlinePasses.Store(true)
+	drained := func(ip string) bool { return slices.Contains(dp.DrainKeys(), key(ip+":8080", bpf.TCP)) }
+	signalled := func() bool {
+		select {
+		case <-d.runner.signal:
+			return true
+		default:
+			return false
+		}
+	}
+	signalled()
+
+	// A relist that finds .1 terminating: left to the loop.
+	if err := d.inf.Slices.Replace([]any{apiSlice("2", "10.0.0.1")}, "2"); err != nil {
+		t.Fatal(err)
+	}
+	if drained("10.0.0.1") || !signalled() {
+		t.Fatalf("during a relist: drain written %v, want it left to the loop", drained("10.0.0.1"))
+	}
+	d.sync()
+
+	// A watched update: written at once, but its pass takes 2 ms.
+	dp.d = 2 * time.Millisecond
+	if err := d.inf.Slices.Update(apiSlice("3", "10.0.0.1", "10.0.0.2")); err != nil {
+		t.Fatal(err)
+	}
+	if !drained("10.0.0.2") {
+		t.Fatal("a watched update was not written at once")
+	}
+	dp.d = 0
+	signalled()
+	// The next, within the backoff: left to the loop.
+	if err := d.inf.Slices.Update(apiSlice("4", "10.0.0.1", "10.0.0.2", "10.0.0.3")); err != nil {
+		t.Fatal(err)
+	}
+	if drained("10.0.0.3") || !signalled() {
+		t.Fatal("right after a slow pass: written at once, want it left to the loop")
+	}
+	d.sync()
+	// After the backoff: at once again.
+	clk.Step(inlineBackoff)
+	if err := d.inf.Slices.Update(apiSlice("5")); err != nil {
+		t.Fatal(err)
+	}
+	if drained("10.0.0.1") {
+		t.Fatal("after the backoff: not written at once")
 	}
 }

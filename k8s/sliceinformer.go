@@ -3,6 +3,7 @@ package k8s
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/cache"
@@ -36,6 +37,7 @@ type SliceInformer struct {
 	mu       sync.Mutex
 	handlers []cache.ResourceEventHandler
 	synced   chan struct{} // closed once the first list is stored and handled
+	listing  atomic.Bool   // Replace is storing a list
 }
 
 var _ cache.TransformingStore = (*SliceInformer)(nil)
@@ -65,6 +67,11 @@ func (s *SliceInformer) HasSynced() bool {
 		return false
 	}
 }
+
+// Listing reports whether the informer is storing a (re)list: its handlers
+// then see one object of a list at a time, a state of the cache that is
+// neither the one before the list nor the one after.
+func (s *SliceInformer) Listing() bool { return s.listing.Load() }
 
 // GetStore returns the cache (read it; writing it bypasses the handlers).
 func (s *SliceInformer) GetStore() cache.Store { return s.indexer }
@@ -157,6 +164,8 @@ func (s *SliceInformer) Delete(obj any) error {
 func (s *SliceInformer) Replace(list []any, _ string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.listing.Store(true)
+	defer s.listing.Store(false)
 	// Slim the whole list first, letting go of each API object as it is
 	// slimmed: the handlers below allocate, and a collection meanwhile
 	// must not find a list response of 150,000 endpoints live (its goal
