@@ -69,16 +69,11 @@ func TestNothingAppliedBeforeSync(t *testing.T) {
 	}
 }
 
-// TestLatencyCountsFromReceipt: an event's event-to-datapath latency
-// counts from when its object was received (k8s.Receipt), not from when
-// its handler ran: the time it waited inside the informer is part of it.
-func TestLatencyCountsFromReceipt(t *testing.T) {
-	clk := testingclock.NewFakeClock(time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC))
-	var got []time.Duration
-	d := New(Config{Node: testNode, Namespace: testNS, Clock: clk, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		OnLatency: func(l time.Duration) { got = append(got, l) }}, fake.NewClientset(), NewFakeDatapath(), nil)
+// seedWeb caches the web Service and its slice first, lets the handlers see
+// them and runs the first pass, as a daemon does before it is Ready.
+func seedWeb(t *testing.T, d *Daemon, first *k8s.Slice) {
+	t.Helper()
 	svc, _ := k8s.ServiceFrom(webService())
-	first, _ := k8s.SliceFrom(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
 	if err := d.inf.Services.GetStore().Add(svc); err != nil {
 		t.Fatal(err)
 	}
@@ -89,6 +84,18 @@ func TestLatencyCountsFromReceipt(t *testing.T) {
 	d.sliceEvent(nil, first, time.Time{})
 	d.sync()
 	d.firstDone.Store(true)
+}
+
+// TestLatencyCountsFromReceipt: an event's event-to-datapath latency
+// counts from when its object was received (k8s.Receipt), not from when
+// its handler ran: the time it waited inside the informer is part of it.
+func TestLatencyCountsFromReceipt(t *testing.T) {
+	clk := testingclock.NewFakeClock(time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC))
+	var got []time.Duration
+	d := New(Config{Node: testNode, Namespace: testNS, Clock: clk, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		OnLatency: func(l time.Duration) { got = append(got, l) }}, fake.NewClientset(), NewFakeDatapath(), nil)
+	first, _ := k8s.SliceFrom(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+	seedWeb(t, d, first)
 	got = nil
 
 	next, _ := k8s.SliceFrom(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.1", "a"), terminating("10.0.0.2", "b")))
@@ -213,18 +220,8 @@ func TestSliceEventPassesAtOnce(t *testing.T) {
 			dp := NewFakeDatapath()
 			d := New(Config{Node: testNode, Namespace: testNS, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))},
 				fake.NewClientset(), dp, nil)
-			svc, _ := k8s.ServiceFrom(webService())
 			first, _ := k8s.SliceFrom(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.1", "a"), ready("10.0.0.2", "b")))
-			if err := d.inf.Services.GetStore().Add(svc); err != nil {
-				t.Fatal(err)
-			}
-			if err := d.inf.Slices.GetStore().Add(first); err != nil {
-				t.Fatal(err)
-			}
-			d.serviceEvent(nil, svc, time.Time{})
-			d.sliceEvent(nil, first, time.Time{})
-			d.sync()
-			d.firstDone.Store(true)
+			seedWeb(t, d, first)
 			d.inlinePasses.Store(tc.inline)
 			<-d.runner.signal // the adds' signals
 
@@ -287,18 +284,8 @@ func TestRefreshRoundsAreTheLoops(t *testing.T) {
 	clk := testingclock.NewFakeClock(time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC))
 	d := New(Config{Node: testNode, Namespace: testNS, Clock: clk, EntryTTL: time.Minute,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, fake.NewClientset(), NewFakeDatapath(), nil)
-	svc, _ := k8s.ServiceFrom(webService())
 	sl, _ := k8s.SliceFrom(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
-	if err := d.inf.Services.GetStore().Add(svc); err != nil {
-		t.Fatal(err)
-	}
-	if err := d.inf.Slices.GetStore().Add(sl); err != nil {
-		t.Fatal(err)
-	}
-	d.serviceEvent(nil, svc, time.Time{})
-	d.sliceEvent(nil, sl, time.Time{})
-	d.sync()
-	d.firstDone.Store(true)
+	seedWeb(t, d, sl)
 	t0 := d.lastFull
 	clk.Step(time.Minute) // a round is due
 	d.inlinePasses.Store(true)
