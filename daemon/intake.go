@@ -256,9 +256,9 @@ func receivedAt(received, now time.Time) time.Time {
 }
 
 // trusted returns s if it is the cluster's own record of its Service's
-// pods (k8s.Slice.Trusted), else nil.
+// pods (k8s.Slice.Trusted), else nil (s nil too).
 func (d *Daemon) trusted(s *k8s.Slice) *k8s.Slice {
-	if s.Service == "" || !s.Trusted(d.state.Service(s.Namespace+"/"+s.Service)) {
+	if s == nil || s.Service == "" || !s.Trusted(d.state.Service(s.Namespace+"/"+s.Service)) {
 		return nil
 	}
 	return s
@@ -269,7 +269,7 @@ func (d *Daemon) trusted(s *k8s.Slice) *k8s.Slice {
 // usual update).
 func (d *Daemon) trustedPair(old, cur *k8s.Slice) (*k8s.Slice, *k8s.Slice) {
 	if old == nil || cur == nil || old.Service == "" || old.Service != cur.Service || old.Namespace != cur.Namespace {
-		return d.trustedOrNil(old), d.trustedOrNil(cur)
+		return d.trusted(old), d.trusted(cur)
 	}
 	svc := d.state.Service(cur.Namespace + "/" + cur.Service)
 	keep := func(s *k8s.Slice) *k8s.Slice {
@@ -279,13 +279,6 @@ func (d *Daemon) trustedPair(old, cur *k8s.Slice) (*k8s.Slice, *k8s.Slice) {
 		return nil
 	}
 	return keep(old), keep(cur)
-}
-
-func (d *Daemon) trustedOrNil(s *k8s.Slice) *k8s.Slice {
-	if s == nil {
-		return nil
-	}
-	return d.trusted(s)
 }
 
 // leaseEvent: pod drains changed. A deleted Lease also ends its pod's
