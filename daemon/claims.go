@@ -451,6 +451,18 @@ func (c *claims) claimedByOther(ip netip.Addr, uid types.UID) bool {
 	return other
 }
 
+// listsPod reports whether a trusted slice lists pod uid at ip.
+func (c *claims) listsPod(ip netip.Addr, uid types.UID) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	listed := false
+	c.eachListing(ip, func(e *k8s.Endpoint) bool {
+		listed = e.PodUID == uid
+		return !listed
+	})
+	return listed
+}
+
 // pruneDeparted forgets departed hosts older than keep, at most every
 // keep/4 (c.mu held).
 func (c *claims) pruneDeparted() {

@@ -22,7 +22,8 @@ import (
 //   - TCP flows of an endpoint are expired only once it is gone (it left
 //     every slice) and GoneGrace has passed, never while it drains; only
 //     flows older than its departure, so a new pod that reused the IP keeps
-//     its own (conntrack timestamps; without them, a reused IP is skipped).
+//     its own (conntrack timestamps; without them, a reused IP is skipped),
+//     and only if no trusted slice lists the pod at that IP again by then.
 //
 // Failed passes are retried with backoff, logged and counted.
 // udpFollowUp is when a draining endpoint's UDP flows are expired a second
@@ -133,6 +134,27 @@ func (w *conntrackPolicy) run(ctx context.Context) {
 	}
 }
 
+// goneFilters appends the TCP expiry of each departure that is due and
+// still gone.
+func (w *conntrackPolicy) goneFilters(filters []conntrack.Filter, due []departure) []conntrack.Filter {
+	ts := w.cfg.Conntrack.Timestamps()
+	for _, g := range due {
+		// Listed again since (the EndpointSlice controller moved it to
+		// another slice in two updates, or it came back): not gone. Its
+		// flows stay; if it leaves again, that is a new departure.
+		if w.cfg.Claims.listsPod(g.Key.Addr, g.UID) {
+			continue
+		}
+		// Without timestamps the age of a flow is unknown: if the IP
+		// already belongs to a new pod, leave its flows alone.
+		if !ts && w.cfg.Claims.claimedByOther(g.Key.Addr, g.UID) {
+			continue
+		}
+		filters = append(filters, conntrack.Filter{Proto: conntrack.TCP, ReplySrc: netip.AddrPortFrom(g.Key.Addr, g.Key.Port), CreatedBefore: g.GoneAt})
+	}
+	return filters
+}
+
 // pass runs every expiry that is due, as one batched call.
 func (w *conntrackPolicy) pass(ctx context.Context) {
 	now := w.cfg.Clock.Now()
@@ -159,15 +181,7 @@ func (w *conntrackPolicy) pass(ctx context.Context) {
 		}
 	}
 	w.mu.Unlock()
-	ts := w.cfg.Conntrack.Timestamps()
-	for _, g := range goneDue {
-		// Without timestamps the age of a flow is unknown: if the IP
-		// already belongs to a new pod, leave its flows alone.
-		if !ts && w.cfg.Claims.claimedByOther(g.Key.Addr, g.UID) {
-			continue
-		}
-		filters = append(filters, conntrack.Filter{Proto: conntrack.TCP, ReplySrc: netip.AddrPortFrom(g.Key.Addr, g.Key.Port), CreatedBefore: g.GoneAt})
-	}
+	filters = w.goneFilters(filters, goneDue)
 	if len(filters) == 0 {
 		w.mu.Lock()
 		w.gone = append(goneLater, w.gone[nGone:]...)
@@ -210,6 +224,6 @@ func (w *conntrackPolicy) pass(ctx context.Context) {
 		}
 	}
 	// Departures not yet due stay queued; those skipped for a reused IP
-	// are dropped (their flows belong to the new pod now).
+	// (their flows belong to the new pod now) or listed again are dropped.
 	w.gone = append(goneLater, w.gone[nGone:]...)
 }

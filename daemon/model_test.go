@@ -592,6 +592,37 @@ func TestTCPExpiredOnlyOnceGone(t *testing.T) {
 	}
 }
 
+// A draining pod the EndpointSlice controller moves to another slice, in
+// two updates with a pass between them, seems to leave every slice for a
+// moment: its TCP flows are not cut when that departure falls due, since a
+// slice lists it again. Once it really leaves, they are.
+func TestTCPKeptWhenListedAgain(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.GoneGrace = 5 * time.Second })
+	h.addService(webService())
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+	h.pass()
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.2", "b")))
+	h.pass() // departed, as far as this pass can tell
+	h.clock.Step(time.Second)
+	h.putSlice(slice("web-2", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a")))
+	h.pass()
+	h.clock.Step(5 * time.Second)
+	h.d.conntrackPolicy.pass(h.ctx)
+	if calls := h.ct.ExpireCalls(); len(calls) != 0 {
+		t.Fatalf("TCP flows of a pod listed again expired: %+v", calls)
+	}
+	h.deleteSlice("default", "web-2")
+	goneAt := h.clock.Now()
+	h.pass()
+	h.clock.Step(6 * time.Second)
+	h.d.conntrackPolicy.pass(h.ctx)
+	calls := h.ct.ExpireCalls()
+	if len(calls) != 1 || len(calls[0]) != 1 || !calls[0][0].CreatedBefore.Equal(goneAt) ||
+		calls[0][0].ReplySrc != netip.MustParseAddrPort("10.0.0.1:8080") {
+		t.Fatalf("want one TCP expiry of 10.0.0.1:8080 created before %v once it left, got %+v", goneAt, calls)
+	}
+}
+
 func TestUDPExpiredWhileDraining(t *testing.T) {
 	h := newHarness(t, func(c *Config) { c.UDPReexpire = 10 * time.Second })
 	h.addService(svc("dns", []string{"10.96.0.53"}, []corev1.ServicePort{port("dns", 53, corev1.ProtocolUDP)}))
