@@ -10,9 +10,11 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // NetNS is a named network namespace (visible under /run/netns, so tools
@@ -22,7 +24,7 @@ type NetNS struct {
 }
 
 // Path is the bind-mount path of the namespace.
-func (n *NetNS) Path() string { return filepath.Join("/run/netns", n.Name) }
+func (n *NetNS) Path() string { return filepath.Join(netnsDir, n.Name) }
 
 // RandSuffix returns n random hex characters (unique names per run).
 func RandSuffix(n int) string {
@@ -33,9 +35,37 @@ func RandSuffix(n int) string {
 	return hex.EncodeToString(b)[:n]
 }
 
+// netnsDir is where named network namespaces are mounted.
+const netnsDir = "/run/netns"
+
+// sharedNetnsDir makes netnsDir a shared mount point of its own before this
+// process names its first namespace there, as iproute2 and containerd do
+// before theirs. Otherwise the first `ip netns add` of another process
+// (the real-node bed's, running alongside) makes it one then, bind-mounting
+// the directory onto itself with the namespaces named so far: copies that
+// hide the originals, so deleting those namespaces fails (EBUSY).
+var sharedNetnsDir = sync.OnceValue(func() error {
+	if err := os.MkdirAll(netnsDir, 0o755); err != nil {
+		return err
+	}
+	err := unix.Mount("", netnsDir, "none", unix.MS_SHARED|unix.MS_REC, "")
+	if err == unix.EINVAL { // not a mount point yet
+		if err = unix.Mount(netnsDir, netnsDir, "none", unix.MS_BIND|unix.MS_REC, ""); err == nil {
+			err = unix.Mount("", netnsDir, "none", unix.MS_SHARED|unix.MS_REC, "")
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("making %s a shared mount point: %w", netnsDir, err)
+	}
+	return nil
+})
+
 // NewNetNS creates a named namespace with loopback up, IPv6 duplicate address
 // detection off (addresses usable at once) and forwarding on.
 func NewNetNS(name string) (*NetNS, error) {
+	if err := sharedNetnsDir(); err != nil {
+		return nil, err
+	}
 	n := &NetNS{Name: name}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
