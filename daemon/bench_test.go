@@ -387,7 +387,7 @@ func benchClusterScale(b *testing.B, sc scaleCase) {
 	if *scaleAllocProfile != "" {
 		writeHeapProfile(b, *scaleAllocProfile+".base") // the same records: allocations too
 	}
-	allocBefore := totalAlloc()
+	allocBefore, passesBefore := totalAlloc(), d.passes.Load()
 	cpuBefore, apiBefore := processCPU(), childCPU(cmd.Process.Pid)
 	fmt.Fprintf(stdin, "churn %d %s %d\n", scaleChurnPerSec, *scaleChurn, sc.burst)
 	if synced.IsZero() {
@@ -401,7 +401,7 @@ func benchClusterScale(b *testing.B, sc scaleCase) {
 	}
 	time.Sleep(200 * time.Millisecond) // the tail of the churn to arrive (samples, not sync)
 	cpu, apiCPU := processCPU()-cpuBefore, childCPU(cmd.Process.Pid)-apiBefore
-	allocated := totalAlloc() - allocBefore
+	allocated, passes := totalAlloc()-allocBefore, d.passes.Load()-passesBefore
 	if *scaleCPUProfile != "" {
 		pprof.StopCPUProfile()
 	}
@@ -457,6 +457,8 @@ func benchClusterScale(b *testing.B, sc scaleCase) {
 	b.ReportMetric(quantile(gotIntake, 0.50), "intake-p50-ms")
 	b.ReportMetric(quantile(gotIntake, 0.99), "intake-p99-ms")
 	b.ReportMetric(float64(len(all)), "samples")
+	// Passes per update: how many updates a pass takes in at once.
+	b.ReportMetric(float64(passes)/float64(updates), "passes/update")
 	// This process's CPU per update while it churns (draind's informers,
 	// handlers and passes; the API server is the other process): what a
 	// node pays for the cluster's churn, and on a small machine what the

@@ -154,8 +154,9 @@ type Daemon struct {
 	synced    atomic.Bool
 	attached  atomic.Bool
 	firstDone atomic.Bool
-	lastSync  atomic.Int64 // unix nanoseconds of the last pass
-	conns     atomic.Int64 // open connections of the offline API
+	lastSync  atomic.Int64  // unix nanoseconds of the last pass
+	passes    atomic.Uint64 // passes run (the loop's and the slice watch's)
+	conns     atomic.Int64  // open connections of the offline API
 	// informer events handled, per kind (tests wait on them)
 	events struct{ slices, services, leases, pods atomic.Uint64 }
 }

@@ -64,6 +64,7 @@ const (
 // syncLocked is a pass under modelMu: the loop's (loop: it also starts and
 // steps refresh rounds) or one passNow runs (events only, kept short).
 func (d *Daemon) syncLocked(loop bool) time.Time {
+	d.passes.Add(1)
 	now := d.clock.Now()
 	dirty := d.tracker.take()
 	m := d.model
