@@ -453,11 +453,20 @@ func (c *claims) claimedByOther(ip netip.Addr, uid types.UID) bool {
 
 // listsPod reports whether a trusted slice lists pod uid at ip.
 func (c *claims) listsPod(ip netip.Addr, uid types.UID) bool {
+	return c.listing(ip, uid, false)
+}
+
+// listedReady reports whether a trusted slice lists pod uid at ip, ready.
+func (c *claims) listedReady(ip netip.Addr, uid types.UID) bool {
+	return c.listing(ip, uid, true)
+}
+
+func (c *claims) listing(ip netip.Addr, uid types.UID, ready bool) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	listed := false
 	c.eachListing(ip, func(e *k8s.Endpoint) bool {
-		listed = e.PodUID == uid
+		listed = e.PodUID == uid && (!ready || e.Ready())
 		return !listed
 	})
 	return listed

@@ -468,12 +468,13 @@ func (m *model) servicesListing(uid types.UID, namespace string) []string {
 	return out
 }
 
-// claimsChanged voids lingering entries whose IP another pod now owns, and
-// marks every entry of the IP for a re-merge.
+// claimsChanged voids lingering entries whose IP another pod now owns, or
+// whose own pod is listed ready again (a departure that was a move between
+// slices), and marks every entry of the IP for a re-merge.
 func (m *model) claimsChanged(ip netip.Addr) {
 	for _, k := range slices.Clone(m.byIP[ip]) { // clearLinger may remove k
 		m.touch(k)
-		if l := m.lingering[k]; l != nil && m.suppressed(l.c, ip) {
+		if l := m.lingering[k]; l != nil && (m.suppressed(l.c, ip) || m.claims.listedReady(ip, l.c.uid)) {
 			m.clearLinger(k)
 		}
 	}

@@ -559,6 +559,25 @@ func TestLingerAfterDeparture(t *testing.T) {
 	h.check(expect{})
 }
 
+// A departed endpoint lingers (stale callers stay steered away), but not
+// once its pod is listed ready again: the EndpointSlice controller moved a
+// not-ready pod to another slice in two updates, and it became ready.
+func TestLingerEndsWhenListedReadyAgain(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.Linger = 2 * time.Minute })
+	h.addService(webService())
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), notReady("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+	h.pass()
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.2", "b")))
+	h.pass()
+	h.check(expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}},
+		drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyRewrite}})
+	h.putSlice(slice("web-2", "web", v4, httpPorts(8080), notReady("10.0.0.1", "a")))
+	h.pass()
+	h.putSlice(slice("web-2", "web", v4, httpPorts(8080), ready("10.0.0.1", "a")))
+	h.pass()
+	h.check(expect{}) // nothing drains: nothing steered
+}
+
 func TestTCPExpiredOnlyOnceGone(t *testing.T) {
 	h := newHarness(t, func(c *Config) { c.GoneGrace = 5 * time.Second })
 	h.addService(webService())
