@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 
+	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/k8s"
 )
 
@@ -451,25 +452,31 @@ func (c *claims) claimedByOther(ip netip.Addr, uid types.UID) bool {
 	return other
 }
 
-// listsPod reports whether a trusted slice lists pod uid at ip.
-func (c *claims) listsPod(ip netip.Addr, uid types.UID) bool {
-	return c.listing(ip, uid, false)
-}
-
-// listedReady reports whether a trusted slice lists pod uid at ip, ready.
-func (c *claims) listedReady(ip netip.Addr, uid types.UID) bool {
-	return c.listing(ip, uid, true)
-}
-
-func (c *claims) listing(ip netip.Addr, uid types.UID, ready bool) bool {
+// listsPodAt reports whether a trusted slice of Service svc
+// (namespace/name) lists pod uid at k: its address, with k's port.
+func (c *claims) listsPodAt(svc string, k bpf.EndpointKey, uid types.UID) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	pod := k8s.PodKeyOf(uid)
 	listed := false
-	c.eachListing(ip, func(e *k8s.Endpoint) bool {
-		listed = e.PodUID == uid && (!ready || e.Ready())
-		return !listed
+	c.byIP.each(k.Addr, func(n int32) {
+		s := c.table[n]
+		if listed || !sliceOf(s, svc) || !slices.ContainsFunc(s.Ports, func(p k8s.SlicePort) bool {
+			return p.Port == k.Port && p.Protocol == k.Proto
+		}) {
+			return
+		}
+		for i := 0; !listed && i < s.Len(); i++ {
+			listed = s.Addr(i) == k.Addr && s.HasPod(i) && s.PodKey(i) == pod
+		}
 	})
 	return listed
+}
+
+// sliceOf reports whether s is a slice of Service svc (namespace/name).
+func sliceOf(s *k8s.Slice, svc string) bool {
+	ns, name, ok := strings.Cut(svc, "/")
+	return ok && s.Namespace == ns && s.Service == name
 }
 
 // pruneDeparted forgets departed hosts older than keep, at most every

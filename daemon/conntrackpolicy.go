@@ -23,7 +23,8 @@ import (
 //     every slice) and GoneGrace has passed, never while it drains; only
 //     flows older than its departure, so a new pod that reused the IP keeps
 //     its own (conntrack timestamps; without them, a reused IP is skipped),
-//     and only if no trusted slice lists the pod at that IP again by then.
+//     and only if no trusted slice of its Service lists the pod there
+//     again by then.
 //
 // Failed passes are retried with backoff, logged and counted.
 // udpFollowUp is when a draining endpoint's UDP flows are expired a second
@@ -139,10 +140,11 @@ func (w *conntrackPolicy) run(ctx context.Context) {
 func (w *conntrackPolicy) goneFilters(filters []conntrack.Filter, due []departure) []conntrack.Filter {
 	ts := w.cfg.Conntrack.Timestamps()
 	for _, g := range due {
-		// Listed again since (the EndpointSlice controller moved it to
-		// another slice in two updates, or it came back): not gone. Its
-		// flows stay; if it leaves again, that is a new departure.
-		if w.cfg.Claims.listsPod(g.Key.Addr, g.UID) {
+		// Listed again by its Service since, at that port (the
+		// EndpointSlice controller moved it to another slice in two
+		// updates): not gone. Its flows stay; if it leaves again, that is
+		// a new departure.
+		if w.cfg.Claims.listsPodAt(g.Service, g.Key, g.UID) {
 			continue
 		}
 		// Without timestamps the age of a flow is unknown: if the IP

@@ -104,6 +104,7 @@ func (m *model) forgetIfEmpty(k bpf.EndpointKey) {
 func (m *model) setLinger(k bpf.EndpointKey, l *lingerRecord) {
 	m.clearLinger(k)
 	m.lingering[k] = l
+	m.lingerKeys[l.c.servicePort] = append(m.lingerKeys[l.c.servicePort], k)
 	if m.lingerMin.IsZero() || l.until.Before(m.lingerMin) {
 		m.lingerMin = l.until
 	}
@@ -116,6 +117,12 @@ func (m *model) clearLinger(k bpf.EndpointKey) {
 		return
 	}
 	delete(m.lingering, k)
+	id := l.c.servicePort
+	if keys := slices.DeleteFunc(m.lingerKeys[id], func(x bpf.EndpointKey) bool { return x == k }); len(keys) > 0 {
+		m.lingerKeys[id] = keys
+	} else {
+		delete(m.lingerKeys, id)
+	}
 	m.removeContribution(k, func(c contribution) bool { return c.kind == fromLinger })
 	if l.c.servicePort != 0 {
 		m.releaseIfUnused(l.c.servicePort)

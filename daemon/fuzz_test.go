@@ -130,9 +130,20 @@ func FuzzModel(f *testing.F) {
 		checkContributionIndex(t, m)
 		m.recomputeService("default/web", now) // again: the same keys withdrawn and contributed anew
 		checkContributionIndex(t, m)
+		listed := st.slices
 		st.slices = nil // every endpoint departs
 		m.recomputeService("default/web", now.Add(time.Second))
 		checkContributionIndex(t, m)
+		defer func() {
+			st.slices = listed // listed again: lingers of endpoints not draining end
+			m.recomputeService("default/web", now.Add(2*time.Second))
+			checkContributionIndex(t, m)
+			m.expireLingering(now.Add(time.Hour))
+			checkContributionIndex(t, m)
+			if len(m.lingering) != 0 {
+				t.Fatalf("%d lingering after every linger ended", len(m.lingering))
+			}
+		}()
 		for k := range m.contributions {
 			dr, ok := m.desiredDrain(k, now)
 			if !ok || dr.Policy != bpf.PolicyRewrite {
@@ -164,5 +175,18 @@ func checkContributionIndex(t *testing.T, m *model) {
 	}
 	if n != len(m.contributions) {
 		t.Fatalf("byIP lists %d keys, contributions %d", n, len(m.contributions))
+	}
+	// lingerKeys lists each lingering key once, under its service-port.
+	n = 0
+	for id, keys := range m.lingerKeys {
+		for _, k := range keys {
+			if l := m.lingering[k]; l == nil || l.c.servicePort != id {
+				t.Fatalf("lingerKeys lists %v under %d: not lingering there", k, id)
+			}
+		}
+		n += len(keys)
+	}
+	if n != len(m.lingering) {
+		t.Fatalf("lingerKeys lists %d keys, lingering %d", n, len(m.lingering))
 	}
 }

@@ -139,11 +139,13 @@ func (r *serviceResult) sortDraining() {
 	r.draining = slices.Clip(out)
 }
 
-// departure is an endpoint that left every slice while draining.
+// departure is an endpoint that left every slice of a Service while
+// draining.
 type departure struct {
-	Key    bpf.EndpointKey
-	UID    types.UID
-	GoneAt time.Time
+	Key     bpf.EndpointKey
+	UID     types.UID
+	Service string // namespace/name
+	GoneAt  time.Time
 }
 
 // model holds what is draining; one goroutine (the runner's) owns it.
@@ -161,8 +163,10 @@ type model struct {
 	// eight slots however few it holds).
 	byIP      map[netip.Addr][]bpf.EndpointKey
 	lingering map[bpf.EndpointKey]*lingerRecord
-	lingerMin time.Time // earliest linger end (zero: none), a lower bound
-	podDrains map[types.UID]*podDrain
+	// lingerKeys: the lingering keys of each service-port
+	lingerKeys map[bpf.ServicePortID][]bpf.EndpointKey
+	lingerMin  time.Time // earliest linger end (zero: none), a lower bound
+	podDrains  map[types.UID]*podDrain
 	// drainsByPod holds podDrains by the key slices compare pods by.
 	drainsByPod map[k8s.PodKey]*podDrain
 	listings    map[types.UID]map[string]struct{} // drained pod -> Services listing it
@@ -191,6 +195,7 @@ func newModel(cfg ModelConfig, st State, cl *claims) *model {
 		contributions:       map[bpf.EndpointKey][]contribution{},
 		byIP:                map[netip.Addr][]bpf.EndpointKey{},
 		lingering:           map[bpf.EndpointKey]*lingerRecord{},
+		lingerKeys:          map[bpf.ServicePortID][]bpf.EndpointKey{},
 		podDrains:           map[types.UID]*podDrain{},
 		listings:            map[types.UID]map[string]struct{}{},
 		listedPolicy:        map[types.UID]bpf.Policy{},
@@ -251,7 +256,10 @@ func (m *model) recomputeService(key string, now time.Time) (changed bool) {
 	}
 	next.sortDraining()
 	m.updateListings(key, old, next, policy)
-	if m.lingerDeparted(old, next, cat.listed, now) {
+	if m.lingerDeparted(key, old, next, cat.listed, now) {
+		changed = true
+	}
+	if m.endLingersListedAgain(next, cat.listed) {
 		changed = true
 	}
 	if old != nil {
@@ -319,10 +327,8 @@ func (m *model) activate(next *serviceResult, c servicePortEndpoints, noSteer bo
 		changed = true
 		m.touchedServicePorts[id] = struct{}{}
 		// Policy downgrades of lingering entries depend on selectable.
-		for k, l := range m.lingering {
-			if l.c.servicePort == id {
-				m.touch(k)
-			}
+		for _, k := range m.lingerKeys[id] {
+			m.touch(k)
 		}
 	}
 	sp.selectable, sp.frontends, sp.noSteer = selectable, c.frontends, noSteer
@@ -365,7 +371,7 @@ func (m *model) updateListings(key string, old, next *serviceResult, policy bpf.
 // lingerDeparted lets endpoints that drained and are now gone from every
 // slice of the Service linger, so stale callers are still steered away,
 // and records their departure. It reports whether any departed.
-func (m *model) lingerDeparted(old, next *serviceResult, listed listedEndpoints, now time.Time) (departed bool) {
+func (m *model) lingerDeparted(svc string, old, next *serviceResult, listed listedEndpoints, now time.Time) (departed bool) {
 	if old == nil {
 		return false
 	}
@@ -378,7 +384,7 @@ func (m *model) lingerDeparted(old, next *serviceResult, listed listedEndpoints,
 			continue // listed again, ready: no longer draining
 		}
 		departed = true
-		m.departures = append(m.departures, departure{Key: k, UID: prev.uid, GoneAt: now})
+		m.departures = append(m.departures, departure{Key: k, UID: prev.uid, Service: svc, GoneAt: now})
 		if prev.policy == bpf.PolicyOff || m.cfg.Linger <= 0 || m.suppressed(prev, k.Addr) {
 			continue
 		}
@@ -387,6 +393,27 @@ func (m *model) lingerDeparted(old, next *serviceResult, listed listedEndpoints,
 		m.setLinger(k, &lingerRecord{c: lc, until: now.Add(m.cfg.Linger)})
 	}
 	return departed
+}
+
+// endLingersListedAgain ends the lingering entries of next's service-ports
+// whose pod the Service lists again at that key, not draining: the
+// EndpointSlice controller moved it between slices in two updates (a pass
+// between them saw it leave every slice), and it is ready. It reports
+// whether any ended.
+func (m *model) endLingersListedAgain(next *serviceResult, listed listedEndpoints) (ended bool) {
+	for _, ref := range next.servicePorts {
+		for _, k := range slices.Clone(m.lingerKeys[ref.id]) { // clearLinger edits it
+			l := m.lingering[k]
+			if _, draining := next.drainingAt(k); draining {
+				continue
+			}
+			if pod, ok := listed.podOf(k); ok && pod == k8s.PodKeyOf(l.c.uid) {
+				m.clearLinger(k)
+				ended = true
+			}
+		}
+	}
+	return ended
 }
 
 func (m *model) keyOf(id bpf.ServicePortID) servicePortKey {
@@ -468,13 +495,12 @@ func (m *model) servicesListing(uid types.UID, namespace string) []string {
 	return out
 }
 
-// claimsChanged voids lingering entries whose IP another pod now owns, or
-// whose own pod is listed ready again (a departure that was a move between
-// slices), and marks every entry of the IP for a re-merge.
+// claimsChanged voids lingering entries whose IP another pod now owns, and
+// marks every entry of the IP for a re-merge.
 func (m *model) claimsChanged(ip netip.Addr) {
 	for _, k := range slices.Clone(m.byIP[ip]) { // clearLinger may remove k
 		m.touch(k)
-		if l := m.lingering[k]; l != nil && (m.suppressed(l.c, ip) || m.claims.listedReady(ip, l.c.uid)) {
+		if l := m.lingering[k]; l != nil && m.suppressed(l.c, ip) {
 			m.clearLinger(k)
 		}
 	}

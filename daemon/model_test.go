@@ -578,6 +578,78 @@ func TestLingerEndsWhenListedReadyAgain(t *testing.T) {
 	h.check(expect{}) // nothing drains: nothing steered
 }
 
+// peersService stands for a headless Service with publishNotReadyAddresses
+// (a StatefulSet's): its slices list a not-ready pod as ready.
+func peersService() *corev1.Service {
+	return svc("peers", []string{"10.96.0.20"}, []corev1.ServicePort{port("http", 80, corev1.ProtocolTCP)})
+}
+
+// The same move with the pod also listed ready by another Service
+// (publishNotReadyAddresses): its linger in web still ends once web lists
+// it ready, and not before, whatever else changes at its IP.
+func TestLingerEndsOnlyWhenItsServiceListsItAgain(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.Linger = 2 * time.Minute })
+	h.addService(webService())
+	h.addService(peersService())
+	h.putSlice(slice("peers-1", "peers", v4, httpPorts(8080), ready("10.0.0.1", "a")))
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), notReady("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+	h.pass()
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.2", "b")))
+	h.pass()
+	k := key("10.0.0.1:8080", bpf.TCP)
+	if h.d.model.lingering[k] == nil {
+		t.Fatal("no linger after the departure")
+	}
+	// The IP's ready claims change (peers lists it not ready, then ready
+	// again) while web has not listed it again: the linger stays.
+	h.putSlice(slice("peers-1", "peers", v4, httpPorts(8080), notReady("10.0.0.1", "a")))
+	h.pass()
+	h.putSlice(slice("peers-1", "peers", v4, httpPorts(8080), ready("10.0.0.1", "a")))
+	h.pass()
+	if h.d.model.lingering[k] == nil {
+		t.Fatal("linger ended by a change at the IP that is not web listing the pod again")
+	}
+	h.putSlice(slice("web-2", "web", v4, httpPorts(8080), notReady("10.0.0.1", "a")))
+	h.pass()
+	if h.d.model.lingering[k] == nil {
+		t.Fatal("linger ended while web lists the pod not ready")
+	}
+	h.putSlice(slice("web-2", "web", v4, httpPorts(8080), ready("10.0.0.1", "a")))
+	h.pass()
+	if h.d.model.lingering[k] != nil || slices.Contains(h.dp.DrainKeys(), k) {
+		t.Errorf("linger kept although web lists pod a ready again: drains %v", h.dp.DrainKeys())
+	}
+}
+
+// A pod in two Services on two ports, deleted: one Service's controller
+// drops it more than GoneGrace before the other's. The first departure is
+// not withdrawn by the other Service still listing the pod: flows on each
+// port are cut once that port's Service let it go.
+func TestTCPExpiredPerServiceOfAPodInTwo(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.GoneGrace = 5 * time.Second })
+	h.addService(webService())
+	h.addService(svc("api", []string{"10.96.0.30"}, []corev1.ServicePort{port("http", 90, corev1.ProtocolTCP)}))
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+	h.putSlice(slice("api-1", "api", v4, httpPorts(9090), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+	h.pass()
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.2", "b")))
+	h.pass()
+	h.clock.Step(6 * time.Second)
+	h.d.conntrackPolicy.pass(h.ctx)
+	calls := h.ct.ExpireCalls()
+	if len(calls) != 1 || len(calls[0]) != 1 || calls[0][0].ReplySrc != netip.MustParseAddrPort("10.0.0.1:8080") {
+		t.Fatalf("want the flows of 10.0.0.1:8080 expired while api still lists the pod, got %+v", calls)
+	}
+	h.putSlice(slice("api-1", "api", v4, httpPorts(9090), ready("10.0.0.2", "b")))
+	h.pass()
+	h.clock.Step(6 * time.Second)
+	h.d.conntrackPolicy.pass(h.ctx)
+	calls = h.ct.ExpireCalls()
+	if len(calls) != 2 || len(calls[1]) != 1 || calls[1][0].ReplySrc != netip.MustParseAddrPort("10.0.0.1:9090") {
+		t.Fatalf("want the flows of 10.0.0.1:9090 expired next, got %+v", calls)
+	}
+}
+
 func TestTCPExpiredOnlyOnceGone(t *testing.T) {
 	h := newHarness(t, func(c *Config) { c.GoneGrace = 5 * time.Second })
 	h.addService(webService())
