@@ -538,13 +538,19 @@ func TestFullMapNeverCrashes(t *testing.T) {
 	}
 }
 
-func TestLingerAfterDeparture(t *testing.T) {
-	h := newHarness(t, func(c *Config) { c.Linger = 2 * time.Minute })
-	h.addService(webService())
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+// departFromWeb1 lists ep, draining, and 10.0.0.2 ready in web's slice
+// web-1, then drops ep from it: a pass after each.
+func (h *harness) departFromWeb1(ep epSpec) {
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ep, ready("10.0.0.2", "b")))
 	h.pass()
 	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.2", "b")))
 	h.pass()
+}
+
+func TestLingerAfterDeparture(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.Linger = 2 * time.Minute })
+	h.addService(webService())
+	h.departFromWeb1(terminating("10.0.0.1", "a"))
 	lingering := expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}},
 		drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyRewrite}}
 	h.check(lingering)
@@ -565,10 +571,7 @@ func TestLingerAfterDeparture(t *testing.T) {
 func TestLingerEndsWhenListedReadyAgain(t *testing.T) {
 	h := newHarness(t, func(c *Config) { c.Linger = 2 * time.Minute })
 	h.addService(webService())
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), notReady("10.0.0.1", "a"), ready("10.0.0.2", "b")))
-	h.pass()
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.2", "b")))
-	h.pass()
+	h.departFromWeb1(notReady("10.0.0.1", "a"))
 	h.check(expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}},
 		drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyRewrite}})
 	h.putSlice(slice("web-2", "web", v4, httpPorts(8080), notReady("10.0.0.1", "a")))
@@ -592,10 +595,7 @@ func TestLingerEndsOnlyWhenItsServiceListsItAgain(t *testing.T) {
 	h.addService(webService())
 	h.addService(peersService())
 	h.putSlice(slice("peers-1", "peers", v4, httpPorts(8080), ready("10.0.0.1", "a")))
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), notReady("10.0.0.1", "a"), ready("10.0.0.2", "b")))
-	h.pass()
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.2", "b")))
-	h.pass()
+	h.departFromWeb1(notReady("10.0.0.1", "a"))
 	k := key("10.0.0.1:8080", bpf.TCP)
 	if h.d.model.lingering[k] == nil {
 		t.Fatal("no linger after the departure")
@@ -690,10 +690,7 @@ func TestTCPExpiredOnlyOnceGone(t *testing.T) {
 func TestTCPKeptWhenListedAgain(t *testing.T) {
 	h := newHarness(t, func(c *Config) { c.GoneGrace = 5 * time.Second })
 	h.addService(webService())
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
-	h.pass()
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.2", "b")))
-	h.pass() // departed, as far as this pass can tell
+	h.departFromWeb1(terminating("10.0.0.1", "a")) // departed, as far as the pass can tell
 	h.clock.Step(time.Second)
 	h.putSlice(slice("web-2", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a")))
 	h.pass()
