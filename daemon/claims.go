@@ -143,16 +143,17 @@ func (x *ipIndex) each(ip netip.Addr, fn func(int32)) {
 	}
 }
 
-// eachListing calls fn with every endpoint of a trusted slice that lists a
-// pod at ip, until fn returns false. The caller holds mu.
-func (c *claims) eachListing(ip netip.Addr, fn func(e *k8s.Endpoint) bool) {
+// eachListing calls fn with every endpoint (slice s, index i) of a trusted
+// slice that lists a pod at ip, until fn returns false. It builds no
+// k8s.Endpoint: the callers, some on the pass's path, read the fields they
+// need (a pod's UID as a k8s.PodKey). The caller holds mu.
+func (c *claims) eachListing(ip netip.Addr, fn func(s *k8s.Slice, i int) bool) {
 	more := true
 	c.byIP.each(ip, func(n int32) {
 		s := c.table[n]
 		for i := 0; more && i < s.Len(); i++ {
 			if s.Addr(i) == ip && s.HasPod(i) {
-				e := s.Endpoint(i)
-				more = fn(&e)
+				more = fn(s, i)
 			}
 		}
 	})
@@ -251,18 +252,19 @@ func (c *claims) noteDepartures(old, s *k8s.Slice) {
 		if !old.HasPod(i) || (s != nil && i < s.Len() && s.Addr(i) == old.Addr(i) && s.PodKey(i) == old.PodKey(i)) {
 			continue // the usual update: the same pod in the same place
 		}
-		e := old.Endpoint(i)
-		if e.Node == "" {
+		node, ip := old.Node(i), old.Addr(i)
+		if node == "" {
 			continue
 		}
-		still := false
-		c.eachListing(e.Addr, func(l *k8s.Endpoint) bool {
-			still = l.PodUID == e.PodUID
+		still, pod := false, old.PodKey(i)
+		c.eachListing(ip, func(l *k8s.Slice, j int) bool {
+			still = l.PodKey(j) == pod
 			return !still
 		})
 		if !still {
 			// Copies: a slice's own text would keep all of it alive.
-			c.departed[e.Addr] = departedClaim{uid: types.UID(strings.Clone(string(e.PodUID))), node: strings.Clone(e.Node), at: now}
+			uid := old.Endpoint(i).PodUID
+			c.departed[ip] = departedClaim{uid: types.UID(strings.Clone(string(uid))), node: strings.Clone(node), at: now}
 		}
 	}
 	c.pruneDeparted()
@@ -444,9 +446,9 @@ func (c *claims) claimedByOther(ip netip.Addr, uid types.UID) bool {
 	if l, ok := c.local[ip]; ok && l != uid {
 		return true
 	}
-	other := false
-	c.eachListing(ip, func(e *k8s.Endpoint) bool {
-		other = e.Ready() && e.PodUID != uid
+	other, pod := false, k8s.PodKeyOf(uid)
+	c.eachListing(ip, func(s *k8s.Slice, i int) bool {
+		other = s.Ready(i) && s.PodKey(i) != pod
 		return !other
 	})
 	return other
@@ -499,10 +501,11 @@ func (c *claims) pruneDeparted() {
 func (c *claims) hostOf(ip netip.Addr, uid types.UID) (node string, listed bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.eachListing(ip, func(e *k8s.Endpoint) bool {
-		if e.PodUID == uid {
+	pod := k8s.PodKeyOf(uid)
+	c.eachListing(ip, func(s *k8s.Slice, i int) bool {
+		if s.PodKey(i) == pod {
 			listed = true
-			node = e.Node
+			node = s.Node(i)
 		}
 		return node == ""
 	})
