@@ -38,7 +38,11 @@ func (s backendSet) addrPorts() []netip.AddrPort {
 	if s == "" {
 		return nil
 	}
-	out := make([]netip.AddrPort, 0, len(s)/7)
+	return s.appendAddrPorts(make([]netip.AddrPort, 0, len(s)/7))
+}
+
+// appendAddrPorts appends the set, unpacked, to out.
+func (s backendSet) appendAddrPorts(out []netip.AddrPort) []netip.AddrPort {
 	for i := 0; i < len(s); {
 		var a netip.Addr
 		if s[i] == 4 {

@@ -10,7 +10,8 @@ import (
 )
 
 // Datapath is what the reconciler drives: the real one is *bpf.Datapath,
-// tests use FakeDatapath.
+// tests use FakeDatapath. SetBackends must not keep b.Backends past the
+// call: the reconciler reuses the array.
 type Datapath interface {
 	UpsertFrontend(bpf.Frontend) error
 	DeleteFrontend(bpf.EndpointKey) error

@@ -3,6 +3,7 @@ package daemon
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
 	"time"
 
@@ -43,6 +44,30 @@ type reconciler struct {
 	onError func(what string, err error)
 	// onDrain is told when a drain entry appears or goes.
 	onDrain func(k bpf.EndpointKey, present bool)
+
+	scratch passScratch
+}
+
+// passScratch is a pass's short-lived lists, kept for the next pass: a pass
+// per slice update would otherwise allocate them every time. Lists longer
+// than scratchKeep (a full pass's, a refresh round's) are let go.
+type passScratch struct {
+	ids   []bpf.ServicePortID
+	keys  []bpf.EndpointKey
+	plans []servicePortPlan
+	addrs []netip.AddrPort // a backend set unpacked for SetBackends
+}
+
+const scratchKeep = 4096
+
+// reuseList returns s emptied for the next pass (nil if it grew past
+// scratchKeep). It clears what s held, so a kept list pins nothing.
+func reuseList[T any](s []T) []T {
+	if cap(s) > scratchKeep {
+		return nil
+	}
+	clear(s)
+	return s[:0]
 }
 
 func newReconciler(dp Datapath, ttl time.Duration) *reconciler {
@@ -217,7 +242,7 @@ func (r *reconciler) takeRefresh(now time.Time, spSet map[bpf.ServicePortID]stru
 // first pass, which also removes what a previous draind left).
 func (r *reconciler) apply(m *model, now time.Time, full, refresh bool) applyResult {
 	ids, keys := r.targets(m, now, full, refresh)
-	plans := make([]servicePortPlan, 0, len(ids))
+	plans := r.scratch.plans
 	for _, id := range ids {
 		fes, be := m.desiredServicePort(id, now)
 		var set backendSet
@@ -235,6 +260,7 @@ func (r *reconciler) apply(m *model, now time.Time, full, refresh bool) applyRes
 	p.deleteBackends(plans)
 	clear(m.touched)
 	clear(m.touchedServicePorts)
+	r.scratch.ids, r.scratch.keys, r.scratch.plans = reuseList(ids), reuseList(keys), reuseList(plans)
 	return p.res
 }
 
@@ -267,12 +293,11 @@ func (r *reconciler) targets(m *model, now time.Time, full, refresh bool) ([]bpf
 			keySet[k] = struct{}{}
 		}
 	}
-	ids := make([]bpf.ServicePortID, 0, len(spSet))
+	ids, keys := r.scratch.ids, r.scratch.keys
 	for id := range spSet {
 		ids = append(ids, id)
 	}
 	slices.Sort(ids)
-	keys := make([]bpf.EndpointKey, 0, len(keySet))
 	for k := range keySet {
 		keys = append(keys, k)
 	}
@@ -306,7 +331,10 @@ func (p *pass) writeBackends(plans []servicePortPlan) {
 			continue
 		}
 		be := *pl.backends
-		be.Backends = pl.set.addrPorts()
+		be.Backends = pl.set.appendAddrPorts(r.scratch.addrs[:0])
+		if cap(be.Backends) <= scratchKeep {
+			r.scratch.addrs = be.Backends[:0]
+		}
 		if !p.do(func() string { return fmt.Sprintf("setting backends of service-port %d", pl.id) }, r.dp.SetBackends(be)) {
 			r.retryServicePorts[pl.id] = struct{}{}
 			continue
