@@ -380,7 +380,7 @@ func (m *model) lingerDeparted(svc string, old, next *serviceResult, listed list
 		if _, still := next.drainingAt(k); still || prev.frontendOnly {
 			continue
 		}
-		if pod, ok := listed.podOf(k); ok && pod == k8s.PodKeyOf(prev.uid) {
+		if listedNotDraining(next, listed, k, prev.uid) {
 			continue // listed again, ready: no longer draining
 		}
 		departed = true
@@ -403,17 +403,23 @@ func (m *model) lingerDeparted(svc string, old, next *serviceResult, listed list
 func (m *model) endLingersListedAgain(next *serviceResult, listed listedEndpoints) (ended bool) {
 	for _, ref := range next.servicePorts {
 		for _, k := range slices.Clone(m.lingerKeys[ref.id]) { // clearLinger edits it
-			l := m.lingering[k]
-			if _, draining := next.drainingAt(k); draining {
-				continue
-			}
-			if pod, ok := listed.podOf(k); ok && pod == k8s.PodKeyOf(l.c.uid) {
+			if listedNotDraining(next, listed, k, m.lingering[k].c.uid) {
 				m.clearLinger(k)
 				ended = true
 			}
 		}
 	}
 	return ended
+}
+
+// listedNotDraining reports whether next's Service lists pod uid at k (in
+// listed, its listings) and does not drain it there.
+func listedNotDraining(next *serviceResult, listed listedEndpoints, k bpf.EndpointKey, uid types.UID) bool {
+	if _, draining := next.drainingAt(k); draining {
+		return false
+	}
+	pod, ok := listed.podOf(k)
+	return ok && pod == k8s.PodKeyOf(uid)
 }
 
 func (m *model) keyOf(id bpf.ServicePortID) servicePortKey {
