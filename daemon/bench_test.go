@@ -49,6 +49,10 @@ const (
 	scaleServices    = 10000
 	scaleNodes       = 100
 	scaleChurnPerSec = 1000
+	// scaleLocalPods is how many pods run on draind's node (node-0): the
+	// kubelet's default limit. They are endpoints of the slices, as the
+	// API lists them.
+	scaleLocalPods = 110
 )
 
 var scaleChurn = flag.Duration("clusterscale.churn", 10*time.Second,
@@ -113,15 +117,37 @@ func benchSlice(i, perService, terminating int) *discoveryv1.EndpointSlice {
 		node := "node-" + itoa(n%scaleNodes)
 		zone := "zone-" + itoa(n%3)
 		s.Endpoints = append(s.Endpoints, discoveryv1.Endpoint{
-			Addresses:  []string{"10." + itoa(100+n>>16) + "." + itoa((n>>8)&255) + "." + itoa(n&255)},
+			Addresses:  []string{benchPodIP(n)},
 			Conditions: discoveryv1.EndpointConditions{Ready: &ready, Serving: &serving, Terminating: &term},
 			NodeName:   &node,
 			Zone:       &zone,
-			TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: ns, Name: svc + "-7d4b9c8f6-" + zeroPad(j, 5), UID: types.UID("00000000-0000-0000-0000-" + zeroPad(n, 12))},
+			TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: ns, Name: benchPodName(svc, j), UID: benchPodUID(n)},
 		})
 	}
 	return s
 }
+
+// benchPod is the pod of endpoint n of the cluster (the endpoint j of
+// Service n/perService), running and ready on node-(n%scaleNodes).
+func benchPod(n, perService int) *corev1.Pod {
+	i, j := n/perService, n%perService
+	svc := "svc-" + strconv.Itoa(i)
+	ip := benchPodIP(n)
+	return &corev1.Pod{TypeMeta: metav1.TypeMeta{Kind: "Pod", APIVersion: "v1"},
+		ObjectMeta: metav1.ObjectMeta{Name: benchPodName(svc, j), Namespace: "ns-" + strconv.Itoa(i%100), UID: benchPodUID(n),
+			Labels: map[string]string{"app": svc}},
+		Spec: corev1.PodSpec{NodeName: "node-" + strconv.Itoa(n%scaleNodes)},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}},
+			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}}
+}
+
+func benchPodIP(n int) string {
+	return "10." + strconv.Itoa(100+n>>16) + "." + strconv.Itoa((n>>8)&255) + "." + strconv.Itoa(n&255)
+}
+
+func benchPodName(svc string, j int) string { return svc + "-7d4b9c8f6-" + zeroPad(j, 5) }
+
+func benchPodUID(n int) types.UID { return types.UID("00000000-0000-0000-0000-" + zeroPad(n, 12)) }
 
 // zeroPad is fmt's %0*d for n >= 0.
 func zeroPad(n, width int) string {
@@ -133,7 +159,7 @@ func zeroPad(n, width int) string {
 }
 
 // serveFakeCluster runs in a child process: 10,000 Services with one slice
-// of perService endpoints each, then, on "churn <rate> <duration> <burst>"
+// of perService endpoints each and the pods of draind's node, then, on "churn <rate> <duration> <burst>"
 // from stdin, rate slice updates per second, burst at a time (one endpoint
 // of a random slice turns terminating, the previous one of that slice
 // ready again).
@@ -149,6 +175,12 @@ func serveFakeCluster(perService int) error {
 			return err
 		}
 		if err := s.Put("endpointslices", benchSlice(i, perService, -1)); err != nil {
+			return err
+		}
+	}
+	// node-0's pods: the endpoints n with n%scaleNodes == 0.
+	for k := 0; k < scaleLocalPods; k++ {
+		if err := s.Put("pods", benchPod(k*scaleNodes, perService)); err != nil {
 			return err
 		}
 	}
@@ -395,6 +427,9 @@ func benchClusterScale(b *testing.B, sc scaleCase) {
 	}
 	if n := len(d.inf.Slices.GetStore().ListKeys()); n != scaleServices {
 		b.Fatalf("synced %d slices, want %d", n, scaleServices)
+	}
+	if n := len(d.state.LocalPods()); n != scaleLocalPods {
+		b.Fatalf("synced %d local pods, want %d", n, scaleLocalPods)
 	}
 	if !out.Scan() {
 		b.Fatal("churn did not finish")

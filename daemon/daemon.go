@@ -131,6 +131,10 @@ type Daemon struct {
 	tracker  tracker
 	runner   *runner
 	handlers []cache.ResourceEventHandlerRegistration
+	// local is this node's pods as the last pod event read them: every
+	// pass reads them, and a node runs up to a hundred or more (see
+	// localPodsOf).
+	local atomic.Pointer[localPods]
 
 	// Owned by whoever holds modelMu: the runner goroutine, or the slice
 	// watch's for a pass it runs itself (pass.go, passNow).
@@ -262,7 +266,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 // entries of a registry-only drain it adopted.
 func (d *Daemon) checkLeases(ctx context.Context) {
 	d.modelMu.Lock()
-	d.podDrains(d.clock.Now())
+	d.podDrains(d.localPodsNow().byIP, d.clock.Now())
 	d.modelMu.Unlock()
 	d.leaseTrust.flush(ctx)
 }

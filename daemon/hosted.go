@@ -390,11 +390,7 @@ func (l *hostedDrains) reconcile(ctx context.Context) {
 // observeLocalPods starts the drains of local pods being deleted: they
 // drain even without an offline call. The runner calls it at the start of
 // every pass, so a deletion reaches the datapath in that same pass.
-func (l *hostedDrains) observeLocalPods(now time.Time) {
-	pods := map[types.UID]*k8s.Pod{}
-	for _, p := range l.cfg.State.LocalPods() {
-		pods[p.UID] = p
-	}
+func (l *hostedDrains) observeLocalPods(pods map[types.UID]*k8s.Pod, now time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.drainDeleting(pods, now)

@@ -69,10 +69,11 @@ func (d *Daemon) syncLocked(loop bool) time.Time {
 	dirty := d.tracker.take()
 	m := d.model
 
-	d.hosted.observeLocalPods(now)
+	local := d.localPodsNow()
+	d.hosted.observeLocalPods(local.byUID, now)
 	m.addVanished(d.vanished.take())
 	podAt := dirty.podEventAt(now)
-	changedDrains := m.setPodDrains(d.podDrains(now))
+	changedDrains := m.setPodDrains(d.podDrains(local.byIP, now))
 	podViaServices := false
 	for _, pd := range changedDrains {
 		for _, svc := range m.servicesListing(pd.UID, pd.Namespace) {
@@ -160,16 +161,10 @@ func (d *Daemon) apply(now time.Time, changedAt []time.Time, loop bool) {
 // node may be gone for good); a hosted drain holds whatever its Lease says
 // (this node knows its pod is draining even when the API server could not
 // be reached to renew the Lease).
-func (d *Daemon) podDrains(now time.Time) map[types.UID]*podDrain {
-	pods, leases := d.state.LocalPods(), d.state.DrainLeases()
+func (d *Daemon) podDrains(local map[netip.Addr]*k8s.Pod, now time.Time) map[types.UID]*podDrain {
+	leases := d.state.DrainLeases()
 	// It runs every pass: sized once, the maps never grow (and rehash).
 	out := make(map[types.UID]*podDrain, len(leases))
-	local := make(map[netip.Addr]*k8s.Pod, len(pods))
-	for _, p := range pods {
-		for _, ip := range p.IPs {
-			local[ip] = p
-		}
-	}
 	names := make(map[string]bool, len(leases))
 	for _, l := range leases {
 		names[l.Name] = true

@@ -89,11 +89,7 @@ func (l *hostedDrains) drainVanished(pods map[types.UID]*k8s.Pod, now time.Time)
 			ld.lastRenew = time.Time{}
 		}
 	}
-	seen := make(map[types.UID]*k8s.Pod, len(pods))
-	for uid, p := range pods {
-		seen[uid] = p
-	}
-	l.seen = seen
+	l.seen = pods // callers pass a map nothing writes to (a localPods snapshot's, or their own)
 }
 
 // goneConfig is what ending sockets to gone pods depends on.
