@@ -12,6 +12,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"runtime"
@@ -26,6 +27,7 @@ import (
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -53,6 +55,10 @@ const (
 	// kubelet's default limit. They are endpoints of the slices, as the
 	// API lists them.
 	scaleLocalPods = 110
+	// scaleDrainLeases is how many pods of other nodes drain throughout
+	// (a rollout's preStop calls): each node's draind reads every drain
+	// Lease on every pass.
+	scaleDrainLeases = 200
 )
 
 var scaleChurn = flag.Duration("clusterscale.churn", 10*time.Second,
@@ -141,6 +147,18 @@ func benchPod(n, perService int) *corev1.Pod {
 			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}}
 }
 
+// benchDrainLease is the drain Lease of a pod of node-1 to node-99 (the
+// endpoint k*scaleNodes + 1 + k%99), published by its node's draind.
+func benchDrainLease(k, perService int) *coordinationv1.Lease {
+	n := k*scaleNodes + 1 + k%(scaleNodes-1)
+	p := benchPod(n, perService)
+	r := k8s.DrainRequest{PodNamespace: p.Namespace, PodName: p.Name, PodUID: p.UID, IPs: []netip.Addr{netip.MustParseAddr(p.Status.PodIP)},
+		Node: p.Spec.NodeName, Reason: k8s.ReasonOffline, Duration: 10 * time.Minute}
+	l := r.Lease("draind-system", time.Now())
+	l.TypeMeta = metav1.TypeMeta{Kind: "Lease", APIVersion: "coordination.k8s.io/v1"}
+	return l
+}
+
 func benchPodIP(n int) string {
 	return "10." + strconv.Itoa(100+n>>16) + "." + strconv.Itoa((n>>8)&255) + "." + strconv.Itoa(n&255)
 }
@@ -181,6 +199,11 @@ func serveFakeCluster(perService int) error {
 	// node-0's pods: the endpoints n with n%scaleNodes == 0.
 	for k := 0; k < scaleLocalPods; k++ {
 		if err := s.Put("pods", benchPod(k*scaleNodes, perService)); err != nil {
+			return err
+		}
+	}
+	for k := 0; k < scaleDrainLeases; k++ {
+		if err := s.Put("leases", benchDrainLease(k, perService)); err != nil {
 			return err
 		}
 	}
@@ -430,6 +453,12 @@ func benchClusterScale(b *testing.B, sc scaleCase) {
 	}
 	if n := len(d.state.LocalPods()); n != scaleLocalPods {
 		b.Fatalf("synced %d local pods, want %d", n, scaleLocalPods)
+	}
+	d.modelMu.Lock()
+	drains := len(d.model.podDrains)
+	d.modelMu.Unlock()
+	if drains != scaleDrainLeases {
+		b.Fatalf("%d pods drain, want the %d of the drain Leases", drains, scaleDrainLeases)
 	}
 	if !out.Scan() {
 		b.Fatal("churn did not finish")

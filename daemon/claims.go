@@ -44,6 +44,10 @@ type claims struct {
 	local  map[netip.Addr]types.UID
 
 	before, after []readyClaim // setSlice's scratch space
+	// gen changes whenever what hostOf answers may change, but for the
+	// passing of time (a departed host's end): a slice lists other pods,
+	// or the same ones elsewhere or on other nodes.
+	gen uint64
 
 	clock     clock.PassiveClock
 	keep      time.Duration // how long a departed host is remembered
@@ -212,6 +216,7 @@ func (c *claims) setSlice(key string, s *k8s.Slice) []netip.Addr {
 		c.pruneDeparted()
 		return c.flippedIPs(old, s, n)
 	}
+	c.gen++
 	// Scratch space reused under mu: every slice event of the cluster
 	// comes here.
 	c.before = readyClaims(c.before, old)
@@ -270,14 +275,14 @@ func (c *claims) noteDepartures(old, s *k8s.Slice) {
 	c.pruneDeparted()
 }
 
-// samePods reports whether a and b list the same pods at the same IPs in
-// the same places.
+// samePods reports whether a and b list the same pods at the same IPs on
+// the same nodes in the same places.
 func samePods(a, b *k8s.Slice) bool {
 	if a.Len() != b.Len() {
 		return false
 	}
 	for i := range a.Len() {
-		if a.HasPod(i) != b.HasPod(i) || a.Addr(i) != b.Addr(i) || a.PodKey(i) != b.PodKey(i) {
+		if a.HasPod(i) != b.HasPod(i) || a.Addr(i) != b.Addr(i) || a.PodKey(i) != b.PodKey(i) || a.Node(i) != b.Node(i) {
 			return false
 		}
 	}
@@ -496,9 +501,18 @@ func (c *claims) pruneDeparted() {
 	}
 }
 
+// generation returns gen: an answer of hostOf read after it holds as long
+// as gen stays, or until the end hostOf gives.
+func (c *claims) generation() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.gen
+}
+
 // hostOf returns the node that trusted slices say hosts pod uid at ip, or
-// hosted it until its listing ended less than keep ago.
-func (c *claims) hostOf(ip netip.Addr, uid types.UID) (node string, listed bool) {
+// hosted it until its listing ended less than keep ago; until is when such
+// a departed host's answer ends (zero: the listings' answer).
+func (c *claims) hostOf(ip netip.Addr, uid types.UID) (node string, listed bool, until time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	pod := k8s.PodKeyOf(uid)
@@ -510,12 +524,12 @@ func (c *claims) hostOf(ip netip.Addr, uid types.UID) (node string, listed bool)
 		return node == ""
 	})
 	if node != "" {
-		return node, true
+		return node, true, time.Time{}
 	}
 	if dc, ok := c.departed[ip]; ok && dc.uid == uid && c.clock.Since(dc.at) < c.keep {
-		return dc.node, true
+		return dc.node, true, dc.at.Add(c.keep)
 	}
-	return "", listed
+	return "", listed, time.Time{}
 }
 
 // localOwner returns the local pod holding ip, if any.

@@ -75,6 +75,16 @@ func TestClaimsMatchReference(t *testing.T) {
 	// departed: the pods whose last listing at an IP ended in the latest
 	// step that ended one there (a step may end several: any may answer).
 	departed := map[netip.Addr][]refDeparted{}
+	// answers: hostOf's answers of the previous step, with the generation
+	// read before them: while it stays (and until the answer's end), the
+	// answer must too (the Lease checks cache it).
+	type answer struct {
+		node   string
+		listed bool
+		until  time.Time
+		gen    uint64
+	}
+	answers := map[string]answer{}
 	for step := 0; step < 20000; step++ {
 		clk.SetTime(clk.Now().Add(time.Duration(rng.IntN(2000)) * time.Millisecond))
 		key := keys[rng.IntN(len(keys))]
@@ -154,7 +164,13 @@ func TestClaimsMatchReference(t *testing.T) {
 					}
 				}
 				tie := len(departed[ip]) > 1 // which one the index remembers is its choice
-				node, gotListed := c.hostOf(ip, uid)
+				gen := c.generation()
+				node, gotListed, until := c.hostOf(ip, uid)
+				k := ip.String() + "/" + string(uid)
+				if a, ok := answers[k]; ok && a.gen == gen && (a.until.IsZero() || clk.Now().Before(a.until)) && (a.node != node || a.listed != gotListed) {
+					t.Fatalf("step %d: hostOf(%v, %s) = %q, %v at generation %d, which answered %q, %v", step, ip, uid, node, gotListed, gen, a.node, a.listed)
+				}
+				answers[k] = answer{node, gotListed, until, gen}
 				switch {
 				case len(ns) > 0:
 					if !gotListed || !slices.Contains(ns, node) {

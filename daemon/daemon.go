@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
@@ -131,10 +133,19 @@ type Daemon struct {
 	tracker  tracker
 	runner   *runner
 	handlers []cache.ResourceEventHandlerRegistration
-	// local is this node's pods as the last pod event read them: every
-	// pass reads them, and a node runs up to a hundred or more (see
-	// localPodsOf).
-	local atomic.Pointer[localPods]
+	// local and leases are this node's pods and the drain Leases as their
+	// last event read them: every pass reads them, and a node runs up to a
+	// hundred pods or more, a cluster's rollout as many Leases.
+	local  snapshot[localPods]
+	leases snapshot[drainLeases]
+	// drainScratch and ipScratch are podDrains' own, kept from pass to
+	// pass (modelMu).
+	drainScratch map[types.UID]*podDrain
+	ipScratch    []netip.Addr
+	// leaseHosts keeps what trusted slices said of other nodes' Leases'
+	// pods (hostsOf) for the Leases of leasesSeen (modelMu).
+	leaseHosts map[string]*leaseHosts
+	leasesSeen *drainLeases
 
 	// Owned by whoever holds modelMu: the runner goroutine, or the slice
 	// watch's for a pass it runs itself (pass.go, passNow).

@@ -220,25 +220,23 @@ func (l *hostedDrains) event(ld *hostedDrain, typ, reason, msg string) {
 	}
 }
 
-// podDrains returns this node's drains as the model takes them: no
+// eachPodDrain calls fn with this node's drains as the model takes them: no
 // deadline (this node renews nothing to itself), and a gone pod's drain
-// lasts its linger.
-func (l *hostedDrains) podDrains() []*podDrain {
+// lasts its linger. fn may keep nothing of the object but a copy.
+func (l *hostedDrains) eachPodDrain(fn func(*podDrain)) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	out := make([]*podDrain, 0, len(l.pods))
 	for _, ld := range l.pods {
 		if ld.state == StateCancelled {
 			continue
 		}
-		pd := &podDrain{UID: ld.uid, Namespace: ld.namespace, Name: ld.name, IPs: ld.ips, Reason: ld.reason,
+		pd := podDrain{UID: ld.uid, Namespace: ld.namespace, Name: ld.name, IPs: ld.ips, Reason: ld.reason,
 			Since: ld.started, Holder: l.cfg.Node, Lease: ld.published, State: ld.state}
 		if ld.state == StateGone {
 			pd.Expires = ld.goneAt.Add(l.cfg.Linger)
 		}
-		out = append(out, pd)
+		fn(&pd)
 	}
-	return out
 }
 
 // uids returns the pods drained on this node.

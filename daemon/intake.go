@@ -3,6 +3,7 @@ package daemon
 import (
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -285,6 +286,7 @@ func (d *Daemon) trustedPair(old, cur *k8s.Slice) (*k8s.Slice, *k8s.Slice) {
 // lingering entries (see model.endLingersOf).
 func (d *Daemon) leaseEvent(oldObj, newObj any, received time.Time) {
 	defer d.events.leases.Add(1)
+	d.leases.set(newDrainLeases(d.state.DrainLeases()))
 	if l, ok := oldObj.(*k8s.DrainLease); ok && newObj == nil {
 		d.tracker.markLeaseGone(l.PodUID)
 	}
@@ -297,7 +299,7 @@ func (d *Daemon) leaseEvent(oldObj, newObj any, received time.Time) {
 func (d *Daemon) podEvent(_, _ any, received time.Time) {
 	defer d.events.pods.Add(1)
 	pods := d.state.LocalPods()
-	d.local.Store(newLocalPods(pods))
+	d.local.set(newLocalPods(pods))
 	d.tracker.markIPs(d.claims.setLocalPods(pods))
 	d.tracker.markPods(receivedAt(received, d.clock.Now()))
 	d.runner.Run()
@@ -326,17 +328,45 @@ func newLocalPods(pods []*k8s.Pod) *localPods {
 	return lp
 }
 
-// localPodsNow is the last pod event's snapshot, or, before the first
-// event (a node with no pods has none), the store's pods, kept until one:
-// a pod event stores its snapshot after reading the store, so a snapshot
-// kept here never hides a later one.
 func (d *Daemon) localPodsNow() *localPods {
-	if lp := d.local.Load(); lp != nil {
-		return lp
+	return d.local.get(func() *localPods { return newLocalPods(d.state.LocalPods()) })
+}
+
+// drainLeases is the cached drain Leases and their names: a snapshot a
+// Lease event takes, read by every pass (as localPods).
+type drainLeases struct {
+	list  []*k8s.DrainLease
+	names map[string]bool
+}
+
+func newDrainLeases(leases []*k8s.DrainLease) *drainLeases {
+	dl := &drainLeases{list: leases, names: make(map[string]bool, len(leases))}
+	for _, l := range leases {
+		dl.names[l.Name] = true
 	}
-	lp := newLocalPods(d.state.LocalPods())
-	if !d.local.CompareAndSwap(nil, lp) {
-		return d.local.Load()
+	return dl
+}
+
+func (d *Daemon) drainLeasesNow() *drainLeases {
+	return d.leases.get(func() *drainLeases { return newDrainLeases(d.state.DrainLeases()) })
+}
+
+// snapshot holds what an informer's store held when its handler last read
+// it. Before the handler's first call (an empty store has none) get reads
+// the store itself (build) and keeps that until the handler sets one: the
+// handler sets its snapshot after reading the store, so one kept by get
+// never hides a later one.
+type snapshot[T any] struct{ p atomic.Pointer[T] }
+
+func (s *snapshot[T]) set(v *T) { s.p.Store(v) }
+
+func (s *snapshot[T]) get(build func() *T) *T {
+	if v := s.p.Load(); v != nil {
+		return v
 	}
-	return lp
+	v := build()
+	if !s.p.CompareAndSwap(nil, v) {
+		return s.p.Load()
+	}
+	return v
 }

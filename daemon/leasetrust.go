@@ -29,10 +29,11 @@ import (
 //
 // A Lease not (yet) confirmed drains nothing: fail open.
 
-// honouredIPs returns the IPs a Lease may drain, or false.
-func (d *Daemon) honouredIPs(l *k8s.DrainLease, local map[netip.Addr]*k8s.Pod) ([]netip.Addr, bool) {
+// honouredIPs returns the IPs a Lease may drain, appended to buf, or false.
+// gen is the claims' generation, read before the pass's first Lease.
+func (d *Daemon) honouredIPs(l *k8s.DrainLease, local map[netip.Addr]*k8s.Pod, buf []netip.Addr, gen uint64, now time.Time) ([]netip.Addr, bool) {
+	ips := buf
 	if l.Holder == d.cfg.Node {
-		var ips []netip.Addr
 		for _, ip := range l.IPs {
 			if p := local[ip]; p != nil && p.UID == l.PodUID {
 				ips = append(ips, ip)
@@ -40,20 +41,63 @@ func (d *Daemon) honouredIPs(l *k8s.DrainLease, local map[netip.Addr]*k8s.Pod) (
 		}
 		return ips, len(ips) > 0
 	}
-	var ips []netip.Addr
+	switch h := d.hostsOf(l, gen, now); {
+	case h.elsewhere:
+		return nil, false // the pod runs elsewhere: not the holder's to drain
+	case len(h.ips) > 0:
+		return append(ips, h.ips...), true
+	}
+	v, ok := d.leaseTrust.verified(l)
+	return append(ips, v...), ok // a copy: buf is reused, the verdict kept
+}
+
+// leaseHosts is what trusted slices said of a Lease's pod: the IPs they
+// list it at on the Lease's holder, or that they list it on another node.
+type leaseHosts struct {
+	lease     *k8s.DrainLease
+	gen       uint64    // the claims' generation it was read at
+	until     time.Time // a departed host's answer ends (zero: none)
+	ips       []netip.Addr
+	elsewhere bool
+}
+
+// hostsOf returns what trusted slices say of the pod of l, a Lease of
+// another node. Every pass asks it of every such Lease of the cluster, one
+// index lookup per IP: the answer is kept (by Lease name, modelMu) while
+// the Lease object, the claims' generation gen and a departed host's
+// answer last.
+func (d *Daemon) hostsOf(l *k8s.DrainLease, gen uint64, now time.Time) *leaseHosts {
+	if h := d.leaseHosts[l.Name]; h != nil && h.lease == l && h.gen == gen && (h.until.IsZero() || now.Before(h.until)) {
+		return h
+	}
+	h := &leaseHosts{lease: l, gen: gen}
 	for _, ip := range l.IPs {
-		node, listed := d.claims.hostOf(ip, l.PodUID)
-		switch {
-		case listed && node != l.Holder:
-			return nil, false // the pod runs elsewhere: not the holder's to drain
-		case listed:
-			ips = append(ips, ip)
+		node, listed, until := d.claims.hostOf(ip, l.PodUID)
+		if !until.IsZero() && (h.until.IsZero() || until.Before(h.until)) {
+			h.until = until
+		}
+		if listed && node != l.Holder {
+			h.elsewhere, h.ips = true, nil
+			break
+		}
+		if listed {
+			h.ips = append(h.ips, ip)
 		}
 	}
-	if len(ips) > 0 {
-		return ips, true
+	if d.leaseHosts == nil {
+		d.leaseHosts = map[string]*leaseHosts{}
 	}
-	return d.leaseTrust.verified(l)
+	d.leaseHosts[l.Name] = h
+	return h
+}
+
+// forgetLeaseHosts drops the answers of Leases that are gone.
+func (d *Daemon) forgetLeaseHosts(names map[string]bool) {
+	for name := range d.leaseHosts {
+		if !names[name] {
+			delete(d.leaseHosts, name)
+		}
+	}
 }
 
 // leaseVerdict is what the Pod object said about a Lease.

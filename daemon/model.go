@@ -69,6 +69,12 @@ func (d *podDrain) same(o *podDrain) bool {
 	return d.Reason == o.Reason && d.Expires.Equal(o.Expires) && slices.Equal(d.IPs, o.IPs) && d.Namespace == o.Namespace && d.Name == o.Name
 }
 
+// identical reports whether d and o are equal in every field (same
+// compares what the entries depend on).
+func (d *podDrain) identical(o *podDrain) bool {
+	return d.same(o) && d.UID == o.UID && d.Since.Equal(o.Since) && d.Holder == o.Holder && d.Lease == o.Lease && d.State == o.State
+}
+
 // servicePort is an active service-port: it has draining endpoints, or
 // departed ones still lingering on its id.
 type servicePort struct {
@@ -444,6 +450,9 @@ func (m *model) releaseIfUnused(id bpf.ServicePortID) {
 // setPodDrains replaces the pod drains and returns those that changed (old
 // or new version): the Services listing their pods must be recomputed.
 func (m *model) setPodDrains(next map[types.UID]*podDrain) (changed []*podDrain) {
+	if samePodDrains(m.podDrains, next) {
+		return nil // the usual pass: the previous map itself
+	}
 	for uid, d := range m.podDrains {
 		if n, ok := next[uid]; !ok || !n.same(d) {
 			changed = append(changed, d)

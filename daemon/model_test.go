@@ -3,6 +3,7 @@ package daemon
 import (
 	"fmt"
 	"net/netip"
+	"reflect"
 	"slices"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/k8s"
@@ -377,6 +379,82 @@ func TestLeaseBeforeSlice(t *testing.T) {
 	h.deleteLease("a")
 	h.pass()
 	h.check(expect{})
+}
+
+// TestPodDrainIdentical: a pass keeps the previous pass's pod drain only if
+// it is equal in every field; a field identical does not compare (one added
+// later, say) would leave a stale value in the model.
+func TestPodDrainIdentical(t *testing.T) {
+	base := podDrain{UID: "a", Namespace: "default", Name: "pod-a", IPs: []netip.Addr{netip.MustParseAddr("10.0.0.1")},
+		Reason: k8s.ReasonOffline, Since: time.Unix(100, 0), Expires: time.Unix(200, 0), Holder: "node-b", State: StateDraining}
+	same := base
+	same.IPs = slices.Clone(base.IPs)
+	if !base.identical(&same) {
+		t.Fatal("a copy is not identical")
+	}
+	fields := reflect.TypeFor[podDrain]()
+	for i := range fields.NumField() {
+		other := base
+		other.IPs = slices.Clone(base.IPs)
+		f := reflect.ValueOf(&other).Elem().Field(i)
+		switch v := f.Addr().Interface().(type) {
+		case *string:
+			*v += "x"
+		case *types.UID:
+			*v += "x"
+		case *[]netip.Addr:
+			*v = append(*v, netip.MustParseAddr("10.0.0.2"))
+		case *time.Time:
+			*v = v.Add(time.Second)
+		case *bool:
+			*v = !*v
+		default:
+			t.Fatalf("podDrain.%s: a field of a type this test does not change (%s)", fields.Field(i).Name, f.Type())
+		}
+		if base.identical(&other) {
+			t.Errorf("podDrains differing in %s are identical", fields.Field(i).Name)
+		}
+	}
+}
+
+// TestLeaseFollowsTheListings: another node's Lease is honoured while
+// trusted slices list its pod on that node, and not from the first pass
+// after a slice lists the pod elsewhere (the Lease unchanged: passes keep
+// their answers only while the listings stay). Once the pod leaves every
+// slice, its departed host answers for the claims' memory, then no more.
+func TestLeaseFollowsTheListings(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.Linger, c.LeaseDuration = 10*time.Second, 30*time.Second })
+	h.addService(webService())
+	on := func(node string) {
+		h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(ready("10.0.0.1", "a"), node), ready("10.0.0.2", "b")))
+	}
+	on("node-b")
+	h.lease("a", "default", "pod-a", "node-b", k8s.ReasonOffline, 10*time.Minute, "10.0.0.1")
+	h.pass()
+	if got := ipSteered(h, "10.0.0.1"); len(got) == 0 {
+		t.Fatalf("the hosting node's Lease is not honoured:\n%s", h.describe())
+	}
+	on("node-c")
+	h.pass()
+	if got := ipSteered(h, "10.0.0.1"); len(got) != 0 {
+		t.Fatalf("node-b's Lease still drains a pod the slices list on node-c: %v", got)
+	}
+	on("node-b")
+	h.pass()
+	if got := ipSteered(h, "10.0.0.1"); len(got) == 0 {
+		t.Fatalf("node-b's Lease is not honoured once the slices list the pod there again:\n%s", h.describe())
+	}
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.2", "b")))
+	h.clock.Step(20 * time.Second) // the departure's linger (10 s) is over, the host's memory (40 s) is not
+	h.pass()
+	if got := ipSteered(h, "10.0.0.1"); len(got) == 0 {
+		t.Fatalf("the departed pod's Lease is not honoured while its host is remembered:\n%s", h.describe())
+	}
+	h.clock.Step(25 * time.Second)
+	h.pass()
+	if got := ipSteered(h, "10.0.0.1"); len(got) != 0 {
+		t.Fatalf("a Lease is honoured on a departed host's word after it was forgotten (and no Pod object confirms it): %v", got)
+	}
 }
 
 func TestLeaseExpiry(t *testing.T) {

@@ -1,7 +1,9 @@
 package daemon
 
 import (
+	"maps"
 	"net/netip"
+	"slices"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -162,27 +164,65 @@ func (d *Daemon) apply(now time.Time, changedAt []time.Time, loop bool) {
 // (this node knows its pod is draining even when the API server could not
 // be reached to renew the Lease).
 func (d *Daemon) podDrains(local map[netip.Addr]*k8s.Pod, now time.Time) map[types.UID]*podDrain {
-	leases := d.state.DrainLeases()
-	// It runs every pass: sized once, the maps never grow (and rehash).
-	out := make(map[types.UID]*podDrain, len(leases))
-	names := make(map[string]bool, len(leases))
-	for _, l := range leases {
-		names[l.Name] = true
+	leases := d.drainLeasesNow()
+	prev := d.model.podDrains
+	// It runs every pass, with every Lease of the cluster: the drains are
+	// gathered in a map kept for the next pass, each keeps its previous
+	// pass's object when it is identical, and the result is the previous
+	// map itself when nothing changed (nothing allocated).
+	next := d.drainScratch
+	if next == nil {
+		next = map[types.UID]*podDrain{}
+		d.drainScratch = next
+	}
+	clear(next)
+	keep := func(pd *podDrain) {
+		if p := prev[pd.UID]; p != nil && p.identical(pd) {
+			next[pd.UID] = p
+			return
+		}
+		own := *pd
+		own.IPs = slices.Clone(pd.IPs)
+		next[pd.UID] = &own
+	}
+	if leases != d.leasesSeen {
+		d.leasesSeen = leases
+		d.forgetLeaseHosts(leases.names)
+	}
+	gen := d.claims.generation()
+	for _, l := range leases.list {
 		if !l.Expires().After(now) {
 			continue
 		}
-		ips, ok := d.honouredIPs(l, local)
+		ips, ok := d.honouredIPs(l, local, d.ipScratch[:0], gen, now)
 		if !ok {
 			continue
 		}
-		out[l.PodUID] = &podDrain{UID: l.PodUID, Namespace: l.PodNamespace, Name: l.PodName, IPs: ips,
-			Reason: l.Reason, Since: l.Acquired, Expires: l.Expires(), Holder: l.Holder, Lease: true, State: l.State}
+		if cap(ips) <= scratchKeep {
+			d.ipScratch = ips[:0]
+		}
+		keep(&podDrain{UID: l.PodUID, Namespace: l.PodNamespace, Name: l.PodName, IPs: ips,
+			Reason: l.Reason, Since: l.Acquired, Expires: l.Expires(), Holder: l.Holder, Lease: true, State: l.State})
 	}
-	d.leaseTrust.forgetExcept(names)
-	for _, pd := range d.hosted.podDrains() {
-		out[pd.UID] = pd
+	d.leaseTrust.forgetExcept(leases.names)
+	d.hosted.eachPodDrain(keep)
+	if samePodDrains(prev, next) {
+		return prev
 	}
-	return out
+	return maps.Clone(next)
+}
+
+// samePodDrains reports whether a and b hold the same objects.
+func samePodDrains(a, b map[types.UID]*podDrain) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for uid, d := range b {
+		if a[uid] != d {
+			return false
+		}
+	}
+	return true
 }
 
 // podEventAt is the earliest Lease or local pod event of the pass, or now

@@ -562,11 +562,11 @@ func TestGoneLeaseBelievedOnlyFromTheDepartedHost(t *testing.T) {
 	if !h.d.model.goneDrain("c") {
 		t.Error("the gone Lease of the pod's own host was not believed")
 	}
-	if node, ok := h.d.claims.hostOf(netip.MustParseAddr("10.0.0.3"), "c"); !ok || node != "node-b" {
+	if node, ok, _ := h.d.claims.hostOf(netip.MustParseAddr("10.0.0.3"), "c"); !ok || node != "node-b" {
 		t.Errorf("host of the departed pod: %q %v", node, ok)
 	}
 	h.clock.Step(h.d.cfg.Linger + h.d.cfg.LeaseDuration)
-	if _, ok := h.d.claims.hostOf(netip.MustParseAddr("10.0.0.3"), "c"); ok {
+	if _, ok, _ := h.d.claims.hostOf(netip.MustParseAddr("10.0.0.3"), "c"); ok {
 		t.Error("a departed host is remembered past linger + Lease duration")
 	}
 }

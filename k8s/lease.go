@@ -150,7 +150,8 @@ type DrainRequest struct {
 	State string
 }
 
-func (r *DrainRequest) build(ns string, now time.Time) *coordinationv1.Lease {
+// Lease returns the Lease object Publish creates for r in namespace ns.
+func (r *DrainRequest) Lease(ns string, now time.Time) *coordinationv1.Lease {
 	ips := make([]string, len(r.IPs))
 	for i, ip := range r.IPs {
 		ips[i] = ip.String()
@@ -192,7 +193,7 @@ func (c *Leases) Publish(ctx context.Context, r DrainRequest, now time.Time) (le
 	if r.PodUID == "" || len(r.IPs) == 0 {
 		return nil, false, errors.New("publishing drain lease: pod uid and IPs are required")
 	}
-	want := r.build(c.Namespace, now)
+	want := r.Lease(c.Namespace, now)
 	got, err := c.Client.CoordinationV1().Leases(c.Namespace).Create(ctx, want, metav1.CreateOptions{})
 	if err == nil {
 		l, perr := ParseLease(got)

@@ -88,7 +88,7 @@ func TestLeaseRenewRetriesConflicts(t *testing.T) {
 
 func TestParseLeaseRejectsMalformed(t *testing.T) {
 	req := request()
-	good := req.build("draind-system", t0)
+	good := req.Lease("draind-system", t0)
 	if _, err := ParseLease(good); err != nil {
 		t.Fatalf("good lease: %v", err)
 	}
@@ -110,7 +110,7 @@ func TestParseLeaseRejectsMalformed(t *testing.T) {
 	// Long names do not make invalid labels: they are left out.
 	long := request()
 	long.PodName = strings.Repeat("a", 100)
-	l := long.build("draind-system", t0)
+	l := long.Lease("draind-system", t0)
 	if _, ok := l.Labels[LabelPodName]; ok {
 		t.Error("a 100-character label value was written")
 	}
