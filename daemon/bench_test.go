@@ -643,7 +643,9 @@ func quantile(v []float64, q float64) float64 {
 // benchDatapath stands in for the kernel's maps: it counts operations and
 // keeps what *bpf.Datapath keeps in Go memory (the keys of the frontends
 // and drain entries written), so that the benchmark's heap is draind's
-// own, not a copy of the maps the kernel holds.
+// own, not a copy of the maps the kernel holds. It offers the socket hooks
+// (SocketDatapath) as a node whose kernel loads them: passes then do their
+// gone-peer work as there.
 type benchDatapath struct {
 	mu        sync.Mutex
 	ops       int
@@ -651,7 +653,31 @@ type benchDatapath struct {
 	drains    map[bpf.EndpointKey]struct{}
 }
 
-var _ Datapath = (*benchDatapath)(nil)
+var (
+	_ Datapath       = (*benchDatapath)(nil)
+	_ SocketDatapath = (*benchDatapath)(nil)
+)
+
+func (f *benchDatapath) SocketsLoaded() bool                           { return true }
+func (f *benchDatapath) Connections(netip.Addr) (bpf.ConnCount, error) { return bpf.ConnCount{}, nil }
+func (f *benchDatapath) CountingSince() (time.Time, error)             { return time.Time{}, nil }
+func (f *benchDatapath) UpsertGonePeer(bpf.GonePeer) error {
+	return f.set(nil, bpf.EndpointKey{}, true)
+}
+func (f *benchDatapath) DeleteGonePeer(netip.Addr) error { return f.set(nil, bpf.EndpointKey{}, false) }
+func (f *benchDatapath) UpsertGoneFlow(bpf.GoneFlow) error {
+	return f.set(nil, bpf.EndpointKey{}, true)
+}
+func (f *benchDatapath) DeleteGoneFlow(_, _ netip.AddrPort) error {
+	return f.set(nil, bpf.EndpointKey{}, false)
+}
+func (f *benchDatapath) GoneEntries() ([]bpf.GonePeer, []bpf.GoneFlow, error) { return nil, nil, nil }
+func (f *benchDatapath) SocketCounters() (bpf.SocketCounters, error) {
+	return bpf.SocketCounters{}, nil
+}
+func (f *benchDatapath) PruneConnections(func(netip.Addr) bool) (int, error) {
+	return 0, nil
+}
 
 func newBenchDatapath() *benchDatapath {
 	return &benchDatapath{frontends: map[bpf.EndpointKey]struct{}{}, drains: map[bpf.EndpointKey]struct{}{}}
@@ -661,9 +687,11 @@ func (f *benchDatapath) set(m map[bpf.EndpointKey]struct{}, k bpf.EndpointKey, p
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.ops++
-	if present {
+	switch {
+	case m == nil: // a gone entry: counted only
+	case present:
 		m[k] = struct{}{}
-	} else {
+	default:
 		delete(m, k)
 	}
 	return nil

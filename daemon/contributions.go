@@ -148,6 +148,7 @@ func (m *model) setListing(uid types.UID, svc string, on bool) {
 			delete(m.listings, uid)
 		}
 	}
+	m.notesGen++
 	m.updatePodEntries(uid)
 }
 

@@ -5,13 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/netip"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
@@ -136,16 +134,9 @@ type Daemon struct {
 	// local and leases are this node's pods and the drain Leases as their
 	// last event read them: every pass reads them, and a node runs up to a
 	// hundred pods or more, a cluster's rollout as many Leases.
-	local  snapshot[localPods]
-	leases snapshot[drainLeases]
-	// drainScratch and ipScratch are podDrains' own, kept from pass to
-	// pass (modelMu).
-	drainScratch map[types.UID]*podDrain
-	ipScratch    []netip.Addr
-	// leaseHosts keeps what trusted slices said of other nodes' Leases'
-	// pods (hostsOf) for the Leases of leasesSeen (modelMu).
-	leaseHosts map[string]*leaseHosts
-	leasesSeen *drainLeases
+	local       snapshot[localPods]
+	leases      snapshot[drainLeases]
+	drainsState podDrainsState // podDrains' own (modelMu)
 
 	// Owned by whoever holds modelMu: the runner goroutine, or the slice
 	// watch's for a pass it runs itself (pass.go, passNow).
@@ -277,7 +268,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 // entries of a registry-only drain it adopted.
 func (d *Daemon) checkLeases(ctx context.Context) {
 	d.modelMu.Lock()
-	d.podDrains(d.localPodsNow().byIP, d.clock.Now())
+	d.podDrains(d.localPodsNow(), d.clock.Now())
 	d.modelMu.Unlock()
 	d.leaseTrust.flush(ctx)
 }

@@ -175,6 +175,48 @@ func TestHostileRegistryOnlyLease(t *testing.T) {
 	})
 }
 
+// TestHostileOwnLeaseFollowsLocalPods: a Lease naming this node as holder
+// drains an IP only while this node's pod with the Lease's UID holds it:
+// not before the pod is seen here, not once another pod took the IP.
+func TestHostileOwnLeaseFollowsLocalPods(t *testing.T) {
+	h := newHarness(t)
+	h.lease("a", "default", "pod-a", testNode, k8s.ReasonOffline, time.Minute, "10.0.0.7")
+	h.pass()
+	if got := ipSteered(h, "10.0.0.7"); len(got) != 0 {
+		t.Fatalf("this node's Lease drains an IP none of its pods holds: %v", got)
+	}
+	h.putPod(pod("pod-a", "a", "10.0.0.7"))
+	h.pass()
+	if got := ipSteered(h, "10.0.0.7"); len(got) == 0 {
+		t.Fatalf("this node's Lease is not honoured once its pod is here:\n%s", h.describe())
+	}
+	h.deletePod("default", "pod-a")
+	h.putPod(pod("pod-z", "z", "10.0.0.7"))
+	h.pass()
+	if got := ipSteered(h, "10.0.0.7"); len(got) != 0 {
+		t.Fatalf("this node's Lease still drains its pod's IP, now another pod's: %v", got)
+	}
+}
+
+// TestHostileRegistryOnlyLeaseRechecked: a Lease refused because its pod
+// was not (yet) found is checked again a few seconds later, with nothing
+// else changing, and honoured once the pod confirms it.
+func TestHostileRegistryOnlyLeaseRechecked(t *testing.T) {
+	h := newHarness(t)
+	h.lease("reg", "default", "nacos-client", "node-b", k8s.ReasonOffline, time.Minute, "10.0.0.5")
+	h.tick(0)
+	if got := ipSteered(h, "10.0.0.5"); len(got) != 0 {
+		t.Fatalf("a Lease no Pod object confirms drains: %v", got)
+	}
+	h.podElsewhere("nacos-client", "reg", "node-b", "10.0.0.5")
+	h.tick(0) // refused a moment ago: not checked again yet
+	h.tick(recheckAfter)
+	eventually(t, 5*time.Second, "the Lease to be checked again and honoured", func() bool {
+		h.tick(0)
+		return len(ipSteered(h, "10.0.0.5")) == 2
+	})
+}
+
 // TestHostileAnnotationChurnMemory: a churn of large invalid annotation
 // values and of whole objects leaves the heap where it started.
 func TestHostileAnnotationChurnMemory(t *testing.T) {

@@ -29,26 +29,32 @@ import (
 //
 // A Lease not (yet) confirmed drains nothing: fail open.
 
-// honouredIPs returns the IPs a Lease may drain, appended to buf, or false.
-// gen is the claims' generation, read before the pass's first Lease.
-func (d *Daemon) honouredIPs(l *k8s.DrainLease, local map[netip.Addr]*k8s.Pod, buf []netip.Addr, gen uint64, now time.Time) ([]netip.Addr, bool) {
-	ips := buf
+// honouredIPs returns the IPs a Lease may drain, appended to buf, or false;
+// until is when the answer may change with nothing else changing (zero:
+// never). gen is the claims' generation, read before the pass's first
+// Lease.
+func (d *Daemon) honouredIPs(l *k8s.DrainLease, local map[netip.Addr]*k8s.Pod, buf []netip.Addr, gen uint64, now time.Time) (ips []netip.Addr, ok bool, until time.Time) {
+	ips = buf
 	if l.Holder == d.cfg.Node {
 		for _, ip := range l.IPs {
 			if p := local[ip]; p != nil && p.UID == l.PodUID {
 				ips = append(ips, ip)
 			}
 		}
-		return ips, len(ips) > 0
+		return ips, len(ips) > 0, time.Time{}
 	}
-	switch h := d.hostsOf(l, gen, now); {
+	switch h := d.drainsState.hostsOf(d.claims, l, gen, now); {
 	case h.elsewhere:
-		return nil, false // the pod runs elsewhere: not the holder's to drain
+		return nil, false, h.until // the pod runs elsewhere: not the holder's to drain
 	case len(h.ips) > 0:
-		return append(ips, h.ips...), true
+		return append(ips, h.ips...), true, h.until
+	default:
+		v, ok, recheck := d.leaseTrust.verified(l)
+		if !h.until.IsZero() && (recheck.IsZero() || h.until.Before(recheck)) {
+			recheck = h.until
+		}
+		return append(ips, v...), ok, recheck // a copy: buf is reused, the verdict kept
 	}
-	v, ok := d.leaseTrust.verified(l)
-	return append(ips, v...), ok // a copy: buf is reused, the verdict kept
 }
 
 // leaseHosts is what trusted slices said of a Lease's pod: the IPs they
@@ -62,17 +68,16 @@ type leaseHosts struct {
 }
 
 // hostsOf returns what trusted slices say of the pod of l, a Lease of
-// another node. Every pass asks it of every such Lease of the cluster, one
-// index lookup per IP: the answer is kept (by Lease name, modelMu) while
-// the Lease object, the claims' generation gen and a departed host's
-// answer last.
-func (d *Daemon) hostsOf(l *k8s.DrainLease, gen uint64, now time.Time) *leaseHosts {
-	if h := d.leaseHosts[l.Name]; h != nil && h.lease == l && h.gen == gen && (h.until.IsZero() || now.Before(h.until)) {
+// another node: one index lookup per IP, kept (by Lease name) while the
+// Lease object, the claims' generation gen and a departed host's answer
+// last.
+func (st *podDrainsState) hostsOf(c *claims, l *k8s.DrainLease, gen uint64, now time.Time) *leaseHosts {
+	if h := st.hostAnswers[l.Name]; h != nil && h.lease == l && h.gen == gen && (h.until.IsZero() || now.Before(h.until)) {
 		return h
 	}
 	h := &leaseHosts{lease: l, gen: gen}
 	for _, ip := range l.IPs {
-		node, listed, until := d.claims.hostOf(ip, l.PodUID)
+		node, listed, until := c.hostOf(ip, l.PodUID)
 		if !until.IsZero() && (h.until.IsZero() || until.Before(h.until)) {
 			h.until = until
 		}
@@ -84,18 +89,18 @@ func (d *Daemon) hostsOf(l *k8s.DrainLease, gen uint64, now time.Time) *leaseHos
 			h.ips = append(h.ips, ip)
 		}
 	}
-	if d.leaseHosts == nil {
-		d.leaseHosts = map[string]*leaseHosts{}
+	if st.hostAnswers == nil {
+		st.hostAnswers = map[string]*leaseHosts{}
 	}
-	d.leaseHosts[l.Name] = h
+	st.hostAnswers[l.Name] = h
 	return h
 }
 
-// forgetLeaseHosts drops the answers of Leases that are gone.
-func (d *Daemon) forgetLeaseHosts(names map[string]bool) {
-	for name := range d.leaseHosts {
+// forgetHostAnswers drops the answers of Leases that are gone.
+func (st *podDrainsState) forgetHostAnswers(names map[string]bool) {
+	for name := range st.hostAnswers {
 		if !names[name] {
-			delete(d.leaseHosts, name)
+			delete(st.hostAnswers, name)
 		}
 	}
 }
@@ -122,6 +127,7 @@ type leaseTrust struct {
 	mu       sync.Mutex
 	verdicts map[string]*leaseVerdict // by Lease name
 	pending  map[string]k8s.DrainLease
+	gen      uint64 // changes with every verdict
 }
 
 // recheckAfter is when a refused Lease is checked again (the pod may get
@@ -139,20 +145,32 @@ func sameClaim(a, b *k8s.DrainLease) bool {
 }
 
 // verified returns the verdict on l, asking for a check when there is none
-// (or it is stale).
-func (t *leaseTrust) verified(l *k8s.DrainLease) ([]netip.Addr, bool) {
+// (or it is stale). A refusal holds until recheck; the verdict of a check
+// asked for changes the generation.
+func (t *leaseTrust) verified(l *k8s.DrainLease) (ips []netip.Addr, ok bool, recheck time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	v := t.verdicts[l.Name]
 	if v != nil && sameClaim(&v.lease, l) && (v.ok || t.clock.Since(v.checked) < recheckAfter) {
-		return v.ips, v.ok
+		if !v.ok {
+			recheck = v.checked.Add(recheckAfter)
+		}
+		return v.ips, v.ok, recheck
 	}
 	t.pending[l.Name] = *l
 	select {
 	case t.kick <- struct{}{}:
 	default:
 	}
-	return nil, false
+	return nil, false, time.Time{}
+}
+
+// generation returns gen: verified's answers hold while it stays (and a
+// refusal until its recheck).
+func (t *leaseTrust) generation() uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.gen
 }
 
 // hasPending reports whether Leases wait for a check.
@@ -200,6 +218,7 @@ func (t *leaseTrust) flush(ctx context.Context) {
 		v := t.check(ctx, l)
 		t.mu.Lock()
 		t.verdicts[name] = v
+		t.gen++
 		t.mu.Unlock()
 	}
 	if len(pending) > 0 && t.requestPass != nil {

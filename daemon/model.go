@@ -173,6 +173,10 @@ type model struct {
 	lingerKeys map[bpf.ServicePortID][]bpf.EndpointKey
 	lingerMin  time.Time // earliest linger end (zero: none), a lower bound
 	podDrains  map[types.UID]*podDrain
+	// podDrainsGen changes whenever setPodDrains replaces podDrains;
+	// notesGen whenever podDrains, listings or vanish.services change (what
+	// gonePeers notes of the pod drains).
+	podDrainsGen, notesGen uint64
 	// drainsByPod holds podDrains by the key slices compare pods by.
 	drainsByPod map[k8s.PodKey]*podDrain
 	listings    map[types.UID]map[string]struct{} // drained pod -> Services listing it
@@ -451,8 +455,10 @@ func (m *model) releaseIfUnused(id bpf.ServicePortID) {
 // or new version): the Services listing their pods must be recomputed.
 func (m *model) setPodDrains(next map[types.UID]*podDrain) (changed []*podDrain) {
 	if samePodDrains(m.podDrains, next) {
-		return nil // the usual pass: the previous map itself
+		return nil
 	}
+	m.podDrainsGen++
+	m.notesGen++
 	for uid, d := range m.podDrains {
 		if n, ok := next[uid]; !ok || !n.same(d) {
 			changed = append(changed, d)

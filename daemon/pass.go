@@ -1,14 +1,7 @@
 package daemon
 
 import (
-	"maps"
-	"net/netip"
-	"slices"
 	"time"
-
-	"k8s.io/apimachinery/pkg/types"
-
-	"github.com/draind/draind/k8s"
 )
 
 // One reconciler pass, run by the runner: take what changed, update the
@@ -75,7 +68,10 @@ func (d *Daemon) syncLocked(loop bool) time.Time {
 	d.hosted.observeLocalPods(local.byUID, now)
 	m.addVanished(d.vanished.take())
 	podAt := dirty.podEventAt(now)
-	changedDrains := m.setPodDrains(d.podDrains(local.byIP, now))
+	var changedDrains []*podDrain
+	if next, changed := d.podDrains(local, now); changed {
+		changedDrains = m.setPodDrains(next)
+	}
 	podViaServices := false
 	for _, pd := range changedDrains {
 		for _, svc := range m.servicesListing(pd.UID, pd.Namespace) {
@@ -156,73 +152,6 @@ func (d *Daemon) apply(now time.Time, changedAt []time.Time, loop bool) {
 		d.log.Info("first datapath pass done", logKeyOps, res.Ops)
 		d.firstDone.Store(true)
 	}
-}
-
-// podDrains derives the pod drains from the drain Leases and this node's
-// hosted drains. An expired Lease ends its drain (fail open: its hosting
-// node may be gone for good); a hosted drain holds whatever its Lease says
-// (this node knows its pod is draining even when the API server could not
-// be reached to renew the Lease).
-func (d *Daemon) podDrains(local map[netip.Addr]*k8s.Pod, now time.Time) map[types.UID]*podDrain {
-	leases := d.drainLeasesNow()
-	prev := d.model.podDrains
-	// It runs every pass, with every Lease of the cluster: the drains are
-	// gathered in a map kept for the next pass, each keeps its previous
-	// pass's object when it is identical, and the result is the previous
-	// map itself when nothing changed (nothing allocated).
-	next := d.drainScratch
-	if next == nil {
-		next = map[types.UID]*podDrain{}
-		d.drainScratch = next
-	}
-	clear(next)
-	keep := func(pd *podDrain) {
-		if p := prev[pd.UID]; p != nil && p.identical(pd) {
-			next[pd.UID] = p
-			return
-		}
-		own := *pd
-		own.IPs = slices.Clone(pd.IPs)
-		next[pd.UID] = &own
-	}
-	if leases != d.leasesSeen {
-		d.leasesSeen = leases
-		d.forgetLeaseHosts(leases.names)
-	}
-	gen := d.claims.generation()
-	for _, l := range leases.list {
-		if !l.Expires().After(now) {
-			continue
-		}
-		ips, ok := d.honouredIPs(l, local, d.ipScratch[:0], gen, now)
-		if !ok {
-			continue
-		}
-		if cap(ips) <= scratchKeep {
-			d.ipScratch = ips[:0]
-		}
-		keep(&podDrain{UID: l.PodUID, Namespace: l.PodNamespace, Name: l.PodName, IPs: ips,
-			Reason: l.Reason, Since: l.Acquired, Expires: l.Expires(), Holder: l.Holder, Lease: true, State: l.State})
-	}
-	d.leaseTrust.forgetExcept(leases.names)
-	d.hosted.eachPodDrain(keep)
-	if samePodDrains(prev, next) {
-		return prev
-	}
-	return maps.Clone(next)
-}
-
-// samePodDrains reports whether a and b hold the same objects.
-func samePodDrains(a, b map[types.UID]*podDrain) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for uid, d := range b {
-		if a[uid] != d {
-			return false
-		}
-	}
-	return true
 }
 
 // podEventAt is the earliest Lease or local pod event of the pass, or now

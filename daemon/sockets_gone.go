@@ -117,6 +117,15 @@ type gonePeers struct {
 	relist    map[netip.Addr]bool // adopted peers whose flows are listed again
 	warned    map[string]string
 	lastPrune time.Time
+	// noted is the model's notesGen when the Services of its pod drains
+	// were last noted, gone the drained pods that are gone then, kept the
+	// number of departed pods whose Services were kept for their linger:
+	// desired reads every pod drain only when the model changed them.
+	noted    uint64
+	notedYet bool
+	gone     []types.UID
+	kept     int
+	want     map[netip.Addr]bpf.GonePeer // desired's, reused
 
 	flows goneFlows
 }
@@ -211,23 +220,17 @@ func (g *gonePeers) optedOut(uid types.UID) bool {
 
 // desired computes the gone peers from the model's pod drains.
 func (g *gonePeers) desired(m *model, now time.Time) map[netip.Addr]bpf.GonePeer {
-	want := map[netip.Addr]bpf.GonePeer{}
-	for uid, pd := range m.podDrains {
-		if _, known := g.services[uid]; !known {
-			g.noteServices(uid, m.servicesListing(uid, pd.Namespace)...)
-		}
-		g.noteServices(uid, m.vanishedServicesOf(uid)...)
-		for s := range m.listings[uid] {
-			g.noteServices(uid, s)
-		}
-		if pd.State != StateGone {
-			continue
-		}
-		at, ok := g.firstGone[uid]
-		if !ok {
-			at = now
-			g.firstGone[uid] = at
-		}
+	if !g.notedYet || g.noted != m.notesGen {
+		g.noted, g.notedYet = m.notesGen, true
+		g.noteDrains(m, now)
+	}
+	if g.want == nil {
+		g.want = map[netip.Addr]bpf.GonePeer{}
+	}
+	want := g.want
+	clear(want)
+	for _, uid := range g.gone {
+		pd := m.podDrains[uid]
 		if g.optedOut(uid) {
 			continue
 		}
@@ -239,20 +242,57 @@ func (g *gonePeers) desired(m *model, now time.Time) map[netip.Addr]bpf.GonePeer
 			if g.cfg.Claims.claimedByOther(ip, uid) {
 				continue
 			}
-			want[ip] = bpf.GonePeer{Addr: ip, GoneAt: at, Expires: exp}
+			want[ip] = bpf.GonePeer{Addr: ip, GoneAt: g.firstGone[uid], Expires: exp}
 		}
+	}
+	if g.kept > 0 {
+		g.pruneServices(m) // a linger may have ended
+	}
+	return want
+}
+
+// noteDrains notes the Services of every pod drain, lists the gone ones
+// (when this node first saw each gone) and forgets the pods that no longer
+// drain.
+func (g *gonePeers) noteDrains(m *model, now time.Time) {
+	g.gone = g.gone[:0]
+	for uid, pd := range m.podDrains {
+		if _, known := g.services[uid]; !known {
+			g.noteServices(uid, m.servicesListing(uid, pd.Namespace)...)
+		}
+		g.noteServices(uid, m.vanishedServicesOf(uid)...)
+		for s := range m.listings[uid] {
+			g.noteServices(uid, s)
+		}
+		if pd.State != StateGone {
+			continue
+		}
+		if _, ok := g.firstGone[uid]; !ok {
+			g.firstGone[uid] = now
+		}
+		g.gone = append(g.gone, uid)
 	}
 	for uid := range g.firstGone {
 		if m.podDrains[uid] == nil {
 			delete(g.firstGone, uid)
 		}
 	}
+	g.pruneServices(m)
+}
+
+// pruneServices forgets the Services of pods that no longer drain, but
+// for a vanished one's, kept for its linger (counted in kept).
+func (g *gonePeers) pruneServices(m *model) {
+	g.kept = 0
 	for uid := range g.services {
-		if m.podDrains[uid] == nil && !g.vanishedRecently(uid, m) {
+		switch {
+		case m.podDrains[uid] != nil:
+		case g.vanishedRecently(uid, m):
+			g.kept++
+		default:
 			delete(g.services, uid)
 		}
 	}
-	return want
 }
 
 // vanishedRecently keeps the Services of a vanished endpoint until its pod

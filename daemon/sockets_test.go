@@ -303,6 +303,61 @@ func TestGonePeersFollowGoneLeases(t *testing.T) {
 	}
 }
 
+// TestGonePeersRememberAServiceThatListedTheDrainingPod: a Service that
+// listed a pod only while it drained (its Lease came first, its listing
+// ended before it went) still decides for it once it is gone: the pod of a
+// Service that opts out is not listed gone.
+func TestGonePeersRememberAServiceThatListedTheDrainingPod(t *testing.T) {
+	h, sd := newSocketHarness(t)
+	h.addService(svc("opt", []string{"10.96.0.20"}, []corev1.ServicePort{port("http", 80, corev1.ProtocolTCP)}, withEndDead("false")))
+	h.podElsewhere("pod-e", "e", "node-b", "10.0.0.5")
+	h.lease("e", "default", "pod-e", "node-b", k8s.ReasonOffline, time.Minute, "10.0.0.5")
+	h.tick(0) // the Lease checked against its Pod
+	h.pass()
+	if len(ipSteered(h, "10.0.0.5")) == 0 {
+		t.Fatalf("the registry-only Lease is not honoured:\n%s", h.describe())
+	}
+	h.putSlice(slice("opt-1", "opt", v4, httpPorts(8080), onNode(ready("10.0.0.5", "e"), "node-b")))
+	h.pass()
+	h.putSlice(slice("opt-1", "opt", v4, httpPorts(8080)))
+	h.pass()
+	h.goneLeaseUpdate("e", "10.0.0.5")
+	h.pass()
+	if !h.d.model.goneDrain("e") {
+		t.Fatal("the gone Lease is not believed")
+	}
+	if _, ok := sd.peer("10.0.0.5"); ok {
+		t.Errorf("a pod that a Service with %s=false listed while it drained was listed gone", k8s.AnnotationEndDeadConnections)
+	}
+}
+
+// TestGonePeersForgetServicesOfLingeringPods: the Services noted for a pod
+// whose drain ended (its Lease expired) are kept while its departed
+// endpoint lingers, and forgotten when the linger ends, with nothing else
+// changing.
+func TestGonePeersForgetServicesOfLingeringPods(t *testing.T) {
+	h, _ := newSocketHarness(t, func(c *Config) { c.Linger = time.Minute })
+	h.addService(webService())
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(ready("10.0.0.1", "a"), "node-b"), onNode(ready("10.0.0.2", "b"), "node-b")))
+	h.lease("a", "default", "pod-a", "node-b", k8s.ReasonOffline, 20*time.Second, "10.0.0.1")
+	h.pass()
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(ready("10.0.0.2", "b"), "node-b")))
+	h.pass()
+	h.clock.Step(21 * time.Second) // the Lease expired, the departure lingers
+	h.pass()
+	if h.d.model.podDrains["a"] != nil {
+		t.Fatal("the expired Lease still drains")
+	}
+	if _, ok := h.d.gone.services["a"]; !ok {
+		t.Fatalf("the Services of a departed pod whose endpoint lingers are forgotten at once:\n%s", h.describe())
+	}
+	h.clock.Step(time.Minute)
+	h.pass()
+	if got, ok := h.d.gone.services["a"]; ok {
+		t.Errorf("the Services of pod a are kept after its linger ended: %v", got)
+	}
+}
+
 // goneLeaseUpdate renews a pod's Lease with state gone, as its hosting node
 // does when the pod object disappears.
 func (h *harness) goneLeaseUpdate(uid types.UID, ips ...string) {

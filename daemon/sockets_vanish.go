@@ -182,6 +182,7 @@ func (m *model) withVanished(key string, svc *k8s.Service, cat categorized, now 
 	for uid, s := range m.vanish.services {
 		if !now.Before(s.until) {
 			delete(m.vanish.services, uid)
+			m.notesGen++
 		}
 	}
 	if svc == nil || len(pend) == 0 || m.cfg.Linger <= 0 {
@@ -230,6 +231,7 @@ func (m *model) withVanished(key string, svc *k8s.Service, cat categorized, now 
 		}
 		rec.until = now.Add(m.cfg.Linger)
 		m.vanish.services[v.uid] = rec
+		m.notesGen++
 	}
 	return cat
 }

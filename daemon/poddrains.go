@@ -1,0 +1,172 @@
+package daemon
+
+import (
+	"maps"
+	"net/netip"
+	"slices"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// Pod drains: what the drain Leases of the cluster and this node's own
+// drains say, for the model (model.setPodDrains). Every pass asks, one per
+// slice update of the cluster, and a rollout has hundreds of Leases: a pass
+// reads them again only when something they depend on changed (the Lease
+// snapshot, this node's pods, who trusted slices list where, the Pod checks
+// of registry-only Leases) or a deadline among them passed; otherwise it
+// costs a look at this node's own drains.
+
+// podDrainsState is podDrains' own, kept from pass to pass (modelMu).
+type podDrainsState struct {
+	leases leaseDrainsMemo
+	hosted map[types.UID]*podDrain // this node's drains of the last pass
+	merged map[types.UID]*podDrain // scratch
+	ips    []netip.Addr            // scratch
+	// hostAnswers keeps what trusted slices said of other nodes' Leases'
+	// pods (hostsOf) for the Leases of leasesSeen.
+	hostAnswers map[string]*leaseHosts
+	leasesSeen  *drainLeases
+	// modelGen is the model's podDrainsGen once it took the last answer:
+	// any other (an answer not taken, a model changed elsewhere) and the
+	// memos are not the model's, so podDrains reads everything again.
+	modelGen uint64
+}
+
+// leaseDrainsMemo is the drains the Leases gave at the last reading, and
+// what that reading depended on.
+type leaseDrainsMemo struct {
+	drains      map[types.UID]*podDrain
+	leases      *drainLeases
+	local       *localPods
+	claimsGen   uint64
+	trustGen    uint64
+	until       time.Time // the first deadline among them (zero: none)
+	initialized bool
+}
+
+// podDrains derives the pod drains from the drain Leases and this node's
+// hosted drains, and reports whether they changed since the model's. An
+// expired Lease ends its drain (fail open: its hosting node may be gone for
+// good); a hosted drain holds whatever its Lease says (this node knows its
+// pod is draining even when the API server could not be reached to renew
+// the Lease). Unchanged drains keep their objects (and the model its map).
+func (d *Daemon) podDrains(local *localPods, now time.Time) (map[types.UID]*podDrain, bool) {
+	st := &d.drainsState
+	prev := d.model.podDrains
+	if st.modelGen != d.model.podDrainsGen {
+		st.leases.initialized = false
+		clear(st.hosted)
+	}
+	st.modelGen = d.model.podDrainsGen
+	leasesRead := d.readLeaseDrains(local, prev, now)
+	hostedChanged := st.readHosted(d.hosted, prev)
+	if !leasesRead && !hostedChanged {
+		return prev, false
+	}
+	if st.merged == nil {
+		st.merged = map[types.UID]*podDrain{}
+	}
+	next := st.merged
+	clear(next)
+	maps.Copy(next, st.leases.drains)
+	maps.Copy(next, st.hosted) // this node's own word wins
+	if samePodDrains(prev, next) {
+		return prev, false
+	}
+	st.modelGen++ // what setPodDrains makes it
+	return maps.Clone(next), true
+}
+
+// readLeaseDrains brings st.leases up to date, reading every Lease again
+// if anything it depended on changed. It reports whether it read them.
+func (d *Daemon) readLeaseDrains(local *localPods, prev map[types.UID]*podDrain, now time.Time) bool {
+	st := &d.drainsState
+	mm := &st.leases
+	leases := d.drainLeasesNow()
+	claimsGen, trustGen := d.claims.generation(), d.leaseTrust.generation()
+	if mm.initialized && mm.leases == leases && mm.local == local && mm.claimsGen == claimsGen && mm.trustGen == trustGen &&
+		(mm.until.IsZero() || now.Before(mm.until)) {
+		return false
+	}
+	if leases != st.leasesSeen {
+		st.leasesSeen = leases
+		st.forgetHostAnswers(leases.names)
+		d.leaseTrust.forgetExcept(leases.names)
+	}
+	*mm = leaseDrainsMemo{drains: mm.drains, leases: leases, local: local, claimsGen: claimsGen, trustGen: trustGen, initialized: true}
+	if mm.drains == nil {
+		mm.drains = map[types.UID]*podDrain{}
+	}
+	clear(mm.drains)
+	for _, l := range leases.list {
+		exp := l.Expires()
+		if !exp.After(now) {
+			continue
+		}
+		mm.deadline(exp)
+		ips, ok, until := d.honouredIPs(l, local.byIP, st.ips[:0], claimsGen, now)
+		mm.deadline(until)
+		if cap(ips) <= scratchKeep {
+			st.ips = ips[:0]
+		}
+		if ok {
+			keepPodDrain(mm.drains, prev, &podDrain{UID: l.PodUID, Namespace: l.PodNamespace, Name: l.PodName, IPs: ips,
+				Reason: l.Reason, Since: l.Acquired, Expires: exp, Holder: l.Holder, Lease: true, State: l.State})
+		}
+	}
+	return true
+}
+
+// deadline makes t (if set) a deadline of the memo.
+func (mm *leaseDrainsMemo) deadline(t time.Time) {
+	if !t.IsZero() && (mm.until.IsZero() || t.Before(mm.until)) {
+		mm.until = t
+	}
+}
+
+// readHosted reads this node's drains into st.hosted and reports whether
+// they changed since the last pass.
+func (st *podDrainsState) readHosted(h *hostedDrains, prev map[types.UID]*podDrain) bool {
+	if st.hosted == nil {
+		st.hosted = map[types.UID]*podDrain{}
+	}
+	changed, n := false, 0
+	h.eachPodDrain(func(pd *podDrain) {
+		n++
+		if cur := st.hosted[pd.UID]; cur == nil || !cur.identical(pd) {
+			changed = true
+		}
+	})
+	if !changed && n == len(st.hosted) {
+		return false
+	}
+	clear(st.hosted)
+	h.eachPodDrain(func(pd *podDrain) { keepPodDrain(st.hosted, prev, pd) })
+	return true
+}
+
+// keepPodDrain puts pd into m: the model's object (in prev) if identical,
+// else a copy of its own.
+func keepPodDrain(m, prev map[types.UID]*podDrain, pd *podDrain) {
+	if p := prev[pd.UID]; p != nil && p.identical(pd) {
+		m[pd.UID] = p
+		return
+	}
+	own := *pd
+	own.IPs = slices.Clone(pd.IPs)
+	m[pd.UID] = &own
+}
+
+// samePodDrains reports whether a and b hold the same objects.
+func samePodDrains(a, b map[types.UID]*podDrain) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for uid, d := range b {
+		if a[uid] != d {
+			return false
+		}
+	}
+	return true
+}
