@@ -192,7 +192,8 @@ func New(cfg Config, client kubernetes.Interface, dp Datapath, ct conntrack.Inte
 	d.runner = newRunner(cfg.Clock, cfg.MinSyncInterval, cfg.EntryTTL/4, d.sync)
 	d.hosted = newHostedDrains(hostedDrainsConfig{
 		Node: cfg.Node, Linger: cfg.Linger, LeaseDuration: cfg.LeaseDuration, Quiet: cfg.Quiet,
-		PollEvery: cfg.PollEvery, MaxWaiters: cfg.MaxWaiters, MaxWaitersPerPod: cfg.MaxWaitersPerPod, State: d.state, Claims: d.claims, Datapath: dp,
+		PollEvery: cfg.PollEvery, MaxWaiters: cfg.MaxWaiters, MaxWaitersPerPod: cfg.MaxWaitersPerPod, State: d.state, LocalPods: d.localPodsNow,
+		Claims: d.claims, Datapath: dp,
 		Conntrack: ct, Leases: &k8s.Leases{Client: client, Namespace: cfg.Namespace},
 		Events: client.CoreV1().Events(""), Metrics: d.Metrics, Log: cfg.Logger, Clock: cfg.Clock,
 		RequestPass: d.runner.Run,

@@ -119,7 +119,10 @@ type hostedDrainsConfig struct {
 	// MaxWaitersPerPod caps one pod's waits (see reserve).
 	MaxWaitersPerPod int
 
-	State       State
+	State State
+	// LocalPods is this node's pods as the passes see them (the Daemon's
+	// snapshot); nil: read from State.
+	LocalPods   func() *localPods
 	Claims      *claims
 	Datapath    Datapath            // SYN and steering counters
 	Conntrack   conntrack.Interface // live connections; nil: not counted
@@ -147,6 +150,11 @@ type hostedDrains struct {
 	podWaits map[types.UID]int               // waits per pod
 	keysFor  map[types.UID][]bpf.EndpointKey // from the last pass
 	seen     map[types.UID]*k8s.Pod          // local pods at the last look (sockets_gone.go)
+	// looked is the snapshot of that look and unlisted the count of
+	// drains forgotten then: drainDeleting decides again only if either
+	// changed since (a forgotten drain of a deleting pod starts again).
+	looked          *localPods
+	unlisted, lookU uint64
 }
 
 func newHostedDrains(cfg hostedDrainsConfig) *hostedDrains {
@@ -306,10 +314,6 @@ func (l *hostedDrains) podByIP(ip netip.Addr) *k8s.Pod {
 // reconcile is one pass over this node's drains.
 func (l *hostedDrains) reconcile(ctx context.Context) {
 	now := l.cfg.Clock.Now()
-	pods := map[types.UID]*k8s.Pod{}
-	for _, p := range l.cfg.State.LocalPods() {
-		pods[p.UID] = p
-	}
 	leases := map[types.UID]*k8s.DrainLease{}
 	for _, dl := range l.cfg.State.DrainLeases() {
 		leases[dl.PodUID] = dl
@@ -317,7 +321,9 @@ func (l *hostedDrains) reconcile(ctx context.Context) {
 
 	l.mu.Lock()
 	known := len(l.pods)
-	l.drainDeleting(pods, now)
+	lp := l.localPods()
+	pods := lp.byUID
+	l.drainDeleting(lp, now)
 	// Drain Leases of local pods (an operator drain, or ours before a
 	// restart): this node holds them now. An expired one is adopted too:
 	// the pod asked to go offline and nobody undid it; only the renewals
@@ -388,15 +394,36 @@ func (l *hostedDrains) reconcile(ctx context.Context) {
 // observeLocalPods starts the drains of local pods being deleted: they
 // drain even without an offline call. The runner calls it at the start of
 // every pass, so a deletion reaches the datapath in that same pass.
-func (l *hostedDrains) observeLocalPods(pods map[types.UID]*k8s.Pod, now time.Time) {
+func (l *hostedDrains) observeLocalPods(now time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.drainDeleting(pods, now)
+	l.drainDeleting(l.localPods(), now)
+}
+
+// localPods reads this node's pods (l.mu held: the reads are in order, and
+// so are the snapshots they get).
+func (l *hostedDrains) localPods() *localPods {
+	if l.cfg.LocalPods != nil {
+		return l.cfg.LocalPods()
+	}
+	return newLocalPods(l.cfg.State.LocalPods())
+}
+
+// unlist forgets uid's drain (l.mu held).
+func (l *hostedDrains) unlist(uid types.UID) {
+	delete(l.pods, uid)
+	l.unlisted++
 }
 
 // drainDeleting is the one place that decides that a deleting local pod
-// drains (l.mu held).
-func (l *hostedDrains) drainDeleting(pods map[types.UID]*k8s.Pod, now time.Time) {
+// drains (l.mu held). It decides again only when the pods or the drains
+// it left changed: every pass asks.
+func (l *hostedDrains) drainDeleting(lp *localPods, now time.Time) {
+	if lp == l.looked && l.unlisted == l.lookU {
+		return
+	}
+	l.looked, l.lookU = lp, l.unlisted
+	pods := lp.byUID
 	l.drainVanished(pods, now)
 	for _, p := range pods {
 		if p.Deleting() && !p.HostNetwork && len(p.IPs) > 0 {
@@ -436,7 +463,7 @@ func (l *hostedDrains) cleanStaleLeases(leases map[types.UID]*k8s.DrainLease, po
 
 // forget drops a drain (l.mu held); deleteLease also deletes its Lease.
 func (l *hostedDrains) forget(uid types.UID, deleteLease bool) {
-	delete(l.pods, uid)
+	l.unlist(uid)
 	if deleteLease {
 		l.writer.want(k8s.LeaseName(uid), leaseWrite{kind: leaseDelete})
 	} else {

@@ -286,7 +286,7 @@ func (d *Daemon) trustedPair(old, cur *k8s.Slice) (*k8s.Slice, *k8s.Slice) {
 // lingering entries (see model.endLingersOf).
 func (d *Daemon) leaseEvent(oldObj, newObj any, received time.Time) {
 	defer d.events.leases.Add(1)
-	d.leases.set(newDrainLeases(d.state.DrainLeases()))
+	d.leases.update(func() *drainLeases { return newDrainLeases(d.state.DrainLeases()) })
 	if l, ok := oldObj.(*k8s.DrainLease); ok && newObj == nil {
 		d.tracker.markLeaseGone(l.PodUID)
 	}
@@ -298,8 +298,8 @@ func (d *Daemon) leaseEvent(oldObj, newObj any, received time.Time) {
 // podEvent: this node's pods changed: local claims, and maybe a deletion.
 func (d *Daemon) podEvent(_, _ any, received time.Time) {
 	defer d.events.pods.Add(1)
-	pods := d.state.LocalPods()
-	d.local.set(newLocalPods(pods))
+	var pods []*k8s.Pod
+	d.local.update(func() *localPods { pods = d.state.LocalPods(); return newLocalPods(pods) })
 	d.tracker.markIPs(d.claims.setLocalPods(pods))
 	d.tracker.markPods(receivedAt(received, d.clock.Now()))
 	d.runner.Run()
@@ -352,21 +352,32 @@ func (d *Daemon) drainLeasesNow() *drainLeases {
 }
 
 // snapshot holds what an informer's store held when its handler last read
-// it. Before the handler's first call (an empty store has none) get reads
-// the store itself (build) and keeps that until the handler sets one: the
-// handler sets its snapshot after reading the store, so one kept by get
-// never hides a later one.
-type snapshot[T any] struct{ p atomic.Pointer[T] }
+// it (update). Before the handler's first call (an empty store has none)
+// get reads the store itself (build) and keeps that. Both read the store
+// under mu: a snapshot is never older than the one it replaced, so a
+// reader that compares two it got in turn (the hosted drains' vanished
+// pods) never takes a pod new in the store for one that left.
+type snapshot[T any] struct {
+	p  atomic.Pointer[T]
+	mu sync.Mutex
+}
 
-func (s *snapshot[T]) set(v *T) { s.p.Store(v) }
+func (s *snapshot[T]) update(build func() *T) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.p.Store(build())
+}
 
 func (s *snapshot[T]) get(build func() *T) *T {
 	if v := s.p.Load(); v != nil {
 		return v
 	}
-	v := build()
-	if !s.p.CompareAndSwap(nil, v) {
-		return s.p.Load()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if v := s.p.Load(); v != nil {
+		return v
 	}
+	v := build()
+	s.p.Store(v)
 	return v
 }

@@ -177,6 +177,7 @@ type model struct {
 	// notesGen whenever podDrains, listings or vanish.services change (what
 	// gonePeers notes of the pod drains).
 	podDrainsGen, notesGen uint64
+	podDrainsEnd           time.Time // the earliest end of a pod drain (zero: none)
 	// drainsByPod holds podDrains by the key slices compare pods by.
 	drainsByPod map[k8s.PodKey]*podDrain
 	listings    map[types.UID]map[string]struct{} // drained pod -> Services listing it
@@ -474,6 +475,12 @@ func (m *model) setPodDrains(next map[types.UID]*podDrain) (changed []*podDrain)
 		m.withdrawPodEntries(d.UID)
 	}
 	m.podDrains = next
+	m.podDrainsEnd = time.Time{}
+	for _, d := range next {
+		if !d.Expires.IsZero() && (m.podDrainsEnd.IsZero() || d.Expires.Before(m.podDrainsEnd)) {
+			m.podDrainsEnd = d.Expires
+		}
+	}
 	if len(next) > 0 || len(m.drainsByPod) > 0 {
 		m.drainsByPod = make(map[k8s.PodKey]*podDrain, len(next))
 		for uid, d := range next {
@@ -561,10 +568,8 @@ func (m *model) expireLingering(now time.Time) {
 // nextDeadline is the earliest instant the model changes by itself.
 func (m *model) nextDeadline() time.Time {
 	t := m.lingerMin
-	for _, d := range m.podDrains {
-		if !d.Expires.IsZero() && (t.IsZero() || d.Expires.Before(t)) {
-			t = d.Expires
-		}
+	if e := m.podDrainsEnd; !e.IsZero() && (t.IsZero() || e.Before(t)) {
+		t = e
 	}
 	return t
 }

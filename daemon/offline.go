@@ -69,7 +69,7 @@ func (l *hostedDrains) join(ctx context.Context, p *k8s.Pod, now time.Time) (*ho
 	if err := l.publish(ctx, ld, now); err != nil {
 		l.mu.Lock()
 		if created && l.pods[p.UID] == ld && !ld.published {
-			delete(l.pods, p.UID)
+			l.unlist(p.UID)
 		}
 		l.mu.Unlock()
 		return nil, err
@@ -151,7 +151,7 @@ func (l *hostedDrains) online(ctx context.Context, ip netip.Addr) OfflineResult 
 	if ld := l.pods[p.UID]; ld != nil {
 		ld.state = StateCancelled
 		l.finishWaiters(ld, l.cfg.Clock.Now(), StateCancelled, http.StatusConflict)
-		delete(l.pods, p.UID)
+		l.unlist(p.UID)
 		l.cfg.Metrics.DrainOutcomes.WithLabelValues("cancelled").Inc()
 	}
 	l.mu.Unlock()

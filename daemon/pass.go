@@ -65,7 +65,7 @@ func (d *Daemon) syncLocked(loop bool) time.Time {
 	m := d.model
 
 	local := d.localPodsNow()
-	d.hosted.observeLocalPods(local.byUID, now)
+	d.hosted.observeLocalPods(now)
 	m.addVanished(d.vanished.take())
 	podAt := dirty.podEventAt(now)
 	var changedDrains []*podDrain

@@ -89,7 +89,7 @@ func (l *hostedDrains) drainVanished(pods map[types.UID]*k8s.Pod, now time.Time)
 			ld.lastRenew = time.Time{}
 		}
 	}
-	l.seen = pods // callers pass a map nothing writes to (a localPods snapshot's, or their own)
+	l.seen = pods // a localPods snapshot's: nothing writes to it
 }
 
 // goneConfig is what ending sockets to gone pods depends on.
