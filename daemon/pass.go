@@ -1,8 +1,6 @@
 package daemon
 
-import (
-	"time"
-)
+import "time"
 
 // One reconciler pass, run by the runner: take what changed, update the
 // model, write the difference, hand departures to the conntrack policy.
@@ -99,11 +97,17 @@ func (d *Daemon) syncLocked(loop bool) time.Time {
 		m.endLingersOf(uid)
 	}
 	m.expireLingering(now)
-	d.apply(now, changedAt, loop)
+	first := d.apply(now, changedAt, loop)
 	d.gone.pass(m, now)
 	d.hosted.setKeys(m.keysOf(d.hosted.uids()))
 	for _, dep := range m.takeDepartures() {
 		d.conntrackPolicy.departed(dep)
+	}
+	if first {
+		// Ready, and passes in the slice watch's goroutine, once the whole
+		// first pass is done: an update that came before then waits for
+		// the rest of it (the gone peers' first look at every pod drain).
+		d.firstDone.Store(true)
 	}
 	next := m.nextDeadline()
 	if d.reconciler.pending() {
@@ -121,9 +125,9 @@ func (d *Daemon) syncLocked(loop bool) time.Time {
 // the events in changedAt took to reach it. The first pass evaluates
 // everything; after it, every quarter of the entry TTL a refresh round
 // evaluates everything again (deadlines refreshed), a batch per pass of
-// the loop's (loop).
-func (d *Daemon) apply(now time.Time, changedAt []time.Time, loop bool) {
-	first := !d.firstDone.Load()
+// the loop's (loop). It reports whether it was the first.
+func (d *Daemon) apply(now time.Time, changedAt []time.Time, loop bool) (first bool) {
+	first = !d.firstDone.Load()
 	if first {
 		d.lastFull = now
 	} else if loop && now.Sub(d.lastFull) >= d.cfg.EntryTTL/4 {
@@ -150,8 +154,8 @@ func (d *Daemon) apply(now time.Time, changedAt []time.Time, loop bool) {
 	if first {
 		d.model.ids.forgetPinned() // adopted or replaced by now
 		d.log.Info("first datapath pass done", logKeyOps, res.Ops)
-		d.firstDone.Store(true)
 	}
+	return first
 }
 
 // podEventAt is the earliest Lease or local pod event of the pass, or now
