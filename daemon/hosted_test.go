@@ -59,7 +59,7 @@ func (h *harness) offline(ip netip.Addr, wait, quiet time.Duration) *offlineCall
 		return wait > 0 && waiters() > before
 	})
 	if !answered {
-		eventually(h.t, 10*time.Second, "a drain Lease in the cache", func() bool { return len(h.d.state.DrainLeases()) > 0 })
+		eventually(h.t, 10*time.Second, "a drain Lease in the cache", func() bool { return len(h.passLeases()) > 0 })
 	}
 	return c
 }
@@ -83,11 +83,16 @@ func (c *offlineCall) within(d time.Duration) (OfflineResult, bool) {
 	}
 }
 
-// waitLeases waits until the informer holds n drain Leases.
+// waitLeases waits until passes see n drain Leases.
 func (h *harness) waitLeases(n int) {
 	h.t.Helper()
-	eventually(h.t, 10*time.Second, fmt.Sprintf("%d drain leases in the cache", n), func() bool { return len(h.d.state.DrainLeases()) == n })
+	eventually(h.t, 10*time.Second, fmt.Sprintf("%d drain leases in the cache", n), func() bool { return len(h.passLeases()) == n })
 }
+
+// passLeases is the drain Leases as passes read them: the snapshot the
+// Lease handler took, which follows the informer's cache by a handler
+// call. A test that waits for the cache must wait for it.
+func (h *harness) passLeases() []*k8s.DrainLease { return h.d.drainLeasesNow().list }
 
 // tick advances the fake clock and runs a model pass and a local pass,
 // then lets the informers catch up with the Lease writes it made (a real
@@ -101,7 +106,8 @@ func (h *harness) tick(d time.Duration) {
 	h.syncLeases()
 }
 
-// syncLeases waits until the Lease cache matches the API.
+// syncLeases waits until the Lease cache, as passes read it, matches the
+// API.
 func (h *harness) syncLeases() {
 	h.t.Helper()
 	eventually(h.t, 10*time.Second, "the Lease cache to match the API", func() bool {
@@ -110,7 +116,7 @@ func (h *harness) syncLeases() {
 			return false // an outage the test simulates: nothing to match
 		}
 		have := map[string]time.Time{}
-		for _, x := range h.d.state.DrainLeases() {
+		for _, x := range h.passLeases() {
 			have[x.Name] = x.Renewed
 		}
 		if len(l.Items) != len(have) {

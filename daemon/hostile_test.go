@@ -384,7 +384,7 @@ func TestHostileOfflineWaitsPerPod(t *testing.T) {
 	if r, answered := call.answered(t); answered {
 		t.Fatalf("the other pod's wait was refused: %+v", r)
 	}
-	eventually(t, 10*time.Second, "both pods' drain Leases", func() bool { return len(f.d.state.DrainLeases()) == 2 })
+	eventually(t, 10*time.Second, "both pods' drain Leases", func() bool { return len(f.passLeases()) == 2 })
 	// The pod's 4 waits end with the test (503, as at a stop), once all
 	// of them are queued.
 	eventually(t, 20*time.Second, "the pod's 4 waits to queue", func() bool {

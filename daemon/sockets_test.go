@@ -590,7 +590,7 @@ func TestKilledWithoutGraceIsGone(t *testing.T) {
 	flush(h)
 	h.waitLeases(1)
 	eventually(t, 5*time.Second, "the Lease to say gone", func() bool {
-		ls := h.d.state.DrainLeases()
+		ls := h.passLeases()
 		return len(ls) == 1 && ls[0].State == StateGone
 	})
 }
