@@ -290,7 +290,9 @@ func (l *hostedDrains) annotate(ps *PodStatus) {
 	ld.liveBy.fillStatus(ps)
 }
 
-// podByIP finds the local pod (not host-network) owning ip.
+// podByIP finds the local pod (not host-network) owning ip, in the pods
+// the passes and reconcile see (a drain started for a pod they did not
+// see yet would be taken for a vanished pod's).
 //
 // A pod that finished (Succeeded, Failed) may still list the IP its
 // sandbox had, which the kubelet gives to a new pod: a finished pod is
@@ -299,7 +301,7 @@ func (l *hostedDrains) annotate(ps *PodStatus) {
 func (l *hostedDrains) podByIP(ip netip.Addr) *k8s.Pod {
 	ip = ip.Unmap()
 	var found *k8s.Pod
-	for _, p := range l.cfg.State.LocalPods() {
+	for _, p := range l.localPods().byUID {
 		if p.HostNetwork || p.Finished() || !slices.Contains(p.IPs, ip) {
 			continue
 		}
@@ -400,8 +402,8 @@ func (l *hostedDrains) observeLocalPods(now time.Time) {
 	l.drainDeleting(l.localPods(), now)
 }
 
-// localPods reads this node's pods (l.mu held: the reads are in order, and
-// so are the snapshots they get).
+// localPods reads this node's pods (under l.mu where two reads are compared:
+// the reads are then in order, and so are the snapshots they get).
 func (l *hostedDrains) localPods() *localPods {
 	if l.cfg.LocalPods != nil {
 		return l.cfg.LocalPods()

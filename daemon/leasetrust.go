@@ -45,7 +45,7 @@ func (d *Daemon) honouredIPs(l *k8s.DrainLease, local map[netip.Addr]*k8s.Pod, b
 	}
 	switch h := d.drainsState.hostsOf(d.claims, l, gen, now); {
 	case h.elsewhere:
-		return nil, false, h.until // the pod runs elsewhere: not the holder's to drain
+		return ips, false, h.until // the pod runs elsewhere: not the holder's to drain
 	case len(h.ips) > 0:
 		return append(ips, h.ips...), true, h.until
 	default:
