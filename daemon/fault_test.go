@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -262,18 +263,7 @@ func idsOf(d *bpf.Dump) map[bpf.EndpointKey]bpf.ServicePortID {
 	return out
 }
 
-func sameIDs(a, b *bpf.Dump) bool {
-	x, y := idsOf(a), idsOf(b)
-	if len(x) != len(y) {
-		return false
-	}
-	for k, v := range x {
-		if y[k] != v {
-			return false
-		}
-	}
-	return true
-}
+func sameIDs(a, b *bpf.Dump) bool { return maps.Equal(idsOf(a), idsOf(b)) }
 
 // outage makes every Lease call of the fake API fail (or succeed again).
 func (h *harness) outage(on bool) {

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"cmp"
+	"maps"
 	"net/netip"
 	"slices"
 	"time"
@@ -455,7 +456,7 @@ func (m *model) releaseIfUnused(id bpf.ServicePortID) {
 // setPodDrains replaces the pod drains and returns those that changed (old
 // or new version): the Services listing their pods must be recomputed.
 func (m *model) setPodDrains(next map[types.UID]*podDrain) (changed []*podDrain) {
-	if samePodDrains(m.podDrains, next) {
+	if maps.Equal(m.podDrains, next) { // the same objects
 		return nil
 	}
 	m.podDrainsGen++

@@ -71,8 +71,8 @@ func (d *Daemon) podDrains(local *localPods, now time.Time) (map[types.UID]*podD
 	clear(next)
 	maps.Copy(next, st.leases.drains)
 	maps.Copy(next, st.hosted) // this node's own word wins
-	if samePodDrains(prev, next) {
-		return prev, false
+	if maps.Equal(prev, next) {
+		return prev, false // the same objects: nothing changed
 	}
 	st.modelGen++ // what setPodDrains makes it
 	return maps.Clone(next), true
@@ -156,17 +156,4 @@ func keepPodDrain(m, prev map[types.UID]*podDrain, pd *podDrain) {
 	own := *pd
 	own.IPs = slices.Clone(pd.IPs)
 	m[pd.UID] = &own
-}
-
-// samePodDrains reports whether a and b hold the same objects.
-func samePodDrains(a, b map[types.UID]*podDrain) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for uid, d := range b {
-		if a[uid] != d {
-			return false
-		}
-	}
-	return true
 }
