@@ -95,10 +95,16 @@ func benchService(i int) *corev1.Service {
 }
 
 // benchSlice is the EndpointSlice controller's slice of Service i, with
-// perService endpoints and endpoint terminating (-1: none). The churn
-// builds one per update in the API server's process, which shares the
-// machine with draind: it formats without fmt.
+// perService endpoints and endpoint terminating (-1: none).
 func benchSlice(i, perService, terminating int) *discoveryv1.EndpointSlice {
+	return benchSliceOf(i, perService, nil, terminating)
+}
+
+// benchSliceOf is benchSlice with endpoint j listing pod pods[j] (nil: the
+// Service's own pods i*perService+j; another number is a pod a rollout
+// made). The churn builds one per update in the API server's process,
+// which shares the machine with draind: it formats without fmt.
+func benchSliceOf(i, perService int, pods []int, terminating int) *discoveryv1.EndpointSlice {
 	itoa := strconv.Itoa
 	name, port, proto := "http", int32(8080), corev1.ProtocolTCP
 	svc := "svc-" + itoa(i)
@@ -117,7 +123,10 @@ func benchSlice(i, perService, terminating int) *discoveryv1.EndpointSlice {
 		Ports:       []discoveryv1.EndpointPort{{Name: &name, Port: &port, Protocol: &proto}},
 	}
 	for j := 0; j < perService; j++ {
-		n := i*perService + j
+		n, podName := i*perService+j, benchPodName(svc, j)
+		if pods != nil && pods[j] != n {
+			n, podName = pods[j], svc+"-5f6c7d8e9-"+itoa(pods[j])
+		}
 		ready, term := j != terminating, j == terminating
 		serving := true
 		node := "node-" + itoa(n%scaleNodes)
@@ -127,7 +136,7 @@ func benchSlice(i, perService, terminating int) *discoveryv1.EndpointSlice {
 			Conditions: discoveryv1.EndpointConditions{Ready: &ready, Serving: &serving, Terminating: &term},
 			NodeName:   &node,
 			Zone:       &zone,
-			TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: ns, Name: benchPodName(svc, j), UID: benchPodUID(n)},
+			TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: ns, Name: podName, UID: benchPodUID(n)},
 		})
 	}
 	return s
@@ -177,10 +186,12 @@ func zeroPad(n, width int) string {
 }
 
 // serveFakeCluster runs in a child process: 10,000 Services with one slice
-// of perService endpoints each and the pods of draind's node, then, on "churn <rate> <duration> <burst>"
-// from stdin, rate slice updates per second, burst at a time (one endpoint
-// of a random slice turns terminating, the previous one of that slice
-// ready again).
+// of perService endpoints each and the pods of draind's node, then, on
+// "churn <rate> <duration> <burst> <rollout>" from stdin, rate slice
+// updates per second, burst at a time: one endpoint of a random slice
+// turns terminating, and the previous one of that slice is ready again
+// (rollout 0) or replaced by a new pod, ready, at a new IP on another
+// node (rollout 1; not the pods of draind's node, whose pod objects stay).
 func serveFakeCluster(perService int) error {
 	s := fakeapi.New()
 	s.SetHistory(1000) // draind's watches never resume here
@@ -216,13 +227,15 @@ func serveFakeCluster(perService int) error {
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
 		f := strings.Fields(in.Text())
-		if len(f) != 4 || f[0] != "churn" {
+		if len(f) != 5 || f[0] != "churn" {
 			continue
 		}
 		rate, _ := strconv.Atoi(f[1])
 		dur, _ := time.ParseDuration(f[2])
 		burst, _ := strconv.Atoi(f[3])
+		rollout := f[4] == "1"
 		term := map[int]int{}
+		roll := benchRollout{perService: perService, pods: map[int][]int{}, next: scaleServices * perService}
 		// A tick every burst updates' worth of time; a tick that comes late
 		// (the ticker drops what it cannot deliver) sends what is due, so
 		// the rate holds.
@@ -237,8 +250,12 @@ func serveFakeCluster(perService int) error {
 				if prev, ok := term[i]; ok && prev == next {
 					next = (next + 1) % perService
 				}
+				var pods []int
+				if prev, ok := term[i]; ok && rollout {
+					pods = roll.replace(i, prev)
+				}
 				term[i] = next
-				if err := s.Put("endpointslices", benchSlice(i, perService, next)); err != nil {
+				if err := s.Put("endpointslices", benchSliceOf(i, perService, pods, next)); err != nil {
 					return err
 				}
 			}
@@ -247,6 +264,35 @@ func serveFakeCluster(perService int) error {
 		fmt.Println("done")
 	}
 	return nil
+}
+
+// benchRollout is the pods a rollout churn made: by slice, the pod number
+// of each endpoint.
+type benchRollout struct {
+	perService int
+	pods       map[int][]int
+	next       int // the next new pod's number
+}
+
+// replace replaces the pod of slice i's endpoint j with a new one, unless
+// it is one of draind's node's, and returns the slice's pods.
+func (r *benchRollout) replace(i, j int) []int {
+	pods := r.pods[i]
+	if pods == nil {
+		pods = make([]int, r.perService)
+		for k := range pods {
+			pods[k] = i*r.perService + k
+		}
+		r.pods[i] = pods
+	}
+	if pods[j]%scaleNodes != 0 {
+		if r.next%scaleNodes == 0 {
+			r.next++
+		}
+		pods[j] = r.next
+		r.next++
+	}
+	return pods
 }
 
 func procStatusKB(field string) int64 {
@@ -304,6 +350,11 @@ func BenchmarkClusterScale(b *testing.B) {
 		// of 10 those are a tenth of all updates: the p99 above is a
 		// burst's, this one an update's.
 		{"endpoints=150k-spread", scaleCase{perService: 15, stream: true, encoding: "protobuf", burst: 1}},
+		// A rollout: each update replaces the slice's last terminating
+		// pod with a new one at a new IP (on another node), as the
+		// EndpointSlice controller writes while Deployments roll: the
+		// claims' index changes on every update.
+		{"endpoints=150k-rollout", scaleCase{perService: 15, stream: true, encoding: "protobuf", burst: 10, rollout: true}},
 		// The fallback when the API server does not stream lists (before
 		// 1.34, or WatchList off): one list response decoded whole.
 		{"endpoints=150k-list", scaleCase{perService: 15, stream: false, encoding: "protobuf", burst: 10}},
@@ -321,6 +372,7 @@ type scaleCase struct {
 	stream     bool   // the initial list streamed (WatchList), not one response
 	encoding   string // "protobuf" or "json"
 	burst      int    // the churn's updates come this many at once, 1,000 a second in all
+	rollout    bool   // the churn replaces pods (new pods at new IPs), not only their conditions
 }
 
 // watchListGate turns client-go's streaming lists on or off (its feature
@@ -444,7 +496,11 @@ func benchClusterScale(b *testing.B, sc scaleCase) {
 	}
 	allocBefore, passesBefore := totalAlloc(), d.passes.Load()
 	cpuBefore, apiBefore := processCPU(), childCPU(cmd.Process.Pid)
-	fmt.Fprintf(stdin, "churn %d %s %d\n", scaleChurnPerSec, *scaleChurn, sc.burst)
+	rollout := 0
+	if sc.rollout {
+		rollout = 1
+	}
+	fmt.Fprintf(stdin, "churn %d %s %d %d\n", scaleChurnPerSec, *scaleChurn, sc.burst, rollout)
 	if synced.IsZero() {
 		synced = ready
 	}

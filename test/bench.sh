@@ -116,7 +116,7 @@ kernel_figures() {
 }
 
 if [ $ci = 0 ]; then
-  for s in 100k 150k 150k-spread 150k-list 150k-json; do
+  for s in 100k 150k 150k-spread 150k-rollout 150k-list 150k-json; do
     echo "=== BenchmarkClusterScale/endpoints=$s: $runs runs"
     scale "$s" "$runs" 10s
   done
