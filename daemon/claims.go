@@ -44,10 +44,16 @@ type claims struct {
 	local  map[netip.Addr]types.UID
 
 	before, after []readyClaim // setSlice's scratch space
-	// gen changes whenever what hostOf answers may change, but for the
-	// passing of time (a departed host's end): a slice lists other pods,
-	// or the same ones elsewhere or on other nodes.
+	// gen changes whenever what hostOf answers for a watched IP may
+	// change, but for the passing of time (a departed host's end): a slice
+	// lists other pods there, or the same ones elsewhere or on other
+	// nodes.
 	gen uint64
+	// watched is the IPs gen follows (watch): those the drain Leases of
+	// other nodes name. nil: every IP. A rollout moves pods on most slice
+	// updates of the cluster; the Leases' answers need not be read again
+	// for those.
+	watched map[netip.Addr]struct{}
 
 	clock     clock.PassiveClock
 	keep      time.Duration // how long a departed host is remembered
@@ -216,7 +222,9 @@ func (c *claims) setSlice(key string, s *k8s.Slice) []netip.Addr {
 		c.pruneDeparted()
 		return c.flippedIPs(old, s, n)
 	}
-	c.gen++
+	if c.touchesWatched(old) || c.touchesWatched(s) {
+		c.gen++
+	}
 	// Scratch space reused under mu: every slice event of the cluster
 	// comes here.
 	c.before = readyClaims(c.before, old)
@@ -501,8 +509,43 @@ func (c *claims) pruneDeparted() {
 	}
 }
 
-// generation returns gen: an answer of hostOf read after it holds as long
-// as gen stays, or until the end hostOf gives.
+// watch makes gen follow the IPs of ips alone (kept, not copied: the
+// caller makes a new set for each call). gen changes if an IP is new to
+// it (every IP was watched while watched was nil): its listings may have
+// changed unseen until now.
+func (c *claims) watch(ips map[netip.Addr]struct{}) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if ips == nil && c.watched != nil {
+		c.gen++
+	}
+	for ip := range ips {
+		if _, ok := c.watched[ip]; !ok && c.watched != nil {
+			c.gen++
+			break
+		}
+	}
+	c.watched = ips
+}
+
+// touchesWatched reports whether s lists a pod at a watched IP (c.mu held).
+func (c *claims) touchesWatched(s *k8s.Slice) bool {
+	if s == nil || (c.watched != nil && len(c.watched) == 0) {
+		return false
+	}
+	for i := range s.Len() {
+		if !s.HasPod(i) {
+			continue
+		}
+		if _, ok := c.watched[s.Addr(i)]; ok || c.watched == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// generation returns gen: an answer of hostOf for a watched IP read after
+// it holds as long as gen stays, or until the end hostOf gives.
 func (c *claims) generation() uint64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -60,7 +60,9 @@ type refDeparted struct {
 // listed by several slices, pods listed twice in one slice, endpoints
 // without a pod, IPv4 and IPv6, updates of conditions only) and checks every answer, and the IPs each
 // change reports, against the reference. A pod whose last listing at an IP
-// ended (with a node) less than keep ago is still hosted there.
+// ended (with a node) less than keep ago is still hosted there. The IPs
+// the generation watches change at random: an answer for a watched IP
+// holds while the generation does.
 func TestClaimsMatchReference(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	ips := []netip.Addr{netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("10.0.0.3"),
@@ -75,9 +77,10 @@ func TestClaimsMatchReference(t *testing.T) {
 	// departed: the pods whose last listing at an IP ended in the latest
 	// step that ended one there (a step may end several: any may answer).
 	departed := map[netip.Addr][]refDeparted{}
-	// answers: hostOf's answers of the previous step, with the generation
-	// read before them: while it stays (and until the answer's end), the
-	// answer must too (the Lease checks cache it).
+	// answers: hostOf's answers of the last step that watched their IP,
+	// with the generation read before them: while it stays (and until the
+	// answer's end), the answer must too (the Lease checks cache it), and
+	// an IP watched again must not answer from before.
 	type answer struct {
 		node   string
 		listed bool
@@ -85,8 +88,21 @@ func TestClaimsMatchReference(t *testing.T) {
 		gen    uint64
 	}
 	answers := map[string]answer{}
+	var watched map[netip.Addr]struct{} // nil: every IP
 	for step := 0; step < 20000; step++ {
 		clk.SetTime(clk.Now().Add(time.Duration(rng.IntN(2000)) * time.Millisecond))
+		if rng.IntN(20) == 0 {
+			watched = nil
+			if rng.IntN(3) > 0 {
+				watched = map[netip.Addr]struct{}{}
+				for _, ip := range ips {
+					if rng.IntN(2) == 0 {
+						watched[ip] = struct{}{}
+					}
+				}
+			}
+			c.watch(watched)
+		}
 		key := keys[rng.IntN(len(keys))]
 		var s *k8s.Slice
 		switch prev := ref[key]; {
@@ -167,10 +183,14 @@ func TestClaimsMatchReference(t *testing.T) {
 				gen := c.generation()
 				node, gotListed, until := c.hostOf(ip, uid)
 				k := ip.String() + "/" + string(uid)
-				if a, ok := answers[k]; ok && a.gen == gen && (a.until.IsZero() || clk.Now().Before(a.until)) && (a.node != node || a.listed != gotListed) {
+				_, isWatched := watched[ip]
+				isWatched = isWatched || watched == nil
+				if a, ok := answers[k]; ok && isWatched && a.gen == gen && (a.until.IsZero() || clk.Now().Before(a.until)) && (a.node != node || a.listed != gotListed) {
 					t.Fatalf("step %d: hostOf(%v, %s) = %q, %v at generation %d, which answered %q, %v", step, ip, uid, node, gotListed, gen, a.node, a.listed)
 				}
-				answers[k] = answer{node, gotListed, until, gen}
+				if isWatched {
+					answers[k] = answer{node, gotListed, until, gen}
+				}
 				switch {
 				case len(ns) > 0:
 					if !gotListed || !slices.Contains(ns, node) {

@@ -43,6 +43,9 @@ type leaseDrainsMemo struct {
 	trustGen    uint64
 	until       time.Time // the first deadline among them (zero: none)
 	initialized bool
+	// ownLeases: a Lease of this node's was read, so the drains depend on
+	// this node's pods (local); others' do not.
+	ownLeases bool
 }
 
 // podDrains derives the pod drains from the drain Leases and this node's
@@ -84,15 +87,16 @@ func (d *Daemon) readLeaseDrains(local *localPods, prev map[types.UID]*podDrain,
 	st := &d.drainsState
 	mm := &st.leases
 	leases := d.drainLeasesNow()
-	claimsGen, trustGen := d.claims.generation(), d.leaseTrust.generation()
-	if mm.initialized && mm.leases == leases && mm.local == local && mm.claimsGen == claimsGen && mm.trustGen == trustGen &&
-		(mm.until.IsZero() || now.Before(mm.until)) {
-		return false
-	}
 	if leases != st.leasesSeen {
 		st.leasesSeen = leases
 		st.forgetHostAnswers(leases.names)
 		d.leaseTrust.forgetExcept(leases.names)
+		d.claims.watch(otherNodesIPs(leases, d.cfg.Node))
+	}
+	claimsGen, trustGen := d.claims.generation(), d.leaseTrust.generation()
+	if mm.initialized && mm.leases == leases && (mm.local == local || !mm.ownLeases) && mm.claimsGen == claimsGen &&
+		mm.trustGen == trustGen && (mm.until.IsZero() || now.Before(mm.until)) {
+		return false
 	}
 	*mm = leaseDrainsMemo{drains: mm.drains, leases: leases, local: local, claimsGen: claimsGen, trustGen: trustGen, initialized: true}
 	if mm.drains == nil {
@@ -104,6 +108,7 @@ func (d *Daemon) readLeaseDrains(local *localPods, prev map[types.UID]*podDrain,
 		if !exp.After(now) {
 			continue
 		}
+		mm.ownLeases = mm.ownLeases || l.Holder == d.cfg.Node
 		mm.deadline(exp)
 		ips, ok, until := d.honouredIPs(l, local.byIP, st.ips[:0], claimsGen, now)
 		mm.deadline(until)
@@ -116,6 +121,20 @@ func (d *Daemon) readLeaseDrains(local *localPods, prev map[types.UID]*podDrain,
 		}
 	}
 	return true
+}
+
+// otherNodesIPs returns the IPs the Leases of nodes other than node name:
+// those whose listings their answers depend on (claims.watch).
+func otherNodesIPs(leases *drainLeases, node string) map[netip.Addr]struct{} {
+	ips := map[netip.Addr]struct{}{}
+	for _, l := range leases.list {
+		if l.Holder != node {
+			for _, ip := range l.IPs {
+				ips[ip] = struct{}{}
+			}
+		}
+	}
+	return ips
 }
 
 // deadline makes t (if set) a deadline of the memo.
