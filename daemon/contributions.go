@@ -38,12 +38,6 @@ type contribution struct {
 	frontendOnly bool
 }
 
-// lingerRecord is a departed endpoint still steered until until.
-type lingerRecord struct {
-	c     contribution
-	until time.Time
-}
-
 func (m *model) touch(k bpf.EndpointKey) { m.touched[k] = struct{}{} }
 
 func (m *model) addContribution(k bpf.EndpointKey, c contribution) {
@@ -94,39 +88,7 @@ func (m *model) forgetIfEmpty(k bpf.EndpointKey) {
 		return
 	}
 	delete(m.contributions, k)
-	if ips := slices.DeleteFunc(m.byIP[k.Addr], func(o bpf.EndpointKey) bool { return o == k }); len(ips) > 0 {
-		m.byIP[k.Addr] = ips
-	} else {
-		delete(m.byIP, k.Addr)
-	}
-}
-
-func (m *model) setLinger(k bpf.EndpointKey, l *lingerRecord) {
-	m.clearLinger(k)
-	m.lingering[k] = l
-	m.lingerKeys[l.c.servicePort] = append(m.lingerKeys[l.c.servicePort], k)
-	if m.lingerMin.IsZero() || l.until.Before(m.lingerMin) {
-		m.lingerMin = l.until
-	}
-	m.addContribution(k, l.c)
-}
-
-func (m *model) clearLinger(k bpf.EndpointKey) {
-	l := m.lingering[k]
-	if l == nil {
-		return
-	}
-	delete(m.lingering, k)
-	id := l.c.servicePort
-	if keys := slices.DeleteFunc(m.lingerKeys[id], func(x bpf.EndpointKey) bool { return x == k }); len(keys) > 0 {
-		m.lingerKeys[id] = keys
-	} else {
-		delete(m.lingerKeys, id)
-	}
-	m.removeContribution(k, func(c contribution) bool { return c.kind == fromLinger })
-	if l.c.servicePort != 0 {
-		m.releaseIfUnused(l.c.servicePort)
-	}
+	dropKey(m.byIP, k.Addr, k)
 }
 
 // setListing records whether a Service lists a drained pod.

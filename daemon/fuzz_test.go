@@ -189,4 +189,22 @@ func checkContributionIndex(t *testing.T, m *model) {
 	if n != len(m.lingering) {
 		t.Fatalf("lingerKeys lists %d keys, lingering %d", n, len(m.lingering))
 	}
+	// lingerByPod likewise, under its pod; the queue holds every record.
+	n = 0
+	for uid, keys := range m.lingerByPod {
+		for _, k := range keys {
+			if l := m.lingering[k]; l == nil || l.c.uid != uid {
+				t.Fatalf("lingerByPod lists %v under %q: not lingering there", k, uid)
+			}
+		}
+		n += len(keys)
+	}
+	if n != len(m.lingering) {
+		t.Fatalf("lingerByPod lists %d keys, lingering %d", n, len(m.lingering))
+	}
+	for k, l := range m.lingering {
+		if !slices.Contains(m.lingerQueue, queuedLinger{k, l}) {
+			t.Fatalf("%v lingers until %v, not in the queue", k, l.until)
+		}
+	}
 }

@@ -170,10 +170,13 @@ type model struct {
 	// eight slots however few it holds).
 	byIP      map[netip.Addr][]bpf.EndpointKey
 	lingering map[bpf.EndpointKey]*lingerRecord
-	// lingerKeys: the lingering keys of each service-port
-	lingerKeys map[bpf.ServicePortID][]bpf.EndpointKey
-	lingerMin  time.Time // earliest linger end (zero: none), a lower bound
-	podDrains  map[types.UID]*podDrain
+	// lingerKeys: the lingering keys of each service-port; lingerByPod:
+	// of each pod; lingerQueue: every lingering record by its end
+	// (lingering.go).
+	lingerKeys  map[bpf.ServicePortID][]bpf.EndpointKey
+	lingerByPod map[types.UID][]bpf.EndpointKey
+	lingerQueue lingerQueue
+	podDrains   map[types.UID]*podDrain
 	// podDrainsGen changes whenever setPodDrains replaces podDrains;
 	// notesGen whenever podDrains, listings or vanish.services change (what
 	// gonePeers notes of the pod drains).
@@ -208,6 +211,7 @@ func newModel(cfg ModelConfig, st State, cl *claims) *model {
 		byIP:                map[netip.Addr][]bpf.EndpointKey{},
 		lingering:           map[bpf.EndpointKey]*lingerRecord{},
 		lingerKeys:          map[bpf.ServicePortID][]bpf.EndpointKey{},
+		lingerByPod:         map[types.UID][]bpf.EndpointKey{},
 		podDrains:           map[types.UID]*podDrain{},
 		listings:            map[types.UID]map[string]struct{}{},
 		listedPolicy:        map[types.UID]bpf.Policy{},
@@ -535,40 +539,9 @@ func (m *model) claimsChanged(ip netip.Addr) {
 	}
 }
 
-// endLingersOf ends the lingering entries of a pod: its drain Lease was
-// deleted, which the node hosting it does when the pod's IP is reused (or
-// its own linger ended). Remote nodes learn of a new owner no other way
-// when the new pod is in no Service.
-func (m *model) endLingersOf(uid types.UID) {
-	if uid == "" {
-		return
-	}
-	for k, l := range m.lingering {
-		if l.c.uid == uid {
-			m.clearLinger(k)
-		}
-	}
-}
-
-// expireLingering ends lingers that ran out. It walks them only when the
-// earliest one is due.
-func (m *model) expireLingering(now time.Time) {
-	if m.lingerMin.IsZero() || now.Before(m.lingerMin) {
-		return
-	}
-	m.lingerMin = time.Time{}
-	for k, l := range m.lingering {
-		if !now.Before(l.until) {
-			m.clearLinger(k)
-		} else if m.lingerMin.IsZero() || l.until.Before(m.lingerMin) {
-			m.lingerMin = l.until
-		}
-	}
-}
-
 // nextDeadline is the earliest instant the model changes by itself.
 func (m *model) nextDeadline() time.Time {
-	t := m.lingerMin
+	t := m.firstLingerEnd()
 	if e := m.podDrainsEnd; !e.IsZero() && (t.IsZero() || e.Before(t)) {
 		t = e
 	}

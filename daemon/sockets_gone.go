@@ -298,12 +298,7 @@ func (g *gonePeers) pruneServices(m *model) {
 // vanishedRecently keeps the Services of a vanished endpoint until its pod
 // drain (the gone Lease) arrives or its linger ends.
 func (g *gonePeers) vanishedRecently(uid types.UID, m *model) bool {
-	for _, l := range m.lingering {
-		if l.c.uid == uid {
-			return true
-		}
-	}
-	return m.vanish.pendingUID(uid)
+	return m.lingeringOf(uid) || m.vanish.pendingUID(uid)
 }
 
 // pass writes the difference between the desired and the applied gone
