@@ -354,7 +354,10 @@ func BenchmarkClusterScale(b *testing.B) {
 		// pod with a new one at a new IP (on another node), as the
 		// EndpointSlice controller writes while Deployments roll: the
 		// claims' index changes on every update.
-		{"endpoints=150k-rollout", scaleCase{perService: 15, stream: true, encoding: "protobuf", burst: 10, rollout: true}},
+		// Departed pods linger 3 s here (--linger, 2 min by default),
+		// so that the churn reaches the steady state of a long rollout,
+		// where lingers end as fast as pods depart.
+		{"endpoints=150k-rollout", scaleCase{perService: 15, stream: true, encoding: "protobuf", burst: 10, rollout: true, linger: 3 * time.Second}},
 		// The fallback when the API server does not stream lists (before
 		// 1.34, or WatchList off): one list response decoded whole.
 		{"endpoints=150k-list", scaleCase{perService: 15, stream: false, encoding: "protobuf", burst: 10}},
@@ -368,11 +371,12 @@ func BenchmarkClusterScale(b *testing.B) {
 
 // scaleCase is one cluster and churn of BenchmarkClusterScale.
 type scaleCase struct {
-	perService int    // endpoints per Service (10,000 Services)
-	stream     bool   // the initial list streamed (WatchList), not one response
-	encoding   string // "protobuf" or "json"
-	burst      int    // the churn's updates come this many at once, 1,000 a second in all
-	rollout    bool   // the churn replaces pods (new pods at new IPs), not only their conditions
+	perService int           // endpoints per Service (10,000 Services)
+	stream     bool          // the initial list streamed (WatchList), not one response
+	encoding   string        // "protobuf" or "json"
+	burst      int           // the churn's updates come this many at once, 1,000 a second in all
+	rollout    bool          // the churn replaces pods (new pods at new IPs), not only their conditions
+	linger     time.Duration // --linger (0: the default)
 }
 
 // watchListGate turns client-go's streaming lists on or off (its feature
@@ -441,7 +445,7 @@ func benchClusterScale(b *testing.B, sc scaleCase) {
 	// TTL (a minute by default): a TTL of twice the churn puts one such
 	// pass in the middle of the churn, where its cost shows as latency.
 	d := New(Config{Node: "node-0", Namespace: "draind-system", Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		EntryTTL: 2 * *scaleChurn, REST: cfg,
+		EntryTTL: 2 * *scaleChurn, Linger: sc.linger, REST: cfg,
 		OnIntake: func(l time.Duration) {
 			mu.Lock()
 			if !churnStart.IsZero() {
