@@ -55,10 +55,21 @@ type claims struct {
 	// for those.
 	watched map[netip.Addr]struct{}
 
-	clock     clock.PassiveClock
-	keep      time.Duration // how long a departed host is remembered
-	departed  map[netip.Addr]departedClaim
-	lastPrune time.Time
+	clock    clock.PassiveClock
+	keep     time.Duration // how long a departed host is remembered
+	departed map[netip.Addr]departedClaim
+	// departures lists the departed hosts in the order they were noted
+	// (by time, as the clock gives it; its head is departures[head:]),
+	// so that forgetting them walks only those that ended: a rollout
+	// notes one per pod it replaces.
+	departures []departedAt
+	head       int
+}
+
+// departedAt is a departed host as noted: the IP and when.
+type departedAt struct {
+	ip netip.Addr
+	at time.Time
 }
 
 // departedClaim is the last trusted listing of an IP that ended.
@@ -278,6 +289,7 @@ func (c *claims) noteDepartures(old, s *k8s.Slice) {
 			// Copies: a slice's own text would keep all of it alive.
 			uid := old.Endpoint(i).PodUID
 			c.departed[ip] = departedClaim{uid: types.UID(strings.Clone(string(uid))), node: strings.Clone(node), at: now}
+			c.departures = append(c.departures, departedAt{ip, now})
 		}
 	}
 	c.pruneDeparted()
@@ -494,18 +506,28 @@ func sliceOf(s *k8s.Slice, svc string) bool {
 	return ok && s.Namespace == ns && s.Service == name
 }
 
-// pruneDeparted forgets departed hosts older than keep, at most every
-// keep/4 (c.mu held).
+// pruneDeparted forgets departed hosts older than keep, oldest first
+// (c.mu held). A host noted again at the same IP keeps the later note; a
+// clock set back leaves older notes behind a newer one for a while, which
+// hostOf ignores once they are older than keep.
 func (c *claims) pruneDeparted() {
 	now := c.clock.Now()
-	if now.Sub(c.lastPrune) < c.keep/4 {
-		return
-	}
-	c.lastPrune = now
-	for ip, dc := range c.departed {
-		if now.Sub(dc.at) >= c.keep {
-			delete(c.departed, ip)
+	for c.head < len(c.departures) {
+		d := c.departures[c.head]
+		if now.Sub(d.at) < c.keep {
+			break
 		}
+		if dc, ok := c.departed[d.ip]; ok && dc.at.Equal(d.at) {
+			delete(c.departed, d.ip)
+		}
+		c.departures[c.head] = departedAt{}
+		c.head++
+	}
+	if c.head > 0 && c.head >= len(c.departures)/2 {
+		// Reuse the array once half of it is spent.
+		n := copy(c.departures, c.departures[c.head:])
+		c.departures = c.departures[:n]
+		c.head = 0
 	}
 }
 

@@ -223,6 +223,14 @@ func TestClaimsMatchReference(t *testing.T) {
 	if n := len(c.byIP.v4) + len(c.byIP.other) + len(c.byIP.more) + len(c.slices); n != 0 {
 		t.Fatalf("%d index entries left after every slice went", n)
 	}
+	// keep later, every departed host is forgotten, and its note too.
+	clk.SetTime(clk.Now().Add(keep))
+	c.mu.Lock()
+	c.pruneDeparted()
+	c.mu.Unlock()
+	if len(c.departed) != 0 || len(c.departures) != 0 {
+		t.Fatalf("%d departed hosts, %d notes left after keep", len(c.departed), len(c.departures))
+	}
 }
 
 // TestClaimsSameStateTwice: re-applying a slice (a Service event re-applies
