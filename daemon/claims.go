@@ -50,10 +50,12 @@ type claims struct {
 	// nodes.
 	gen uint64
 	// watched is the IPs gen follows (watch): those the drain Leases of
-	// other nodes name. nil: every IP. A rollout moves pods on most slice
-	// updates of the cluster; the Leases' answers need not be read again
-	// for those.
-	watched map[netip.Addr]struct{}
+	// other nodes name, each with the gen at which its listings last
+	// changed (or it was first watched). nil: every IP. A rollout moves
+	// pods on most slice updates of the cluster; the Leases' answers need
+	// not be read again for those, and a Lease's answer only when its own
+	// IPs' listings changed.
+	watched map[netip.Addr]uint64
 
 	clock    clock.PassiveClock
 	keep     time.Duration // how long a departed host is remembered
@@ -233,9 +235,7 @@ func (c *claims) setSlice(key string, s *k8s.Slice) []netip.Addr {
 		c.pruneDeparted()
 		return c.flippedIPs(old, s, n)
 	}
-	if c.touchesWatched(old) || c.touchesWatched(s) {
-		c.gen++
-	}
+	c.noteWatched(old, s)
 	// Scratch space reused under mu: every slice event of the cluster
 	// comes here.
 	c.before = readyClaims(c.before, old)
@@ -531,39 +531,76 @@ func (c *claims) pruneDeparted() {
 	}
 }
 
-// watch makes gen follow the IPs of ips alone (kept, not copied: the
-// caller makes a new set for each call). gen changes if an IP is new to
-// it (every IP was watched while watched was nil): its listings may have
-// changed unseen until now.
-func (c *claims) watch(ips map[netip.Addr]struct{}) {
+// watch makes gen follow the IPs of ips alone (none if empty). gen
+// changes if an IP is new to it (every IP was watched while watched was
+// nil): its listings may have changed unseen until now.
+func (c *claims) watch(ips []netip.Addr) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if ips == nil && c.watched != nil {
-		c.gen++
-	}
-	for ip := range ips {
-		if _, ok := c.watched[ip]; !ok && c.watched != nil {
-			c.gen++
-			break
+	next := make(map[netip.Addr]uint64, len(ips))
+	bumped := false
+	for _, ip := range ips {
+		at, ok := c.watched[ip]
+		if !ok && c.watched != nil {
+			if !bumped {
+				c.gen++
+				bumped = true
+			}
+			at = c.gen
+		} else if !ok {
+			at = c.gen
 		}
+		next[ip] = at
 	}
-	c.watched = ips
+	c.watched = next
 }
 
-// touchesWatched reports whether s lists a pod at a watched IP (c.mu held).
-func (c *claims) touchesWatched(s *k8s.Slice) bool {
-	if s == nil || (c.watched != nil && len(c.watched) == 0) {
-		return false
+// noteWatched changes gen, and the generation of each watched IP, if old
+// or s (a slice's state before and after a change of its pods) lists a pod
+// at a watched IP (c.mu held).
+func (c *claims) noteWatched(old, s *k8s.Slice) {
+	if c.watched != nil && len(c.watched) == 0 {
+		return
 	}
-	for i := range s.Len() {
-		if !s.HasPod(i) {
-			continue
-		}
-		if _, ok := c.watched[s.Addr(i)]; ok || c.watched == nil {
-			return true
+	bumped := false
+	for _, sl := range [2]*k8s.Slice{old, s} {
+		for i := 0; sl != nil && i < sl.Len(); i++ {
+			if !sl.HasPod(i) {
+				continue
+			}
+			ip := sl.Addr(i)
+			if _, ok := c.watched[ip]; !ok && c.watched != nil {
+				continue
+			}
+			if !bumped {
+				c.gen++
+				bumped = true
+			}
+			if c.watched == nil {
+				return
+			}
+			c.watched[ip] = c.gen
 		}
 	}
-	return false
+}
+
+// ipsGeneration returns a generation of the listings of ips: an answer of
+// hostOf for them holds while it stays (or until the end hostOf gives).
+// ok is false if one of them is not watched (no such generation).
+func (c *claims) ipsGeneration(ips []netip.Addr) (gen uint64, ok bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.watched == nil {
+		return c.gen, true
+	}
+	for _, ip := range ips {
+		at, ok := c.watched[ip]
+		if !ok {
+			return 0, false
+		}
+		gen += at // each only grows: the sum changes when one does
+	}
+	return gen, true
 }
 
 // generation returns gen: an answer of hostOf for a watched IP read after

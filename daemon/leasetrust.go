@@ -31,9 +31,8 @@ import (
 
 // honouredIPs returns the IPs a Lease may drain, appended to buf, or false;
 // until is when the answer may change with nothing else changing (zero:
-// never). gen is the claims' generation, read before the pass's first
-// Lease.
-func (d *Daemon) honouredIPs(l *k8s.DrainLease, local map[netip.Addr]*k8s.Pod, buf []netip.Addr, gen uint64, now time.Time) (ips []netip.Addr, ok bool, until time.Time) {
+// never).
+func (d *Daemon) honouredIPs(l *k8s.DrainLease, local map[netip.Addr]*k8s.Pod, buf []netip.Addr, now time.Time) (ips []netip.Addr, ok bool, until time.Time) {
 	ips = buf
 	if l.Holder == d.cfg.Node {
 		for _, ip := range l.IPs {
@@ -43,7 +42,7 @@ func (d *Daemon) honouredIPs(l *k8s.DrainLease, local map[netip.Addr]*k8s.Pod, b
 		}
 		return ips, len(ips) > 0, time.Time{}
 	}
-	switch h := d.drainsState.hostsOf(d.claims, l, gen, now); {
+	switch h := d.drainsState.hostsOf(d.claims, l, now); {
 	case h.elsewhere:
 		return ips, false, h.until // the pod runs elsewhere: not the holder's to drain
 	case len(h.ips) > 0:
@@ -61,7 +60,8 @@ func (d *Daemon) honouredIPs(l *k8s.DrainLease, local map[netip.Addr]*k8s.Pod, b
 // list it at on the Lease's holder, or that they list it on another node.
 type leaseHosts struct {
 	lease     *k8s.DrainLease
-	gen       uint64    // the claims' generation it was read at
+	gen       uint64    // the generation of its IPs' listings it was read at
+	cached    bool      // gen is one (the IPs were watched)
 	until     time.Time // a departed host's answer ends (zero: none)
 	ips       []netip.Addr
 	elsewhere bool
@@ -69,13 +69,14 @@ type leaseHosts struct {
 
 // hostsOf returns what trusted slices say of the pod of l, a Lease of
 // another node: one index lookup per IP, kept (by Lease name) while the
-// Lease object, the claims' generation gen and a departed host's answer
-// last.
-func (st *podDrainsState) hostsOf(c *claims, l *k8s.DrainLease, gen uint64, now time.Time) *leaseHosts {
-	if h := st.hostAnswers[l.Name]; h != nil && h.lease == l && h.gen == gen && (h.until.IsZero() || now.Before(h.until)) {
+// Lease object, the generation of its IPs' listings and a departed host's
+// answer last.
+func (st *podDrainsState) hostsOf(c *claims, l *k8s.DrainLease, now time.Time) *leaseHosts {
+	gen, cached := c.ipsGeneration(l.IPs)
+	if h := st.hostAnswers[l.Name]; h != nil && cached && h.cached && h.lease == l && h.gen == gen && (h.until.IsZero() || now.Before(h.until)) {
 		return h
 	}
-	h := &leaseHosts{lease: l, gen: gen}
+	h := &leaseHosts{lease: l, gen: gen, cached: cached}
 	for _, ip := range l.IPs {
 		node, listed, until := c.hostOf(ip, l.PodUID)
 		if !until.IsZero() && (h.until.IsZero() || until.Before(h.until)) {

@@ -110,7 +110,7 @@ func (d *Daemon) readLeaseDrains(local *localPods, prev map[types.UID]*podDrain,
 		}
 		mm.ownLeases = mm.ownLeases || l.Holder == d.cfg.Node
 		mm.deadline(exp)
-		ips, ok, until := d.honouredIPs(l, local.byIP, st.ips[:0], claimsGen, now)
+		ips, ok, until := d.honouredIPs(l, local.byIP, st.ips[:0], now)
 		mm.deadline(until)
 		if cap(ips) <= scratchKeep {
 			st.ips = ips[:0]
@@ -125,13 +125,11 @@ func (d *Daemon) readLeaseDrains(local *localPods, prev map[types.UID]*podDrain,
 
 // otherNodesIPs returns the IPs the Leases of nodes other than node name:
 // those whose listings their answers depend on (claims.watch).
-func otherNodesIPs(leases *drainLeases, node string) map[netip.Addr]struct{} {
-	ips := map[netip.Addr]struct{}{}
+func otherNodesIPs(leases *drainLeases, node string) []netip.Addr {
+	var ips []netip.Addr
 	for _, l := range leases.list {
 		if l.Holder != node {
-			for _, ip := range l.IPs {
-				ips[ip] = struct{}{}
-			}
+			ips = append(ips, l.IPs...)
 		}
 	}
 	return ips
