@@ -25,7 +25,8 @@ type lingerRecord struct {
 
 // lingerQueue is a min-heap of lingering records by end. A record that
 // ended early (cleared, or replaced by another) stays until it comes up,
-// then is dropped: at most one per record set in the last --linger.
+// then is dropped, or until such records outnumber the live ones (a
+// listing that flaps, IPs reused), when the queue keeps only the live.
 type lingerQueue []queuedLinger
 
 type queuedLinger struct {
@@ -52,6 +53,10 @@ func (m *model) setLinger(k bpf.EndpointKey, l *lingerRecord) {
 	m.lingerByPod[l.c.uid] = append(m.lingerByPod[l.c.uid], k)
 	heap.Push(&m.lingerQueue, queuedLinger{k, l})
 	m.addContribution(k, l.c)
+	if stale := len(m.lingerQueue) - len(m.lingering); stale > len(m.lingering)+64 {
+		m.lingerQueue = slices.DeleteFunc(m.lingerQueue, func(q queuedLinger) bool { return m.lingering[q.key] != q.rec })
+		heap.Init(&m.lingerQueue)
+	}
 }
 
 func (m *model) clearLinger(k bpf.EndpointKey) {

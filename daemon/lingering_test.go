@@ -76,7 +76,21 @@ func TestLingerQueue(t *testing.T) {
 			t.Fatalf("step %d: next deadline %v, want %v", step, got, first)
 		}
 		checkContributionIndex(t, m)
+		if stale := len(m.lingerQueue) - len(m.lingering); stale > len(m.lingering)+64 {
+			t.Fatalf("step %d: the queue holds %d records that ended early, %d live", step, stale, len(m.lingering))
+		}
 	}
+	// A listing that flaps departs and returns its endpoint again and
+	// again within a linger: the records that ended early do not pile up.
+	k := bpf.EndpointKey{Addr: netip.MustParseAddr("10.0.1.1"), Port: 8080, Proto: bpf.TCP}
+	for range 1000 {
+		m.setLinger(k, &lingerRecord{c: contribution{kind: fromLinger, uid: "pod-flap", policy: bpf.PolicyRefuse}, until: now.Add(time.Minute)})
+		m.clearLinger(k)
+	}
+	if stale := len(m.lingerQueue) - len(m.lingering); stale > len(m.lingering)+64 {
+		t.Fatalf("a flapping listing left %d records that ended early in the queue, %d live", stale, len(m.lingering))
+	}
+	checkContributionIndex(t, m)
 	// A minute later every record ended: none is left, in the queue
 	// either (those that ended early included).
 	m.expireLingering(now.Add(time.Minute))
