@@ -88,6 +88,7 @@ func TestClaimsMatchReference(t *testing.T) {
 		gen    uint64
 	}
 	answers := map[string]answer{}
+	pairAnswers := map[string][2]answer{}
 	var watched map[netip.Addr]struct{} // nil: every IP (until the first watch)
 	for step := 0; step < 20000; step++ {
 		clk.SetTime(clk.Now().Add(time.Duration(rng.IntN(2000)) * time.Millisecond))
@@ -211,6 +212,33 @@ func TestClaimsMatchReference(t *testing.T) {
 				default:
 					if gotListed || node != "" {
 						t.Fatalf("step %d: hostOf(%v, %s) = %q, %v; want not listed", step, ip, uid, node, gotListed)
+					}
+				}
+			}
+		}
+		// A Lease of several IPs (dual-stack) is cached on the
+		// generation of all of them: it changes when any one's does.
+		for i := range ips {
+			for j := i + 1; j < len(ips); j++ {
+				pair := []netip.Addr{ips[i], ips[j]}
+				gen, ok := c.ipsGeneration(pair)
+				for _, uid := range uids[1:] {
+					var got [2]answer
+					for n, ip := range pair {
+						node, listed, until := c.hostOf(ip, uid)
+						got[n] = answer{node, listed, until, gen}
+					}
+					k := pair[0].String() + "+" + pair[1].String() + "/" + string(uid)
+					if a, had := pairAnswers[k]; had && ok && a[0].gen == gen {
+						for n := range pair {
+							if (a[n].until.IsZero() || clk.Now().Before(a[n].until)) && (a[n].node != got[n].node || a[n].listed != got[n].listed) {
+								t.Fatalf("step %d: hostOf(%v, %s) = %q, %v at the generation %d of %v, which answered %q, %v",
+									step, pair[n], uid, got[n].node, got[n].listed, gen, pair, a[n].node, a[n].listed)
+							}
+						}
+					}
+					if ok {
+						pairAnswers[k] = got
 					}
 				}
 			}
