@@ -542,8 +542,10 @@ func (m *model) claimsChanged(ip netip.Addr) {
 // nextDeadline is the earliest instant the model changes by itself.
 func (m *model) nextDeadline() time.Time {
 	t := m.firstLingerEnd()
-	if e := m.podDrainsEnd; !e.IsZero() && (t.IsZero() || e.Before(t)) {
-		t = e
+	for _, e := range [2]time.Time{m.podDrainsEnd, m.vanish.servicesEnd} {
+		if !e.IsZero() && (t.IsZero() || e.Before(t)) {
+			t = e
+		}
 	}
 	return t
 }

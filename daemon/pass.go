@@ -97,6 +97,7 @@ func (d *Daemon) syncLocked(loop bool) time.Time {
 		m.endLingersOf(uid)
 	}
 	m.expireLingering(now)
+	m.forgetVanishedServices(now)
 	first := d.apply(now, changedAt, loop)
 	d.gone.pass(m, now)
 	d.hosted.setKeys(m.keysOf(d.hosted.uids()))

@@ -206,6 +206,21 @@ func TestVanishedEndpointSteeredOnceGone(t *testing.T) {
 	if l := h.d.model.lingering[key("10.0.0.1:8080", bpf.TCP)]; l == nil || l.c.uid != "a" {
 		t.Errorf("vanished endpoint does not linger: %+v", l)
 	}
+	// The Services that listed it are remembered (their opt-out of ending
+	// sockets) as long as it lingers, and forgotten in the pass at its
+	// end, which the model asks for.
+	if got := h.d.model.vanishedServicesOf("a"); !slices.Equal(got, []string{"default/web"}) {
+		t.Errorf("Services of the vanished pod: %v, want [default/web]", got)
+	}
+	end := h.d.model.nextDeadline()
+	if want := h.clock.Now().Add(h.d.cfg.Linger); end.After(want) {
+		t.Errorf("next deadline %v, after the linger's end %v", end, want)
+	}
+	h.clock.Step(h.d.cfg.Linger)
+	h.pass()
+	if got := h.d.model.vanishedServicesOf("a"); len(got) != 0 {
+		t.Errorf("Services of the vanished pod still remembered after its linger: %v", got)
+	}
 }
 
 // TestVanishedCandidateExpires: without a gone Lease within vanishWait the

@@ -113,8 +113,11 @@ type vanishState struct {
 	pending map[string][]vanishedEndpoint // by Service, until its next recompute
 	revisit map[string]struct{}           // Services to recompute next pass
 	// services remembers which Services listed a vanished pod (its
-	// opt-out of ending sockets) until its linger would end.
-	services map[types.UID]vanishedServices
+	// opt-out of ending sockets) until its linger would end; servicesEnd
+	// is the earliest such end (zero: none), so that the Services
+	// recomputed before then do not walk them.
+	services    map[types.UID]vanishedServices
+	servicesEnd time.Time
 }
 
 type vanishedServices struct {
@@ -179,12 +182,6 @@ func (v *vanishState) pendingUID(uid types.UID) bool {
 func (m *model) withVanished(key string, svc *k8s.Service, cat categorized, now time.Time) categorized {
 	pend := m.vanish.pending[key]
 	delete(m.vanish.pending, key)
-	for uid, s := range m.vanish.services {
-		if !now.Before(s.until) {
-			delete(m.vanish.services, uid)
-			m.notesGen++
-		}
-	}
 	if svc == nil || len(pend) == 0 || m.cfg.Linger <= 0 {
 		return cat
 	}
@@ -231,9 +228,30 @@ func (m *model) withVanished(key string, svc *k8s.Service, cat categorized, now 
 		}
 		rec.until = now.Add(m.cfg.Linger)
 		m.vanish.services[v.uid] = rec
+		if m.vanish.servicesEnd.IsZero() || rec.until.Before(m.vanish.servicesEnd) {
+			m.vanish.servicesEnd = rec.until
+		}
 		m.notesGen++
 	}
 	return cat
+}
+
+// forgetVanishedServices forgets the Services of vanished pods whose
+// linger ended, once the earliest did (each pass).
+func (m *model) forgetVanishedServices(now time.Time) {
+	v := &m.vanish
+	if v.servicesEnd.IsZero() || now.Before(v.servicesEnd) {
+		return
+	}
+	v.servicesEnd = time.Time{}
+	for uid, s := range v.services {
+		if !now.Before(s.until) {
+			delete(v.services, uid)
+			m.notesGen++
+		} else if v.servicesEnd.IsZero() || s.until.Before(v.servicesEnd) {
+			v.servicesEnd = s.until
+		}
+	}
 }
 
 // emptyServicePort is the categorisation of a service-port whose endpoints
