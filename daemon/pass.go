@@ -99,7 +99,7 @@ func (d *Daemon) syncLocked(loop bool) time.Time {
 	m.expireLingering(now)
 	m.forgetVanishedServices(now)
 	first := d.apply(now, changedAt, loop)
-	d.gone.pass(m, now)
+	d.gone.pass(m, now, dirty.ips, dirty.services)
 	d.hosted.setKeys(m.keysOf(d.hosted.uids()))
 	for _, dep := range m.takeDepartures() {
 		d.conntrackPolicy.departed(dep)

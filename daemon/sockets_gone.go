@@ -126,13 +126,25 @@ type gonePeers struct {
 	gone     []types.UID
 	kept     int
 	want     map[netip.Addr]bpf.GonePeer // desired's, reused
+	// What the last desired set was computed from, so that a pass with
+	// nothing new for it (most passes, while a rollout's pods are gone)
+	// costs a few lookups instead of a claims check per gone pod's IP:
+	// those IPs and the Services noted for those pods (a change of their
+	// claims, or of a Service's opt-out, computes again), the first entry
+	// refresh due, and a write left to retry.
+	wantYet      bool
+	wantIPs      map[netip.Addr]struct{}
+	wantServices map[string]struct{}
+	refreshAt    time.Time // zero: none due
+	retry        bool
 
 	flows goneFlows
 }
 
 func newGonePeers(cfg goneConfig) *gonePeers {
 	g := &gonePeers{cfg: cfg, firstGone: map[types.UID]time.Time{}, services: map[types.UID]map[string]struct{}{},
-		applied: map[netip.Addr]bpf.GonePeer{}, relist: map[netip.Addr]bool{}, warned: map[string]string{}}
+		applied: map[netip.Addr]bpf.GonePeer{}, relist: map[netip.Addr]bool{}, warned: map[string]string{},
+		wantIPs: map[netip.Addr]struct{}{}, wantServices: map[string]struct{}{}}
 	g.flows.init(cfg)
 	return g
 }
@@ -229,8 +241,16 @@ func (g *gonePeers) desired(m *model, now time.Time) map[netip.Addr]bpf.GonePeer
 	}
 	want := g.want
 	clear(want)
+	clear(g.wantIPs)
+	clear(g.wantServices)
 	for _, uid := range g.gone {
 		pd := m.podDrains[uid]
+		for _, ip := range pd.IPs {
+			g.wantIPs[ip] = struct{}{}
+		}
+		for svc := range g.services[uid] {
+			g.wantServices[svc] = struct{}{}
+		}
 		if g.optedOut(uid) {
 			continue
 		}
@@ -301,33 +321,55 @@ func (g *gonePeers) vanishedRecently(uid types.UID, m *model) bool {
 	return m.lingeringOf(uid) || m.vanish.pendingUID(uid)
 }
 
+// unchanged reports whether the desired gone peers cannot have changed
+// since the last pass computed them: the model's notes are the same, no
+// claim of a gone pod's IP and no Service noted for a gone pod changed
+// (dirtyIPs, dirtyServices: the pass's), no entry is due for a refresh and
+// no write waits for a retry.
+func (g *gonePeers) unchanged(m *model, now time.Time, dirtyIPs map[netip.Addr]struct{}, dirtyServices map[string]time.Time) bool {
+	if !g.wantYet || g.retry || len(g.relist) > 0 || !g.notedYet || g.noted != m.notesGen ||
+		(!g.refreshAt.IsZero() && !now.Before(g.refreshAt)) {
+		return false
+	}
+	for ip := range dirtyIPs {
+		if _, ok := g.wantIPs[ip]; ok {
+			return false
+		}
+	}
+	for svc := range dirtyServices {
+		if _, ok := g.wantServices[svc]; ok {
+			return false
+		}
+	}
+	return true
+}
+
 // pass writes the difference between the desired and the applied gone
-// peers (runner goroutine, after the model's pass).
-func (g *gonePeers) pass(m *model, now time.Time) {
+// peers (runner goroutine, after the model's pass), unless nothing it
+// depends on changed (dirtyIPs, dirtyServices: what the pass saw change).
+func (g *gonePeers) pass(m *model, now time.Time, dirtyIPs map[netip.Addr]struct{}, dirtyServices map[string]time.Time) {
 	if g.cfg.Sockets == nil {
 		return
 	}
+	if g.unchanged(m, now, dirtyIPs, dirtyServices) {
+		if g.kept > 0 {
+			g.pruneServices(m) // a linger may have ended
+		}
+		g.pruneConnections(now)
+		return
+	}
+	g.wantYet, g.retry = true, false
 	want := g.desired(m, now)
+	g.refreshAt = time.Time{}
 	for ip, p := range want {
-		cur, ok := g.applied[ip]
-		relist := g.relist[ip]
-		if ok && !relist && cur.GoneAt.Equal(p.GoneAt) && cur.Expires.Sub(now) >= g.cfg.EntryTTL/2 && !p.Expires.Before(cur.Expires.Add(-time.Second)) {
-			continue
+		g.apply(ip, p, now)
+		// An entry its pod drain's end does not bound is refreshed when
+		// half its TTL has passed.
+		if a, ok := g.applied[ip]; ok && !p.Expires.Before(now.Add(g.cfg.EntryTTL)) {
+			if at := a.Expires.Add(-g.cfg.EntryTTL / 2); g.refreshAt.IsZero() || at.Before(g.refreshAt) {
+				g.refreshAt = at
+			}
 		}
-		if ok && !cur.GoneAt.IsZero() && cur.GoneAt.Before(p.GoneAt) {
-			p.GoneAt = cur.GoneAt // adopted from a previous draind: keep the earlier instant
-		}
-		if err := g.cfg.Sockets.UpsertGonePeer(p); err != nil {
-			g.cfg.Metrics.DatapathErrors.WithLabelValues(errorKind(err)).Inc()
-			g.cfg.Log.Error("listing a gone peer, will retry", logKeyIP, ip, logKeyErr, err)
-			continue
-		}
-		if !ok {
-			g.cfg.Log.Info("pod gone: ending client sockets to it", logKeyIP, ip)
-		}
-		g.flows.want(ip, p, !ok || relist) // listed, or refreshed with the peer
-		g.applied[ip] = p
-		delete(g.relist, ip)
 	}
 	g.pruneConnections(now)
 	for ip := range g.applied {
@@ -337,12 +379,45 @@ func (g *gonePeers) pass(m *model, now time.Time) {
 		if err := g.cfg.Sockets.DeleteGonePeer(ip); err != nil {
 			g.cfg.Metrics.DatapathErrors.WithLabelValues(errorKind(err)).Inc()
 			g.cfg.Log.Error("unlisting a gone peer, will retry", logKeyIP, ip, logKeyErr, err)
+			g.retry = true
 			continue
 		}
 		delete(g.applied, ip)
 		delete(g.relist, ip)
 		g.flows.drop(ip)
 	}
+}
+
+// apply lists gone peer p at ip unless it is listed so already.
+func (g *gonePeers) apply(ip netip.Addr, p bpf.GonePeer, now time.Time) {
+	cur, ok := g.applied[ip]
+	if ok && !cur.GoneAt.IsZero() && cur.GoneAt.Before(p.GoneAt) {
+		p.GoneAt = cur.GoneAt // adopted from a previous draind: keep the earlier instant
+	}
+	relist := g.relist[ip]
+	if ok && !relist && cur.GoneAt.Equal(p.GoneAt) && !g.rewrite(cur, p, now) {
+		return
+	}
+	if err := g.cfg.Sockets.UpsertGonePeer(p); err != nil {
+		g.cfg.Metrics.DatapathErrors.WithLabelValues(errorKind(err)).Inc()
+		g.cfg.Log.Error("listing a gone peer, will retry", logKeyIP, ip, logKeyErr, err)
+		g.retry = true
+		return
+	}
+	if !ok {
+		g.cfg.Log.Info("pod gone: ending client sockets to it", logKeyIP, ip)
+	}
+	g.flows.want(ip, p, !ok || relist) // listed, or refreshed with the peer
+	g.applied[ip] = p
+	delete(g.relist, ip)
+}
+
+// rewrite reports whether an applied entry's end must be written again:
+// its pod drain now ends more than a second sooner, or half its TTL passed
+// and the entry would last longer.
+func (g *gonePeers) rewrite(cur, p bpf.GonePeer, now time.Time) bool {
+	return p.Expires.Before(cur.Expires.Add(-time.Second)) ||
+		(cur.Expires.Sub(now) < g.cfg.EntryTTL/2 && p.Expires.After(cur.Expires))
 }
 
 // pruneInterval is how often the connection counts of addresses no local

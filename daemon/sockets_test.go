@@ -2,12 +2,14 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net/netip"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,12 +28,13 @@ import (
 // by the test, gone entries recorded.
 type fakeSockets struct {
 	*FakeDatapath
-	mu    sync.Mutex
-	conns map[netip.Addr]bpf.ConnCount
-	since time.Time
-	peers map[netip.Addr]bpf.GonePeer
-	flows map[[2]netip.AddrPort]bpf.GoneFlow
-	ops   int
+	failUpsert atomic.Bool // UpsertGonePeer fails while set
+	mu         sync.Mutex
+	conns      map[netip.Addr]bpf.ConnCount
+	since      time.Time
+	peers      map[netip.Addr]bpf.GonePeer
+	flows      map[[2]netip.AddrPort]bpf.GoneFlow
+	ops        int
 }
 
 var _ SocketDatapath = (*fakeSockets)(nil)
@@ -54,6 +57,9 @@ func (f *fakeSockets) setLive(a netip.Addr, n int) {
 }
 func (f *fakeSockets) CountingSince() (time.Time, error) { return f.since, nil }
 func (f *fakeSockets) UpsertGonePeer(p bpf.GonePeer) error {
+	if f.failUpsert.Load() {
+		return errors.New("injected: gone peer map full")
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.ops++
@@ -722,5 +728,75 @@ func TestGoneEntriesAdoptedAfterRestart(t *testing.T) {
 	})
 	if p, _ := sd.peer("10.0.0.1"); !p.GoneAt.Equal(now.Add(-time.Minute)) {
 		t.Errorf("the adopted peer's instant moved: %+v", p)
+	}
+}
+
+// TestGonePeersComputedAgainOnWhatTheyDependOn: a pass with nothing new
+// for the gone peers leaves them alone (a rollout's gone pods would
+// otherwise cost a claims check per IP on every pass), so everything they
+// depend on must make a pass compute them again: an entry's refresh (half
+// its TTL), a write that failed, a Service's opt-out, a pod of this node
+// taking the gone pod's IP.
+func TestGonePeersComputedAgainOnWhatTheyDependOn(t *testing.T) {
+	h, sd := newSocketHarness(t)
+	h.addService(webService())
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(ready("10.0.0.1", "a"), "node-b"), onNode(ready("10.0.0.2", "b"), "node-b")))
+	h.pass()
+	h.do(&h.d.events.leases, 1, func(ctx context.Context) error {
+		l := &k8s.Leases{Client: h.client, Namespace: testNS}
+		_, _, err := l.Publish(ctx, k8s.DrainRequest{PodNamespace: "default", PodName: "pod-a", PodUID: "a",
+			IPs: []netip.Addr{netip.MustParseAddr("10.0.0.1")}, Node: "node-b", Reason: ReasonVanished,
+			Duration: 10 * time.Minute, State: StateGone}, h.clock.Now())
+		return err
+	})
+	// Its first listing fails; the next pass, with nothing new, lists it.
+	sd.failUpsert.Store(true)
+	h.pass()
+	sd.failUpsert.Store(false)
+	h.pass()
+	first, ok := sd.peer("10.0.0.1")
+	if !ok {
+		t.Fatal("the gone pod is not listed after its first listing failed")
+	}
+	ops := func() int { sd.mu.Lock(); defer sd.mu.Unlock(); return sd.ops }
+	before := ops()
+	h.pass()
+	h.pass()
+	if n := ops() - before; n != 0 {
+		t.Errorf("passes with nothing new wrote %d gone-peer entries", n)
+	}
+	// Half the TTL later the entry is written again, lasting longer.
+	h.clock.Step(h.d.cfg.EntryTTL/2 + time.Second)
+	h.pass()
+	refreshed, _ := sd.peer("10.0.0.1")
+	if !refreshed.Expires.After(first.Expires) || !refreshed.GoneAt.Equal(first.GoneAt) {
+		t.Errorf("after half the TTL: %+v, want a later end than %v, gone at %v", refreshed, first.Expires, first.GoneAt)
+	}
+	// The next refresh fails; the pass after it, with nothing else new,
+	// writes it.
+	h.clock.Step(h.d.cfg.EntryTTL/2 + time.Second)
+	sd.failUpsert.Store(true)
+	h.pass()
+	sd.failUpsert.Store(false)
+	h.pass()
+	if p, _ := sd.peer("10.0.0.1"); !p.Expires.After(refreshed.Expires) {
+		t.Errorf("a refresh that failed was not retried: %+v", p)
+	}
+	// The Service opts out: unlisted; opts in again: listed.
+	for _, v := range []string{"false", "true"} {
+		h.do(&h.d.events.services, 1, func(ctx context.Context) error {
+			_, err := h.client.CoreV1().Services("default").Update(ctx, webService(withEndDead(v)), metav1.UpdateOptions{})
+			return err
+		})
+		h.pass()
+		if _, listed := sd.peer("10.0.0.1"); listed != (v == "true") {
+			t.Errorf("%s=%s: listed %v", k8s.AnnotationEndDeadConnections, v, listed)
+		}
+	}
+	// A pod of this node takes the IP (no slice lists it yet): unlisted.
+	h.putPod(pod("pod-new", "new", "10.0.0.1"))
+	h.pass()
+	if _, listed := sd.peer("10.0.0.1"); listed {
+		t.Error("the gone pod's IP, now a pod of this node's, is still listed gone")
 	}
 }
