@@ -56,8 +56,8 @@ const (
 	// API lists them.
 	scaleLocalPods = 110
 	// scaleDrainLeases is how many pods of other nodes drain throughout
-	// (a rollout's preStop calls): each node's draind reads every drain
-	// Lease on every pass.
+	// (a rollout's preStop calls), half of them gone: each node's draind
+	// reads every drain Lease on every pass.
 	scaleDrainLeases = 200
 )
 
@@ -157,12 +157,21 @@ func benchPod(n, perService int) *corev1.Pod {
 }
 
 // benchDrainLease is the drain Lease of a pod of node-1 to node-99 (the
-// endpoint k*scaleNodes + 1 + k%99), published by its node's draind.
+// endpoint k*scaleNodes + 1 + k%99), published by its node's draind; the
+// pod is gone for even k.
 func benchDrainLease(k, perService int) *coordinationv1.Lease {
 	n := k*scaleNodes + 1 + k%(scaleNodes-1)
 	p := benchPod(n, perService)
 	r := k8s.DrainRequest{PodNamespace: p.Namespace, PodName: p.Name, PodUID: p.UID, IPs: []netip.Addr{netip.MustParseAddr(p.Status.PodIP)},
 		Node: p.Spec.NodeName, Reason: k8s.ReasonOffline, Duration: 10 * time.Minute}
+	if k%2 == 0 {
+		// Half of them say the pod is gone (deleted after its drain, its
+		// Lease kept for the linger): every node lists those as gone
+		// peers. (Their pods stay listed here; a deleted pod's slice
+		// update comes within seconds, and its departed host keeps the
+		// Lease honoured the same way.)
+		r.State = StateGone
+	}
 	l := r.Lease("draind-system", time.Now())
 	l.TypeMeta = metav1.TypeMeta{Kind: "Lease", APIVersion: "coordination.k8s.io/v1"}
 	return l
@@ -515,10 +524,13 @@ func benchClusterScale(b *testing.B, sc scaleCase) {
 		b.Fatalf("synced %d local pods, want %d", n, scaleLocalPods)
 	}
 	d.modelMu.Lock()
-	drains := len(d.model.podDrains)
+	drains, gone := len(d.model.podDrains), len(d.gone.applied)
 	d.modelMu.Unlock()
 	if drains != scaleDrainLeases {
 		b.Fatalf("%d pods drain, want the %d of the drain Leases", drains, scaleDrainLeases)
+	}
+	if gone != scaleDrainLeases/2 {
+		b.Fatalf("%d gone peers listed, want the %d gone pods'", gone, scaleDrainLeases/2)
 	}
 	if !out.Scan() {
 		b.Fatal("churn did not finish")
