@@ -800,3 +800,36 @@ func TestGonePeersComputedAgainOnWhatTheyDependOn(t *testing.T) {
 		t.Error("the gone pod's IP, now a pod of this node's, is still listed gone")
 	}
 }
+
+// TestGonePeerBoundedByItsLeaseNotRewritten: an entry that ends with its
+// pod drain (a Lease shorter than the entry TTL) cannot be made to last
+// longer: passes that compute the gone peers again (here a Service noted
+// for the pod changes) do not write it again once half its TTL passed.
+func TestGonePeerBoundedByItsLeaseNotRewritten(t *testing.T) {
+	h, sd := newSocketHarness(t)
+	h.addService(webService())
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(ready("10.0.0.1", "a"), "node-b"), onNode(ready("10.0.0.2", "b"), "node-b")))
+	h.pass()
+	h.goneLease("a", "pod-a", "node-b", "10.0.0.1") // a minute: the entry's TTL
+	h.pass()
+	listed, ok := sd.peer("10.0.0.1")
+	if !ok {
+		t.Fatal("the gone pod is not listed")
+	}
+	h.clock.Step(h.d.cfg.EntryTTL/2 + time.Second)
+	ops := func() int { sd.mu.Lock(); defer sd.mu.Unlock(); return sd.ops }
+	before := ops()
+	for _, v := range []string{"true", ""} {
+		h.do(&h.d.events.services, 1, func(ctx context.Context) error {
+			_, err := h.client.CoreV1().Services("default").Update(ctx, webService(withEndDead(v)), metav1.UpdateOptions{})
+			return err
+		})
+		h.pass()
+	}
+	if n := ops() - before; n != 0 {
+		t.Errorf("%d gone-peer writes of an entry that cannot last longer", n)
+	}
+	if p, ok := sd.peer("10.0.0.1"); !ok || p != listed {
+		t.Errorf("entry %+v (listed %v), want it unchanged: %+v", p, ok, listed)
+	}
+}
