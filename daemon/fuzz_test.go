@@ -176,35 +176,31 @@ func checkContributionIndex(t *testing.T, m *model) {
 	if n != len(m.contributions) {
 		t.Fatalf("byIP lists %d keys, contributions %d", n, len(m.contributions))
 	}
-	// lingerKeys lists each lingering key once, under its service-port.
-	n = 0
-	for id, keys := range m.lingerKeys {
-		for _, k := range keys {
-			if l := m.lingering[k]; l == nil || l.c.servicePort != id {
-				t.Fatalf("lingerKeys lists %v under %d: not lingering there", k, id)
-			}
-		}
-		n += len(keys)
-	}
-	if n != len(m.lingering) {
-		t.Fatalf("lingerKeys lists %d keys, lingering %d", n, len(m.lingering))
-	}
-	// lingerByPod likewise, under its pod; the queue holds every record.
-	n = 0
-	for uid, keys := range m.lingerByPod {
-		for _, k := range keys {
-			if l := m.lingering[k]; l == nil || l.c.uid != uid {
-				t.Fatalf("lingerByPod lists %v under %q: not lingering there", k, uid)
-			}
-		}
-		n += len(keys)
-	}
-	if n != len(m.lingering) {
-		t.Fatalf("lingerByPod lists %d keys, lingering %d", n, len(m.lingering))
-	}
+	// lingerKeys and lingerByPod list each lingering key once, under its
+	// service-port and its pod; the queue holds every record.
+	checkLingerIndex(t, "lingerKeys", m.lingerKeys, m.lingering, func(l *lingerRecord) bpf.ServicePortID { return l.c.servicePort })
+	checkLingerIndex(t, "lingerByPod", m.lingerByPod, m.lingering, func(l *lingerRecord) types.UID { return l.c.uid })
 	for k, l := range m.lingering {
 		if !slices.Contains(m.lingerQueue, queuedLinger{k, l}) {
 			t.Fatalf("%v lingers until %v, not in the queue", k, l.until)
 		}
+	}
+}
+
+// checkLingerIndex: index lists every lingering key once, under the
+// record's own of (its service-port, its pod).
+func checkLingerIndex[K comparable](t *testing.T, name string, index map[K][]bpf.EndpointKey, lingering map[bpf.EndpointKey]*lingerRecord, of func(*lingerRecord) K) {
+	t.Helper()
+	n := 0
+	for at, keys := range index {
+		for _, k := range keys {
+			if l := lingering[k]; l == nil || of(l) != at {
+				t.Fatalf("%s lists %v under %v: not lingering there", name, k, at)
+			}
+		}
+		n += len(keys)
+	}
+	if n != len(lingering) {
+		t.Fatalf("%s lists %d keys, lingering %d", name, n, len(lingering))
 	}
 }
