@@ -413,6 +413,9 @@ func benchClusterScale(b *testing.B, sc scaleCase) {
 	defer clientfeatures.ReplaceFeatureGates(defaultGates())
 	endpoints := scaleServices * perService
 	per10k := float64(endpoints) / 10000
+	if *scaleProcs > 0 { // as draind run does
+		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(*scaleProcs))
+	}
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), envFakeCluster+"="+strconv.Itoa(perService))
 	cmd.Stderr = os.Stderr
@@ -663,6 +666,7 @@ func memoryClasses() string {
 var (
 	scaleHeapProfile  = flag.String("clusterscale.heapprofile", "", "write the live heap after the churn to this file")
 	scaleCPUProfile   = flag.String("clusterscale.cpuprofile", "", "write a CPU profile of the churn alone to this file")
+	scaleProcs        = flag.Int("clusterscale.procs", DefaultProcs, "GOMAXPROCS of draind's process, as draind run --procs (0: the runtime's default; the stand-in API server keeps its own)")
 	scaleSamples      = flag.String("clusterscale.samples", "", "write every latency sample (ms after Ready, latency in µs) to this file")
 	scaleAllocProfile = flag.String("clusterscale.allocprofile", "", "write the heap profile after the churn to this file and before it to FILE.base: go tool pprof -sample_index=alloc_space -base FILE.base shows the churn's allocations (two GCs before each)")
 )

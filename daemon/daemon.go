@@ -31,6 +31,18 @@ const (
 	logKeyIP      = "ip"
 )
 
+// DefaultProcs is how many CPUs the Go runtime runs draind on
+// (GOMAXPROCS) unless told otherwise (draind run --procs). An update's path
+// is one serial pipeline: the watch decodes it, hands it to the informer's
+// goroutine, and that goroutine's pass writes it, under the model's lock.
+// With a P per CPU the hand-off wakes a second thread and idle threads spin
+// looking for work: on 2 CPUs that cost a quarter of draind's CPU per
+// update (README "Performance", "One CPU"). Blocking system calls and
+// netlink reads release the P, so they still run beside the event path; a
+// long computation elsewhere (a relist's decoding, a status dump) shares
+// the one P in the runtime's 10 ms turns.
+const DefaultProcs = 1
+
 // Config configures a Daemon.
 type Config struct {
 	Node      string

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -45,6 +46,7 @@ type runOptions struct {
 	logFormat, logLevel         string
 	apiQPS                      float32
 	apiBurst                    int
+	procs                       int
 
 	config []daemon.ConfigEntry // every flag's effective value, for status
 }
@@ -73,6 +75,7 @@ connect4/connect6 hooks; count what still reaches the pods of this node; answer
 their /v1/offline calls; expire stale conntrack flows; serve metrics and status.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.procs = procsWanted(cmd.Flags(), o.procs)
 			o.config = effectiveConfig(cmd.Flags())
 			return runDaemon(cmd.Context(), o)
 		},
@@ -103,10 +106,31 @@ their /v1/offline calls; expire stale conntrack flows; serve metrics and status.
 	f.BoolVar(&o.conntrack, "conntrack", true, "expire stale conntrack flows and count live connections")
 	f.BoolVar(&o.socketHooks, "socket-hooks", true, "count live connections from the pods' sockets and end client sockets to gone pods (sock_ops and cgroup_skb egress; used where the kernel has them)")
 	f.Uint16Var(&o.conntrackZone, "conntrack-zone", 0, "conntrack zone of the pods' flows: expiry and counting act only there")
+	f.IntVar(&o.procs, "procs", daemon.DefaultProcs, "CPUs the Go runtime runs draind on (GOMAXPROCS; 0: the runtime's default, the node's CPUs or the container's CPU limit, or GOMAXPROCS if set): one serial pipeline carries every update, and more only move it between threads")
 	f.StringVar(&o.logFormat, "log-format", "json", "log format: json or text")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	withEnv(cmd)
 	return cmd
+}
+
+// procsWanted is --procs, unless neither it nor its environment variable
+// was given and GOMAXPROCS was: the runtime's own variable is kept (0).
+func procsWanted(fs *pflag.FlagSet, n int) int {
+	if !fs.Changed("procs") && os.Getenv("GOMAXPROCS") != "" {
+		return 0
+	}
+	return n
+}
+
+// setProcs sets GOMAXPROCS to n (0: leaves the runtime's choice).
+func setProcs(n int) error {
+	if n < 0 {
+		return fmt.Errorf("--procs: want 0 (the runtime's default) or more, got %d", n)
+	}
+	if n > 0 {
+		runtime.GOMAXPROCS(n)
+	}
+	return nil
 }
 
 func newLogger(format, level string) (*slog.Logger, error) {
@@ -151,6 +175,9 @@ func runDaemon(ctx context.Context, o *runOptions) error {
 	klog.SetSlogLogger(log.With("component", "client-go"))
 	if o.node == "" {
 		return errors.New("--node-name is required (set it from the downward API: spec.nodeName)")
+	}
+	if err := setProcs(o.procs); err != nil {
+		return err
 	}
 	regPolicy, err := bpf.ParsePolicy(o.registryOnlyPolicy)
 	if err != nil || regPolicy == bpf.PolicyRewrite {
