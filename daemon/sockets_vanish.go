@@ -111,7 +111,15 @@ const vanishWait = 10 * time.Second
 // vanishState is the model's part (runner goroutine).
 type vanishState struct {
 	pending map[string][]vanishedEndpoint // by Service, until its next recompute
-	revisit map[string]struct{}           // Services to recompute next pass
+	// markedGen is the model's podDrainsGen at markVanished's last look at
+	// pending, and pendingEnd the earliest end of a candidate's wait
+	// (at+vanishWait) since (zero: none): a pass looks again only when a
+	// pod drain changed (a candidate's pod may be gone now) or a wait
+	// ended. A rebalance leaves thousands of candidates for vanishWait,
+	// and a pass runs for every slice update.
+	markedGen  uint64
+	pendingEnd time.Time
+	revisit    map[string]struct{} // Services to recompute next pass
 	// services remembers which Services listed a vanished pod (its
 	// opt-out of ending sockets) until its linger would end; servicesEnd
 	// is the earliest such end (zero: none), so that the Services
@@ -131,10 +139,23 @@ func (v *vanishState) init() {
 	v.services = map[types.UID]vanishedServices{}
 }
 
-// addVanished queues candidates until their pod is known gone.
+// addVanished queues candidates until their pod is known gone. Their
+// Services are recomputed (their slices changed): those whose pod is gone
+// already are steered there (withVanished).
 func (m *model) addVanished(eps []vanishedEndpoint) {
 	for _, e := range eps {
-		m.vanish.pending[e.service] = append(m.vanish.pending[e.service], e)
+		m.vanish.queue(e)
+	}
+}
+
+func (v *vanishState) queue(e vanishedEndpoint) {
+	v.pending[e.service] = append(v.pending[e.service], e)
+	v.notePendingEnd(e.at.Add(vanishWait))
+}
+
+func (v *vanishState) notePendingEnd(end time.Time) {
+	if v.pendingEnd.IsZero() || end.Before(v.pendingEnd) {
+		v.pendingEnd = end
 	}
 }
 
@@ -147,21 +168,28 @@ func (m *model) goneDrain(uid types.UID) bool {
 // markVanished adds to dirty the Services with a candidate whose pod is
 // now known gone (its Lease may arrive after the slice update, and a pod
 // drain of a pod no slice lists recomputes no Service), and drops
-// candidates that waited too long.
+// candidates that waited too long. Both can change only when the pod
+// drains did or the earliest wait ended: other passes do nothing here.
 func (m *model) markVanished(dirty map[string]time.Time, at, now time.Time) {
-	for svc, pend := range m.vanish.pending {
+	v := &m.vanish
+	if len(v.pending) == 0 || (v.markedGen == m.podDrainsGen && now.Before(v.pendingEnd)) {
+		return
+	}
+	v.markedGen, v.pendingEnd = m.podDrainsGen, time.Time{}
+	for svc, pend := range v.pending {
 		kept := pend[:0]
-		for _, v := range pend {
-			if now.Sub(v.at) < vanishWait {
-				kept = append(kept, v)
+		for _, e := range pend {
+			if end := e.at.Add(vanishWait); now.Before(end) {
+				kept = append(kept, e)
+				v.notePendingEnd(end)
 			}
 		}
 		if len(kept) == 0 {
-			delete(m.vanish.pending, svc)
+			delete(v.pending, svc)
 			continue
 		}
-		m.vanish.pending[svc] = kept
-		if slices.ContainsFunc(kept, func(v vanishedEndpoint) bool { return m.goneDrain(v.uid) }) {
+		v.pending[svc] = kept
+		if slices.ContainsFunc(kept, func(e vanishedEndpoint) bool { return m.goneDrain(e.uid) }) {
 			if t, ok := dirty[svc]; !ok || at.Before(t) {
 				dirty[svc] = at
 			}
@@ -191,7 +219,7 @@ func (m *model) withVanished(key string, svc *k8s.Service, cat categorized, now 
 			continue // listed again: moved between slices, or back
 		}
 		if !m.goneDrain(v.uid) {
-			m.vanish.pending[key] = append(m.vanish.pending[key], v) // not (yet) known gone
+			m.vanish.queue(v) // not (yet) known gone
 			continue
 		}
 		if old != nil {

@@ -1,0 +1,51 @@
+package daemon
+
+import (
+	"net/netip"
+	"strconv"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
+
+	"github.com/draind/draind/bpf"
+)
+
+// BenchmarkVanishPending is a pass's look at vanished candidates while n
+// of them wait for a gone Lease that may never come: the endpoints a
+// rebalance of the EndpointSlice controller or a label change moved while
+// ready wait vanishWait (10 s), and every pass of those seconds (one per
+// slice update of the cluster) looks at them.
+func BenchmarkVanishPending(b *testing.B) {
+	for _, n := range []int{1000, 10000} {
+		b.Run("pending="+strconv.Itoa(n), func(b *testing.B) {
+			m := newModel(ModelConfig{Node: testNode, EntryTTL: time.Minute, Linger: 2 * time.Minute}, &fuzzState{}, newClaims(clock.RealClock{}, time.Minute))
+			now := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
+			eps := make([]vanishedEndpoint, n)
+			for i := range eps {
+				eps[i] = vanishedEndpoint{service: "default/svc-" + strconv.Itoa(i%1000),
+					key: bpf.EndpointKey{Addr: netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), Port: 8080, Proto: bpf.TCP},
+					uid: types.UID("pod-" + strconv.Itoa(i)), at: now}
+			}
+			m.addVanished(eps)
+			dirty := map[string]time.Time{}
+			b.ResetTimer()
+			for range b.N {
+				now = now.Add(time.Microsecond) // a million passes stay within vanishWait
+				m.markVanished(dirty, now, now)
+			}
+			b.StopTimer()
+			if len(dirty) != 0 {
+				b.Fatalf("%d Services marked, no candidate's pod is gone", len(dirty))
+			}
+			got := 0
+			for _, p := range m.vanish.pending {
+				got += len(p)
+			}
+			if got != n {
+				b.Fatalf("%d candidates pending, want %d", got, n)
+			}
+		})
+	}
+}
