@@ -334,8 +334,9 @@ func (g *gonePeers) fresh(m *model, now time.Time) bool {
 // touched returns the gone pods whose entries the pass's changes may
 // change: a claim of one of their IPs (dirtyIPs), a Service noted for them
 // (dirtyServices: its opt-out), and every gone pod at an IP of those (two
-// pods gone at one IP: the entry is either's).
-func (g *gonePeers) touched(m *model, dirtyIPs map[netip.Addr]struct{}, dirtyServices map[string]time.Time) (uids []types.UID, ips []netip.Addr) {
+// pods gone at one IP: the entry is either's). Past maxTouched pods it
+// gives up (ok false): the whole set is then cheaper.
+func (g *gonePeers) touched(m *model, dirtyIPs map[netip.Addr]struct{}, dirtyServices map[string]time.Time) (uids []types.UID, ips []netip.Addr, ok bool) {
 	add := func(us []types.UID) {
 		for _, u := range us {
 			if !slices.Contains(uids, u) {
@@ -350,6 +351,9 @@ func (g *gonePeers) touched(m *model, dirtyIPs map[netip.Addr]struct{}, dirtySer
 		add(g.wantServices[svc])
 	}
 	for i := 0; i < len(uids); i++ { // uids grows: pods at the IPs found
+		if len(uids) > maxTouched {
+			return nil, nil, false
+		}
 		for _, ip := range m.podDrains[uids[i]].IPs {
 			if !slices.Contains(ips, ip) {
 				ips = append(ips, ip)
@@ -357,8 +361,12 @@ func (g *gonePeers) touched(m *model, dirtyIPs map[netip.Addr]struct{}, dirtySer
 			}
 		}
 	}
-	return uids, ips
+	return uids, ips, len(uids) <= maxTouched
 }
+
+// maxTouched bounds touched's quadratic bookkeeping (a pass usually
+// touches none or one gone pod; a relist can touch all of them).
+const maxTouched = 64
 
 // pass writes the difference between the desired and the applied gone
 // peers (runner goroutine, after the model's pass). It computes the whole
@@ -373,7 +381,9 @@ func (g *gonePeers) pass(m *model, now time.Time, dirtyIPs map[netip.Addr]struct
 	}
 	if !g.fresh(m, now) {
 		g.passAll(m, now)
-	} else if uids, ips := g.touched(m, dirtyIPs, dirtyServices); len(uids) > 0 {
+	} else if uids, ips, ok := g.touched(m, dirtyIPs, dirtyServices); !ok {
+		g.passAll(m, now)
+	} else if len(uids) > 0 {
 		g.passTouched(m, now, uids, ips)
 	}
 	if g.kept > 0 {
