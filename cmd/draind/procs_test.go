@@ -9,12 +9,19 @@ import (
 
 // TestProcs: draind runs on daemon.DefaultProcs Ps unless --procs (or its
 // environment variable) says otherwise; an operator's GOMAXPROCS is kept
-// when neither is given; a negative count is refused.
+// when neither is given (unless the runtime ignores it); a negative count is
+// refused.
 func TestProcs(t *testing.T) {
 	t.Setenv("GOMAXPROCS", "")
 	fs := newRunCmd().Flags()
 	if got := procsWanted(fs, daemon.DefaultProcs); got != daemon.DefaultProcs {
 		t.Errorf("no GOMAXPROCS, no --procs: %d, want %d", got, daemon.DefaultProcs)
+	}
+	for _, ignored := range []string{"abc", "0", "-2"} { // the runtime ignores these
+		t.Setenv("GOMAXPROCS", ignored)
+		if got := procsWanted(fs, daemon.DefaultProcs); got != daemon.DefaultProcs {
+			t.Errorf("GOMAXPROCS=%s, no --procs: %d, want %d", ignored, got, daemon.DefaultProcs)
+		}
 	}
 	t.Setenv("GOMAXPROCS", "3")
 	if got := procsWanted(fs, daemon.DefaultProcs); got != 0 {

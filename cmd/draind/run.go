@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"runtime"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -114,9 +115,10 @@ their /v1/offline calls; expire stale conntrack flows; serve metrics and status.
 }
 
 // procsWanted is --procs, unless neither it nor its environment variable
-// was given and GOMAXPROCS was: the runtime's own variable is kept (0).
+// was given and GOMAXPROCS was (a count the runtime takes): the runtime's
+// own variable is kept (0).
 func procsWanted(fs *pflag.FlagSet, n int) int {
-	if !fs.Changed("procs") && os.Getenv("GOMAXPROCS") != "" {
+	if v, err := strconv.Atoi(os.Getenv("GOMAXPROCS")); !fs.Changed("procs") && err == nil && v > 0 {
 		return 0
 	}
 	return n
