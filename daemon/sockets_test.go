@@ -152,16 +152,7 @@ func newSocketHarness(t *testing.T, mod ...func(*Config)) (*harness, *fakeSocket
 // goneLease publishes a drain Lease that says the pod is gone, as the node
 // hosting it does when its pod object disappears.
 func (h *harness) goneLease(uid types.UID, name, holder string, ips ...string) {
-	var addrs []netip.Addr
-	for _, ip := range ips {
-		addrs = append(addrs, netip.MustParseAddr(ip))
-	}
-	h.do(&h.d.events.leases, 1, func(ctx context.Context) error {
-		l := &k8s.Leases{Client: h.client, Namespace: testNS}
-		_, _, err := l.Publish(ctx, k8s.DrainRequest{PodNamespace: "default", PodName: name, PodUID: uid, IPs: addrs,
-			Node: holder, Reason: ReasonVanished, Duration: time.Minute, State: StateGone}, h.clock.Now())
-		return err
-	})
+	h.goneLeaseFor(uid, name, holder, time.Minute, ips...)
 }
 
 func withEndDead(v string) svcOpt {
