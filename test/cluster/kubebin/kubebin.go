@@ -7,8 +7,10 @@
 //
 // A cold build takes 10–15 minutes on two cores; with the Go build cache warm a
 // rebuild is a re-link of about half a minute; with the binaries cached it is
-// free. The cache lives in test/cluster/.bin/<version>/ (ignored by git) unless
-// DRAIND_KUBE_BIN_DIR names another directory.
+// free. The cache lives outside the checkout, in the user's cache directory
+// ($XDG_CACHE_HOME or ~/.cache)/draind/kube/<version>/, so that every clone and
+// worktree of the project shares one build, unless DRAIND_KUBE_BIN_DIR names
+// another directory.
 package kubebin
 
 import (
@@ -87,11 +89,11 @@ func CacheDir() (string, error) {
 	if d := os.Getenv(EnvDir); d != "" {
 		return d, nil
 	}
-	mod, err := ModuleDir()
+	base, err := os.UserCacheDir()
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("locating the cache directory for the Kubernetes binaries (set %s): %w", EnvDir, err)
 	}
-	return filepath.Join(mod, ".bin", Version), nil
+	return filepath.Join(base, "draind", "kube", Version), nil
 }
 
 // Cached returns the cached set if a finished build of Version is present.
