@@ -34,7 +34,7 @@ func backendEntries(t *testing.T, dp *bpf.Datapath) int {
 	return 0
 }
 
-// TestHostileFullBackendMapLeavesNoOrphans (issue 12): a backend-set update
+// TestHostileFullBackendMapLeavesNoOrphans: a backend-set update
 // that fails half-way on a full map leaves no entry behind, and the live set
 // of the service-port keeps steering.
 func TestHostileFullBackendMapLeavesNoOrphans(t *testing.T) {

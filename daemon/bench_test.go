@@ -370,8 +370,8 @@ func BenchmarkClusterScale(b *testing.B) {
 		// The fallback when the API server does not stream lists (before
 		// 1.34, or WatchList off): one list response decoded whole.
 		{"endpoints=150k-list", scaleCase{perService: 15, stream: false, encoding: "protobuf", burst: 10}},
-		// JSON: what the benchmark's API server answered before issue 18,
-		// although draind's client asks for protobuf.
+		// JSON: what an API server answers a client that cannot ask for
+		// protobuf (draind's client asks for protobuf).
 		{"endpoints=150k-json", scaleCase{perService: 15, stream: true, encoding: "json", burst: 10}},
 	} {
 		b.Run(sc.name, func(b *testing.B) { benchClusterScale(b, sc.scaleCase) })

@@ -17,7 +17,7 @@ import (
 	"github.com/draind/draind/k8s"
 )
 
-// Issue 11: steering never lapses through draind's own restart, an API
+// Faults: steering never lapses through draind's own restart, an API
 // server outage, or the reuse of a departed pod's IP by any pod.
 
 // restartFixture builds a cluster state with every kind of entry: a

@@ -10,7 +10,7 @@ import (
 )
 
 // maxFunctionLines keeps every production function of the package short
-// enough to read as one decision (issue 13).
+// enough to read as one decision.
 const maxFunctionLines = 80
 
 func TestFunctionLength(t *testing.T) {

@@ -309,8 +309,8 @@ func TestLeaseExpiryWhileWaiting(t *testing.T) {
 	}
 	// Other nodes fail open once the Lease expired
 	// (TestFaultAPIOutageRemoteNode); the node hosting the pod keeps its
-	// drain and the waiter (issue 11: it used to answer 409 cancelled and
-	// stop steering here too).
+	// drain and the waiter (it neither answers 409 cancelled nor stops
+	// steering here).
 	if r, ok := call.answered(t); ok {
 		t.Fatalf("the waiter was answered when the Lease expired: %+v", r)
 	}

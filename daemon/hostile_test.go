@@ -21,7 +21,7 @@ import (
 	"github.com/draind/draind/k8s"
 )
 
-// Issue 12: nothing a tenant or a stranger writes moves or cuts other
+// Hostile input: nothing a tenant or a stranger writes moves or cuts other
 // people's traffic, or exhausts the node agent.
 
 // handWritten makes a slice look written by a tenant: no controller label.

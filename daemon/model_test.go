@@ -295,7 +295,7 @@ func TestFQDNAndNoTargetRef(t *testing.T) {
 	// An endpoint without targetRef (a manually managed slice) keeps its
 	// Service's VIP steered away from it, as kube-proxy would; its address
 	// is nobody's as far as the cluster's records go, so it gets no pod-IP
-	// entry (issue 12: before, it was rewritten like a pod's).
+	// entry (it is not rewritten like a pod's).
 	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", ""), ready("10.0.0.2", "")))
 	h.pass()
 	h.check(expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}}})
@@ -804,7 +804,7 @@ func TestUDPExpiredWhileDraining(t *testing.T) {
 	if n := len(h.ct.ExpireCalls()); n != 1 {
 		t.Fatalf("re-expired too early: %d calls", n)
 	}
-	// Once more after kube-proxy had time to drop the endpoint (issue 11).
+	// Once more after kube-proxy had time to drop the endpoint.
 	h.clock.Step(udpFollowUp - time.Second)
 	h.d.conntrackPolicy.pass(h.ctx)
 	if n := len(h.ct.ExpireCalls()); n != 2 {

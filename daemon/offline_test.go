@@ -83,7 +83,7 @@ func TestOfflineAPIStatusCodes(t *testing.T) {
 		{"ready", "GET", "/readyz", "", 200},
 		{"accepted without wait", "POST", "/v1/offline", "", 200},
 		{"seconds as a number", "POST", "/v1/offline?wait=0&quiet=1.5", "", 200},
-		{"GET never acts (issue 12)", "GET", "/v1/offline", "", 405},
+		{"GET never acts", "GET", "/v1/offline", "", 405},
 		{"NaN wait", "POST", "/v1/offline?wait=NaN", "", 400},
 		{"NaN quiet", "POST", "/v1/offline?quiet=NaN", "", 400},
 		{"infinite quiet", "POST", "/v1/offline?quiet=Inf", "", 400},

@@ -9,7 +9,7 @@ import (
 	"github.com/draind/draind/conntrack"
 )
 
-// The socket hooks in the daemon (issue 15): a draining pod's live
+// The socket hooks in the daemon: a draining pod's live
 // connections are read from its own sockets (the sock_ops counts), with the
 // node's conntrack table as a cross-check where it has the flows; client
 // sockets to gone pods are ended (sockets_gone.go); endpoints that vanish

@@ -57,7 +57,7 @@ func notrack(e *e2e) {
 	}
 }
 
-// TestPrivilegedSocketOfflineWithoutConntrack (issue 15.2): the bed's pod
+// TestPrivilegedSocketOfflineWithoutConntrack: the bed's pod
 // traffic bypasses the node's conntrack. A request in flight on the pod
 // keeps it live until it ends, and /v1/offline answers only then, because
 // the pod's own sockets are counted. The same test with the daemon blind to

@@ -25,7 +25,7 @@ func TestREADMEExample(t *testing.T) {
 	for j, b := range doc.Blocks {
 		if b.Lang == "yaml" && strings.Contains(b.Text, KeyInjected+": app") {
 			if i >= 0 {
-				t.Fatalf("README lines %d and %d: two blocks show an injected pod", doc.Blocks[i].Line, b.Line)
+				t.Fatalf("%s and %s: two blocks show an injected pod", doc.Blocks[i].Where(), b.Where())
 			}
 			i = j
 		}
@@ -37,7 +37,7 @@ func TestREADMEExample(t *testing.T) {
 		t.Helper()
 		var p corev1.Pod
 		if err := yaml.UnmarshalStrict([]byte(b.Text), &p); err != nil {
-			t.Fatalf("README line %d: %v", b.Line, err)
+			t.Fatalf("%s: %v", b.Where(), err)
 		}
 		return &p
 	}
@@ -64,6 +64,6 @@ func TestREADMEExample(t *testing.T) {
 	g, _ := json.Marshal(got)
 	w, _ := json.Marshal(after)
 	if string(g) != string(w) {
-		t.Errorf("README line %d shows\n%s\nMutate gives\n%s", doc.Blocks[i].Line, w, g)
+		t.Errorf("%s shows\n%s\nMutate gives\n%s", doc.Blocks[i].Where(), w, g)
 	}
 }

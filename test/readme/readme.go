@@ -1,7 +1,9 @@
-// Package readme reads the repository's README.md so that tests run its
-// recipes exactly as printed: fenced code blocks, inline code spans, and the
-// preStop command of a pod-spec snippet. A recipe that changes in the README
-// changes in the test; one that disappears fails it.
+// Package readme reads the repository's user documentation (README.md,
+// CONTRIBUTING.md and docs/*.md) so that tests run its recipes exactly as
+// printed: fenced code blocks, inline code spans, and the preStop command
+// of a pod-spec snippet. A recipe that changes in the documentation
+// changes in the test; one that disappears fails it. A recipe may move
+// between these files: tests look it up in all of them at once.
 //
 // It is used by both Go modules (the main one and test/cluster).
 package readme
@@ -13,15 +15,16 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"sort"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 )
 
-// Doc is a parsed Markdown file.
+// Doc is one parsed Markdown file, or several read as one (Load).
 type Doc struct {
-	Path   string
+	Path   string // the (first) file; its directory is the repository root for Load
 	Text   string
 	Blocks []Block
 }
@@ -30,8 +33,12 @@ type Doc struct {
 type Block struct {
 	Lang string // the info string after the fence ("yaml", "sh", "")
 	Text string // the contents, without the fences
-	Line int    // 1-based line of the opening fence
+	Line int    // 1-based line of the opening fence in File
+	File string // the file holding it
 }
+
+// Where names the block's file and line for messages.
+func (b Block) Where() string { return fmt.Sprintf("%s:%d", b.File, b.Line) }
 
 // Path returns the path of the repository's README.md, located from this
 // source file (the tests of both modules run from the repository).
@@ -47,13 +54,48 @@ func Path() (string, error) {
 	return p, nil
 }
 
-// Load reads the repository's README.md.
-func Load() (*Doc, error) {
+// Files returns the repository's user documentation: README.md first,
+// then CONTRIBUTING.md and docs/*.md in name order.
+func Files() ([]string, error) {
 	p, err := Path()
 	if err != nil {
 		return nil, err
 	}
-	return LoadFile(p)
+	root := filepath.Dir(p)
+	files := []string{p}
+	if c := filepath.Join(root, "CONTRIBUTING.md"); fileExists(c) {
+		files = append(files, c)
+	}
+	docs, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	if err != nil {
+		return nil, err
+	}
+	sort.Strings(docs)
+	return append(files, docs...), nil
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
+
+// Load reads the repository's user documentation (Files) as one Doc:
+// a recipe is found wherever it lives. Path is README.md's.
+func Load() (*Doc, error) {
+	files, err := Files()
+	if err != nil {
+		return nil, err
+	}
+	all := &Doc{Path: files[0]}
+	for _, f := range files {
+		d, err := LoadFile(f)
+		if err != nil {
+			return nil, err
+		}
+		all.Text += d.Text + "\n"
+		all.Blocks = append(all.Blocks, d.Blocks...)
+	}
+	return all, nil
 }
 
 // LoadFile reads and parses a Markdown file.
@@ -74,7 +116,7 @@ func Parse(path, text string) (*Doc, error) {
 		trimmed := strings.TrimSpace(line)
 		if cur == nil {
 			if lang, ok := strings.CutPrefix(trimmed, "```"); ok {
-				cur = &Block{Lang: strings.TrimSpace(lang), Line: i + 1}
+				cur = &Block{Lang: strings.TrimSpace(lang), Line: i + 1, File: path}
 				body = nil
 			}
 			continue
@@ -149,7 +191,7 @@ func PodSpec(b Block) (*corev1.PodSpec, error) {
 		Spec corev1.PodSpec `json:"spec"`
 	}
 	if err := yaml.UnmarshalStrict([]byte(b.Text), &doc); err != nil {
-		return nil, fmt.Errorf("README line %d: decoding the pod spec strictly: %w", b.Line, err)
+		return nil, fmt.Errorf("%s: decoding the pod spec strictly: %w", b.Where(), err)
 	}
 	return &doc.Spec, nil
 }
@@ -166,11 +208,11 @@ func PreStopCommand(b Block, container string) ([]string, error) {
 			continue
 		}
 		if c.Lifecycle == nil || c.Lifecycle.PreStop == nil || c.Lifecycle.PreStop.Exec == nil {
-			return nil, fmt.Errorf("README line %d: container %s has no exec preStop hook", b.Line, container)
+			return nil, fmt.Errorf("%s: container %s has no exec preStop hook", b.Where(), container)
 		}
 		return c.Lifecycle.PreStop.Exec.Command, nil
 	}
-	return nil, fmt.Errorf("README line %d: no container %s", b.Line, container)
+	return nil, fmt.Errorf("%s: no container %s", b.Where(), container)
 }
 
 // CommandLine returns the one command line of an indented code block (four

@@ -1,4 +1,4 @@
-// Package deadpeer runs issue 15's dead-peer scenario on real Kubernetes
+// Package deadpeer runs the dead-peer scenario on real Kubernetes
 // (package headline's cluster: kube-apiserver, the EndpointSlice
 // controller, kube-proxy per node, a kubelet stand-in per node, and in the
 // draind variant `draind run` per node with its ServiceAccount's RBAC).

@@ -13,7 +13,7 @@ import (
 	"github.com/draind/draind/test/cluster/kube"
 )
 
-// TestDeadPeerKilledWithoutGrace is issue 15's scenario on real
+// TestDeadPeerKilledWithoutGrace is the dead-peer scenario on real
 // Kubernetes: a keep-alive client through a ClusterIP whose pod is killed
 // without any grace, three runs with kube-proxy alone and three with draind
 // on every node. It prints the figures (the issue's target, at most a

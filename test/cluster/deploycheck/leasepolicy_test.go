@@ -21,7 +21,7 @@ import (
 
 // testLeasePolicy: with the base's ValidatingAdmissionPolicy, a draind whose
 // token is bound to its pod on node-a may write drain Leases node-a holds,
-// and no other (issue 12: one node cannot drain another node's pods).
+// and no other: one node cannot drain another node's pods.
 func testLeasePolicy(ctx context.Context, t *testing.T, c *kube.Cluster) {
 	for _, n := range []string{"node-a", "node-b"} {
 		if _, err := c.Admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {

@@ -138,11 +138,11 @@ func TestREADMEOverlays(t *testing.T) {
 		name, file, _ := strings.Cut(path, "/")
 		t.Run(name, func(t *testing.T) {
 			if file != "kustomization.yaml" {
-				t.Fatalf("README line %d: overlay file %q, want kustomization.yaml", b.Line, file)
+				t.Fatalf("%s: overlay file %q, want kustomization.yaml", b.Where(), file)
 			}
 			check, ok := checks[name]
 			if !ok {
-				t.Fatalf("README line %d: overlay %s has no check here: add one", b.Line, name)
+				t.Fatalf("%s: overlay %s has no check here: add one", b.Where(), name)
 			}
 			seen[name] = true
 			root := t.TempDir()
@@ -157,7 +157,7 @@ func TestREADMEOverlays(t *testing.T) {
 			}
 			objs, err := Render(dir)
 			if err != nil {
-				t.Fatalf("README line %d: %v", b.Line, err)
+				t.Fatalf("%s: %v", b.Where(), err)
 			}
 			for _, o := range objs {
 				if o.GroupVersionKind().Group == "cert-manager.io" {

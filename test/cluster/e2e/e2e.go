@@ -1,7 +1,7 @@
 // Package e2e joins test/bed's network-namespace nodes and pods to a real
 // control plane (package kube): a bed node becomes a cluster Node with its
 // own kube-proxy, a bed pod running a server becomes a running, ready Pod.
-// The end-to-end scenarios of issue 7 are built from these pieces.
+// The end-to-end scenarios are built from these pieces.
 package e2e
 
 import (

@@ -1,5 +1,5 @@
 // Package fault holds the real-bed tests of draind under the faults every
-// real cluster has (issue 11): its own restart at any instant (kill -9 in a
+// real cluster has: its own restart at any instant (kill -9 in a
 // loop), an API server outage longer than the drain Lease, and the reuse of
 // a departed pod's IP by a pod in no Service; plus a headless Service's gone
 // pod, whose IP must not be refused.

@@ -20,9 +20,9 @@ import (
 // pod's server answering, so what draind does to those connections shows:
 // with policy `off` it leaves them alone, draining or gone — no connection
 // is refused, neither while hl-0 drains nor during its linger, and no node
-// holds a drain entry for the IP with any other policy (issue 11, smaller
-// items: "after a headless Service's pod is gone, its IP is refused for the
-// linger although the Service's policy is off").
+// holds a drain entry for the IP with any other policy (a headless
+// Service's gone pod must not have its IP refused for the linger while the
+// Service's policy is off).
 func TestFaultHeadlessGonePodNotRefused(t *testing.T) {
 	bed.RequirePrivileged(t)
 	// How long after hl-0 left its slice the test watches: draind reacts to

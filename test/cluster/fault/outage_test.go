@@ -155,7 +155,7 @@ func firstSteer(ss []mapSample, from time.Time) time.Duration {
 // long wait (its preStop is blocked in it) and stays Ready; a client on each
 // node opens a ClusterIP connection every 20 ms. A second pod, gone-0, was
 // drained and deleted just before the outage, so that its linger — and the
-// deletion of its Lease — falls inside the outage (issue 11, point 2):
+// deletion of its Lease — falls inside the outage:
 //   - node a, which hosts web-0, keeps its local drain throughout: its
 //     steering never lapses and web-0's offline call is not cancelled;
 //   - node a renews (or recreates) web-0's Lease as soon as the API server

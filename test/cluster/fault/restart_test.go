@@ -57,7 +57,7 @@ type restartRound struct {
 // draining pod (drained by its own offline call) stays Ready in its
 // EndpointSlice, so kube-proxy keeps sending it a third of the new
 // connections: only draind's steering keeps them away. No new connection may
-// reach it across all restarts (issue 11, point 1).
+// reach it across all restarts.
 func TestFaultRestartLoop(t *testing.T) {
 	bed.RequirePrivileged(t)
 	rounds := envInt(t, EnvRestarts, 10)

@@ -20,7 +20,7 @@ import (
 // moment its Pod object exists (with that IP, on node b), within one second:
 // connections from a client on node a to that IP:port reach reuse-0 (not
 // rewritten to web-1, not refused), and no node's pinned maps hold a drain
-// entry for the IP any more (issue 11, point 3).
+// entry for the IP any more.
 func TestFaultIPReuse(t *testing.T) {
 	bed.RequirePrivileged(t)
 	tol := tolerance(t)

@@ -1,4 +1,4 @@
-// Package inject tests `draind webhook` (issue 17) against a real
+// Package inject tests `draind webhook` against a real
 // kube-apiserver: the shipped component (deploy/webhook) rendered with
 // kustomize and installed as it is, except that the webhook configuration
 // calls a URL on the host's loopback instead of the Service (there is no

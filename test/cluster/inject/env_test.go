@@ -375,7 +375,7 @@ func offlineCmd(then ...string) []string {
 	return append([]string{podinject.ToolsBinary, "offline", "--wait=1m0s", "--fallback-sleep=20s"}, then...)
 }
 
-// checkInjected asserts the pod as issue 17 specifies it: the init
+// checkInjected asserts the pod as the webhook must mutate it: the init
 // container copying draind from the DaemonSet's image into the tools
 // emptyDir, and in each named container HOST_IP from status.hostIP, the
 // tools mount and the preStop command; the grace period covers the wait.

@@ -30,7 +30,7 @@ func app(name string) corev1.Container {
 
 // TestInjectDeployments: pods the ReplicaSet controller creates for
 // Deployments in a namespace labelled draind.io/inject=true come out
-// mutated as issue 17 specifies (init container, HOST_IP, preStop, grace
+// mutated as specified (init container, HOST_IP, preStop, grace
 // period), with a container's own preStop (exec, httpGet on a named port,
 // sleep) chained after draind's; a pod annotated draind.io/inject: "true"
 // in a namespace without the label too; a pod the webhook already mutated

@@ -22,7 +22,7 @@ import (
 	"github.com/draind/draind/test/cluster/realnode"
 )
 
-// TestInjectRollout is issue 17's rollout: the shipped DaemonSet and the
+// TestInjectRollout is the webhook's rollout: the shipped DaemonSet and the
 // webhook component installed with `kubectl apply -k` of one overlay, a
 // namespace labelled draind.io/inject=true, and the application's
 // Deployment with no preStop at all. A `kubectl rollout restart` under the

@@ -27,6 +27,7 @@ import (
 	"github.com/draind/draind/test/cluster/deploycheck"
 	"github.com/draind/draind/test/cluster/kube"
 	"github.com/draind/draind/test/cluster/realnode"
+	"github.com/draind/draind/test/readme"
 )
 
 // recipeMarker introduces the README's curl-less preStop recipe.
@@ -139,11 +140,11 @@ func startDraindBed(ctx context.Context, t *testing.T) *draindBed {
 	if b.root, err = deploycheck.RepoRoot(); err != nil {
 		t.Fatal(err)
 	}
-	readme, err := os.ReadFile(filepath.Join(b.root, "README.md"))
+	doc, err := readme.Load()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b.recipe, err = realnode.READMEBlock(readme, recipeMarker); err != nil {
+	if b.recipe, err = realnode.READMEBlock([]byte(doc.Text), recipeMarker); err != nil {
 		t.Fatal(err)
 	}
 	spec, err := realnode.WithRecipe(b.recipe)

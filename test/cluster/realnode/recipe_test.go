@@ -1,32 +1,26 @@
 package realnode_test
 
 import (
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/draind/draind/deploy/image"
-	"github.com/draind/draind/test/cluster/deploycheck"
 	"github.com/draind/draind/test/cluster/realnode"
+	"github.com/draind/draind/test/readme"
 )
 
-// TestREADMERecipe checks, without root, that the README's curl-less
+// TestREADMERecipe checks, without root, that the documented curl-less
 // preStop recipe fits the image: the init container runs the binary where
 // the image has it, from a pinned tag of draind's repository (":latest" is
 // always pulled), copies it where the preStop hook runs it, and the grace
 // period outlasts the wait.
 func TestREADMERecipe(t *testing.T) {
-	root, err := deploycheck.RepoRoot()
+	doc, err := readme.Load()
 	if err != nil {
 		t.Fatal(err)
 	}
-	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	recipe, err := realnode.READMEBlock(readme, recipeMarker)
+	recipe, err := realnode.READMEBlock([]byte(doc.Text), recipeMarker)
 	if err != nil {
 		t.Fatal(err)
 	}
