@@ -43,7 +43,8 @@ const (
 // the one P in the runtime's 10 ms turns.
 const DefaultProcs = 1
 
-// Config configures a Daemon.
+// Config configures a Daemon. Its defaults, and the flags `draind run`
+// binds to it, are in config.go.
 type Config struct {
 	Node      string
 	Namespace string // where drain Leases live
@@ -88,44 +89,6 @@ type Config struct {
 	// between its receipt and draind's handler: client-go's part of the
 	// latency (its queue, indexer and handler dispatch; benchmarks).
 	OnIntake func(time.Duration)
-}
-
-// Defaults fills unset fields.
-func (c *Config) Defaults() {
-	def := func(d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
-		}
-	}
-	def(&c.EntryTTL, time.Minute)
-	def(&c.Linger, 2*time.Minute)
-	def(&c.LeaseDuration, 30*time.Second)
-	def(&c.GoneGrace, 5*time.Second)
-	def(&c.UDPReexpire, 10*time.Second)
-	def(&c.Quiet, 2*time.Second)
-	def(&c.MaxWait, 10*time.Minute)
-	def(&c.PollEvery, 200*time.Millisecond)
-	def(&c.HeaderTimeout, 5*time.Second)
-
-	def(&c.BodyTimeout, 5*time.Second)
-	if c.MaxWaiters == 0 {
-		c.MaxWaiters = 256
-	}
-	if c.MaxWaitersPerPod == 0 {
-		c.MaxWaitersPerPod = 8
-	}
-	if c.MaxConnections == 0 {
-		c.MaxConnections = 1024
-	}
-	if c.Clock == nil {
-		c.Clock = clock.RealClock{}
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-	if c.Version == "" {
-		c.Version = "dev"
-	}
 }
 
 // Daemon is one node's draind. New wires it; nothing runs until Run.

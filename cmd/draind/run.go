@@ -34,12 +34,7 @@ type runOptions struct {
 	pinDir, cgroupPath          string
 	offlineAddr, metricsAddr    string
 	statusSocket                string
-	entryTTL, linger, leaseDur  time.Duration
-	goneGrace, udpReexpire      time.Duration
-	quiet, maxWait, minSync     time.Duration
-	maxWaiters                  int
-	maxWaitersPerPod            int
-	maxConnections              int
+	cfg                         daemon.Config // the daemon's settings, bound to their flags
 	registryOnlyPolicy          string
 	conntrack                   bool
 	socketHooks                 bool
@@ -49,24 +44,38 @@ type runOptions struct {
 	apiBurst                    int
 	procs                       int
 
-	config []daemon.ConfigEntry // every flag's effective value, for status
+	flags *pflag.FlagSet // for status: every flag's value
 }
 
-// effectiveConfig lists every flag of fs with the value in force (given,
-// from the environment, or the default), sorted by name.
-func effectiveConfig(fs *pflag.FlagSet) []daemon.ConfigEntry {
+// configInForce lists every flag of fs with the value in force, sorted by
+// name: the daemon's settings as the daemon holds them (in), --procs as
+// the Ps the runtime runs on (procs), the others as given, from the
+// environment, or their default.
+func configInForce(fs *pflag.FlagSet, in daemon.Config, procs int) []daemon.ConfigEntry {
+	daemonSet := map[string]string{}
+	for _, e := range in.Entries() {
+		daemonSet[e.Name] = e.Value
+	}
 	var out []daemon.ConfigEntry
 	fs.VisitAll(func(f *pflag.Flag) {
-		if f.Name == "help" {
+		v := f.Value.String()
+		switch {
+		case f.Name == "help":
 			return
+		case f.Name == "procs":
+			v = strconv.Itoa(procs)
+		case daemonSet[f.Name] != "":
+			v = daemonSet[f.Name]
 		}
-		out = append(out, daemon.ConfigEntry{Name: f.Name, Value: f.Value.String()})
+		out = append(out, daemon.ConfigEntry{Name: f.Name, Value: v})
 	})
 	return out
 }
 
-func newRunCmd() *cobra.Command {
-	o := &runOptions{}
+func newRunCmd() *cobra.Command { return runCmd(&runOptions{}) }
+
+// runCmd is `draind run` with its flags bound to o.
+func runCmd(o *runOptions) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "run",
 		Short: "Run the node daemon (the DaemonSet's command)",
@@ -77,7 +86,7 @@ their /v1/offline calls; expire stale conntrack flows; serve metrics and status.
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.procs = procsWanted(cmd.Flags(), o.procs)
-			o.config = effectiveConfig(cmd.Flags())
+			o.flags = cmd.Flags()
 			return runDaemon(cmd.Context(), o)
 		},
 	}
@@ -92,17 +101,14 @@ their /v1/offline calls; expire stale conntrack flows; serve metrics and status.
 	f.StringVar(&o.offlineAddr, "offline-addr", ":9460", "listen address of the node-local offline API (/v1/offline, /v1/online, /healthz, /readyz)")
 	f.StringVar(&o.metricsAddr, "metrics-addr", ":9461", "listen address of /metrics (empty: off)")
 	f.StringVar(&o.statusSocket, "status-socket", DefaultStatusSocket, "unix socket for draind status (root-only)")
-	f.DurationVar(&o.entryTTL, "entry-ttl", time.Minute, "lifetime of a steering entry without refresh: if draind dies, steering stops within it")
-	f.DurationVar(&o.linger, "linger", 2*time.Minute, "keep steering a departed pod's IP this long (stale registry caches); ends at once if the IP is reused")
-	f.DurationVar(&o.leaseDur, "lease-duration", 30*time.Second, "duration of drain Leases (renewed at a third)")
-	f.DurationVar(&o.goneGrace, "gone-grace", 5*time.Second, "wait after an endpoint left every slice before cutting its TCP conntrack flows")
-	f.DurationVar(&o.udpReexpire, "udp-reexpire", 10*time.Second, "re-expire UDP flows of draining endpoints this often")
-	f.DurationVar(&o.quiet, "quiet", 2*time.Second, "default quiet period of /v1/offline: drained = no new SYN for this long and no live connection")
-	f.DurationVar(&o.maxWait, "max-wait", 10*time.Minute, "cap of /v1/offline?wait=")
-	f.IntVar(&o.maxWaiters, "max-waiters", 256, "concurrent /v1/offline waits on the node before answering 429 (a pod's first wait is always accepted)")
-	f.IntVar(&o.maxWaitersPerPod, "max-waiters-per-pod", 8, "concurrent /v1/offline waits of one pod before answering 429")
-	f.IntVar(&o.maxConnections, "max-connections", 1024, "open connections of the offline API (more wait in the kernel's queue)")
-	f.DurationVar(&o.minSync, "min-sync-interval", 0, "bounded frequency: at most one datapath pass per interval, all of them on the event loop (0: as events arrive, an EndpointSlice update's in the watch's own goroutine)")
+	o.cfg = daemon.DefaultConfig()
+	for _, s := range o.cfg.Settings() {
+		if s.Dur != nil {
+			f.DurationVar(s.Dur, s.Flag, *s.Dur, s.Usage)
+		} else {
+			f.IntVar(s.Int, s.Flag, *s.Int, s.Usage)
+		}
+	}
 	f.StringVar(&o.registryOnlyPolicy, "registry-only-policy", "refuse", "pod-IP policy for drained pods no EndpointSlice lists: refuse or off")
 	f.BoolVar(&o.conntrack, "conntrack", true, "expire stale conntrack flows and count live connections")
 	f.BoolVar(&o.socketHooks, "socket-hooks", true, "count live connections from the pods' sockets and end client sockets to gone pods (sock_ops and cgroup_skb egress; used where the kernel has them)")
@@ -178,6 +184,9 @@ func runDaemon(ctx context.Context, o *runOptions) error {
 	if o.node == "" {
 		return errors.New("--node-name is required (set it from the downward API: spec.nodeName)")
 	}
+	if err := o.cfg.Validate(); err != nil {
+		return err
+	}
 	if err := setProcs(o.procs); err != nil {
 		return err
 	}
@@ -232,24 +241,21 @@ func runDaemon(ctx context.Context, o *runOptions) error {
 			log.Warn("a second conntrack handle for gone pods' client flows: sharing the first", "err", err)
 		}
 	}
-	d := daemon.New(daemon.Config{
-		Node: o.node, Namespace: o.namespace, Version: version,
-		EntryTTL: o.entryTTL, Linger: o.linger, LeaseDuration: o.leaseDur, GoneGrace: o.goneGrace,
-		UDPReexpire: o.udpReexpire, MinSyncInterval: o.minSync, RegistryOnlyPolicy: regPolicy,
-		Quiet: o.quiet, MaxWait: o.maxWait, MaxWaiters: o.maxWaiters, MaxWaitersPerPod: o.maxWaitersPerPod,
-		MaxConnections: o.maxConnections, Logger: log, FlowLister: flows, REST: restCfg,
-	}, client, dp, ct)
+	cfg := o.cfg
+	cfg.Node, cfg.Namespace, cfg.Version = o.node, o.namespace, version
+	cfg.RegistryOnlyPolicy, cfg.Logger, cfg.FlowLister, cfg.REST = regPolicy, log, flows, restCfg
+	d := daemon.New(cfg, client, dp, ct)
 	if err := dp.Attach(cgroup); err != nil {
 		return err
 	}
 	d.SetAttached(true)
 	log.Info("programs attached", "cgroup", cgroup, "kernel", features.Kernel, "pin_dir", o.pinDir)
 	err = serve(ctx, o, d, ls, daemon.StatusSource{Features: features, Attached: dp.Attached, Cgroup: cgroup,
-		PinDir: o.pinDir, Conntrack: ctStatus, Config: o.config, Started: started})
+		PinDir: o.pinDir, Conntrack: ctStatus, Config: configInForce(o.flags, d.Config(), runtime.GOMAXPROCS(0)), Started: started})
 	if err != nil && !errors.Is(err, context.Canceled) {
 		return err
 	}
-	log.Info("stopped; pinned steering stays until its entries expire", "entry_ttl", o.entryTTL.String())
+	log.Info("stopped; pinned steering stays until its entries expire", "entry_ttl", o.cfg.EntryTTL.String())
 	return nil
 }
 

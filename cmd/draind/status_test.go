@@ -119,7 +119,7 @@ func realStatusWith(t *testing.T, withCT bool) daemon.Status {
 		Cgroup:    "/sys/fs/cgroup/kubepods.slice",
 		PinDir:    "/sys/fs/bpf/draind",
 		Conntrack: ctStatus,
-		Config:    effectiveConfig(runFlags),
+		Config:    configInForce(runFlags, d.Config(), daemon.DefaultProcs),
 		Started:   clk.Now().Add(-90 * time.Minute),
 	}
 	live := 1

@@ -1,0 +1,64 @@
+package daemon
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestConfigDefaults: a zero Config gets every default of DefaultConfig,
+// a value set is kept, and a 0 that means something of its own stays 0.
+func TestConfigDefaults(t *testing.T) {
+	var c Config
+	c.Defaults()
+	d := DefaultConfig()
+	got, want := c.Entries(), d.Entries()
+	if len(got) != len(want) {
+		t.Fatalf("entries %v, want %v", got, want)
+	}
+	for i := range got {
+		if got[i] != want[i] {
+			t.Errorf("after Defaults %s=%s, want the default %s", got[i].Name, got[i].Value, want[i].Value)
+		}
+	}
+	if c.PollEvery != d.PollEvery || c.HeaderTimeout != d.HeaderTimeout || c.BodyTimeout != d.BodyTimeout || c.Clock == nil || c.Logger == nil {
+		t.Errorf("unexported defaults not filled: %+v", c)
+	}
+	c = Config{Linger: 7 * time.Second, MaxWaiters: 3}
+	c.Defaults()
+	if c.Linger != 7*time.Second || c.MaxWaiters != 3 || c.MinSyncInterval != 0 {
+		t.Errorf("Defaults changed values set: linger %v, max-waiters %d, min-sync-interval %v", c.Linger, c.MaxWaiters, c.MinSyncInterval)
+	}
+}
+
+// TestConfigValidate: the defaults are valid; every setting refuses a
+// negative value, and an explicit 0 unless 0 means something of its own,
+// naming the flag in the error.
+func TestConfigValidate(t *testing.T) {
+	d := DefaultConfig()
+	if err := d.Validate(); err != nil {
+		t.Fatalf("the defaults are refused: %v", err)
+	}
+	for i, s := range d.Settings() {
+		for _, v := range []int{-1, 0} {
+			c := DefaultConfig()
+			cs := c.Settings()[i]
+			if cs.Dur != nil {
+				*cs.Dur = time.Duration(v) * time.Second
+			} else {
+				*cs.Int = v
+			}
+			err := c.Validate()
+			switch {
+			case v == 0 && s.ZeroOK:
+				if err != nil {
+					t.Errorf("--%s=0 refused: %v", s.Flag, err)
+				}
+			case err == nil:
+				t.Errorf("--%s=%s accepted", s.Flag, cs.Value())
+			case !strings.Contains(err.Error(), "--"+s.Flag+"="):
+				t.Errorf("--%s=%s: the error %q does not name the flag", s.Flag, cs.Value(), err)
+			}
+		}
+	}
+}
