@@ -24,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -205,14 +206,14 @@ func Load(opts Options) (*Datapath, error) {
 		}
 	}
 	if err := d.adoptEntries(); err != nil {
-		d.closeObjects()
+		_ = d.closeObjects() // the load's own error is the one to report
 		return nil, err
 	}
 	if !opts.Sockets {
 		// Gone entries a draind with the socket hooks left would keep the
 		// gone flag up, and the connect hooks looking, for nothing.
 		if err := d.clearGone(); err != nil {
-			d.closeObjects()
+			_ = d.closeObjects() // the load's own error is the one to report
 			return nil, err
 		}
 	}
@@ -525,7 +526,10 @@ func Remove(dir string) error {
 	}
 	var errs []error
 	linkDir := filepath.Join(dir, "links")
-	ents, _ := os.ReadDir(linkDir)
+	ents, err := os.ReadDir(linkDir)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("listing pinned links: %w", err))
+	}
 	for _, e := range ents {
 		l, err := link.LoadPinnedLink(filepath.Join(linkDir, e.Name()), nil)
 		if err != nil {
@@ -536,8 +540,13 @@ func Remove(dir string) error {
 	}
 	// Remove only what draind created: the directory may be a bpffs root
 	// with the kernel's own files in it.
-	os.Remove(linkDir)
-	ents, _ = os.ReadDir(dir)
+	if err := os.Remove(linkDir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("removing the links directory: %w", err))
+	}
+	ents, err = os.ReadDir(dir)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("listing pinned maps: %w", err))
+	}
 	for _, e := range ents {
 		if e.IsDir() && strings.HasPrefix(e.Name(), "v") {
 			if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
@@ -545,7 +554,7 @@ func Remove(dir string) error {
 			}
 		}
 	}
-	os.Remove(dir) // fails harmlessly when dir is a mount point
+	_ = os.Remove(dir) // fails harmlessly when dir is a mount point
 	return errors.Join(errs...)
 }
 
@@ -715,13 +724,11 @@ func (d *Datapath) SetBackends(b Backends) error {
 	}
 	if err := d.putBackends(keys, vals); err != nil {
 		// The live set is intact; nothing of the new one stays behind.
-		d.deleteBackendSlots(keys)
-		return fmt.Errorf("setting backends of service-port %d: %w", id, err)
+		return fmt.Errorf("setting backends of service-port %d: %w", id, errors.Join(err, d.deleteBackendSlots(keys)))
 	}
 	nv := steerSvcVal{Count: uint32(len(b.Backends)), Gen: gen, ExpiresNs: toBoot(b.Expires)}
 	if err := d.put(MapServices, d.steer.DraindServices, &id, &nv); err != nil {
-		d.deleteBackendSlots(keys)
-		return fmt.Errorf("setting backends of service-port %d: %w", id, err)
+		return fmt.Errorf("setting backends of service-port %d: %w", id, errors.Join(err, d.deleteBackendSlots(keys)))
 	}
 	if exists {
 		old := make([]steerBackendKey, cur.Count)

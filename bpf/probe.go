@@ -199,7 +199,9 @@ func probeSockets(f *Features) {
 
 // kernelVersion parses the start of a release string ("6.18.44-...").
 func kernelVersion(release string) (major, minor int) {
-	fmt.Sscanf(release, "%d.%d", &major, &minor)
+	if _, err := fmt.Sscanf(release, "%d.%d", &major, &minor); err != nil {
+		return 0, 0 // unparsable: treated as too old for every feature
+	}
 	return major, minor
 }
 

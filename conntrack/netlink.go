@@ -470,7 +470,7 @@ func (n *Netlink) ipv6AddrFilter(ctx context.Context) bool {
 	if err := tc.Create(probe); err != nil && !errors.Is(err, unix.EEXIST) {
 		return false
 	}
-	defer tc.Delete(probe) // best effort: it times out on its own
+	defer func() { _ = tc.Delete(probe) }() // best effort: it times out on its own
 	found := false
 	kf := kernelFilter{replySrc: ipv6Probe.Reply.Src.Addr(), proto: UDP, zone: n.zone}
 	err = n.dumpFlows(ctx, dump, kf, func(ent *ctEntry) error {

@@ -33,14 +33,6 @@ func packBackends(aps []netip.AddrPort) backendSet {
 	return backendSet(b.String())
 }
 
-// addrPorts unpacks the set.
-func (s backendSet) addrPorts() []netip.AddrPort {
-	if s == "" {
-		return nil
-	}
-	return s.appendAddrPorts(make([]netip.AddrPort, 0, len(s)/7))
-}
-
 // appendAddrPorts appends the set, unpacked, to out.
 func (s backendSet) appendAddrPorts(out []netip.AddrPort) []netip.AddrPort {
 	for i := 0; i < len(s); {

@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"fmt"
 	"maps"
 	"math/rand/v2"
 	"net/netip"
@@ -278,6 +277,6 @@ func TestClaimsSameStateTwice(t *testing.T) {
 		t.Fatalf("removal reported %v, want [%v]", got, ip)
 	}
 	if c.claimedByOther(ip, "b") {
-		t.Fatal(fmt.Sprintf("%v still claimed after its slice went", ip))
+		t.Fatalf("%v still claimed after its slice went", ip)
 	}
 }

@@ -135,6 +135,7 @@ type Daemon struct {
 	synced    atomic.Bool
 	attached  atomic.Bool
 	firstDone atomic.Bool
+	startErr  error         // what New could not set up (Run returns it)
 	lastSync  atomic.Int64  // unix nanoseconds of the last pass
 	passes    atomic.Uint64 // passes run (the loop's and the slice watch's)
 	conns     atomic.Int64  // open connections of the offline API
@@ -175,7 +176,7 @@ func New(cfg Config, client kubernetes.Interface, dp Datapath, ct conntrack.Inte
 	})
 	d.leaseTrust = newLeaseTrust(client.CoreV1(), cfg.Clock, cfg.Logger, d.runner.Run)
 	d.gone = d.newGonePeers()
-	d.registerHandlers()
+	d.startErr = d.registerHandlers()
 	return d
 }
 
@@ -195,6 +196,9 @@ func (d *Daemon) Informers() *k8s.Informers { return d.inf }
 // every informer to sync, then keeps the datapath in step until ctx ends.
 // It returns once everything it started has stopped.
 func (d *Daemon) Run(ctx context.Context) error {
+	if d.startErr != nil {
+		return d.startErr
+	}
 	if err := d.adoptDatapath(); err != nil {
 		return err
 	}
@@ -229,7 +233,10 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.inlinePasses.Store(d.cfg.MinSyncInterval == 0)
 	<-ctx.Done()
 	d.inlinePasses.Store(false)
-	d.modelMu.Lock() // a pass the watch began before finishes first
+	// A pass the watch began before finishes first: taking the lock waits
+	// for it, and there is nothing to do under it.
+	d.modelMu.Lock()
+	//lint:ignore SA2001 the empty critical section is the wait
 	d.modelMu.Unlock()
 	d.runner.Stop()
 	d.hosted.Stop("draind is stopping")

@@ -42,6 +42,8 @@ type FakeDatapath struct {
 	FailNext int
 	// Capacity limits the drains map (0: unlimited), as a full BPF map would.
 	Capacity int
+	// StatsErr, if set, is what DrainStats fails with (an unreadable map).
+	StatsErr error
 
 	crashIn int // > 0: operations left before a simulated crash
 	crashed bool
@@ -220,6 +222,9 @@ func (f *FakeDatapath) DeleteDrain(k bpf.EndpointKey) error {
 func (f *FakeDatapath) DrainStats(k bpf.EndpointKey) (bpf.DrainStats, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.StatsErr != nil {
+		return bpf.DrainStats{}, f.StatsErr
+	}
 	return f.Stats[k], nil
 }
 

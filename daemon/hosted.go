@@ -586,9 +586,14 @@ func (l *hostedDrains) measure(ctx context.Context, now time.Time) {
 	for _, j := range jobs {
 		var syns, steered uint64
 		var last time.Time
+		statsRead := true
 		for _, k := range j.keys {
 			st, err := l.cfg.Datapath.DrainStats(k)
 			if err != nil {
+				// A SYN not counted could declare "drained" early: an
+				// unreadable count blocks it, as an unknown live count does.
+				statsRead = false
+				l.cfg.Log.Warn("reading a draining endpoint's SYN count", logKeyErr, err)
 				continue
 			}
 			syns += st.SYNs
@@ -598,7 +603,7 @@ func (l *hostedDrains) measure(ctx context.Context, now time.Time) {
 			}
 		}
 		lc := l.liveOf(ctx, j.ld, j.ips)
-		live, checked := lc.Live, lc.Checked
+		live, checked := lc.Live, lc.Checked && statsRead
 		l.mu.Lock()
 		ld := j.ld
 		ld.liveBy = lc

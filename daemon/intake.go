@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"fmt"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -112,14 +113,6 @@ func (t *tracker) markLeaseGone(uid types.UID) {
 	t.leasesGone = append(t.leasesGone, uid)
 }
 
-func tombstone[T any](obj any) (T, bool) {
-	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		obj = t.Obj
-	}
-	v, ok := obj.(T)
-	return v, ok
-}
-
 func sameVersion(a, b any) bool {
 	type rv interface{ GetResourceVersion() string }
 	x, ok1 := a.(rv)
@@ -132,9 +125,8 @@ func sameVersion(a, b any) bool {
 // resourceVersion, are dropped.
 func onChange(inf interface {
 	AddEventHandler(cache.ResourceEventHandler) (cache.ResourceEventHandlerRegistration, error)
-}, fn func(old, new any, received time.Time)) cache.ResourceEventHandlerRegistration {
-	reg, _ := inf.AddEventHandler(eventFuncs(fn))
-	return reg
+}, fn func(old, new any, received time.Time)) (cache.ResourceEventHandlerRegistration, error) {
+	return inf.AddEventHandler(eventFuncs(fn))
 }
 
 // eventFuncs adapts fn to client-go's handler: old is nil for an add, new
@@ -169,13 +161,30 @@ func receiptOf(obj any) time.Time {
 	return time.Time{}
 }
 
-func (d *Daemon) registerHandlers() {
-	d.handlers = []cache.ResourceEventHandlerRegistration{
-		onChange(d.inf.Slices, d.sliceEvent),
-		onChange(d.inf.Services, d.serviceEvent),
-		onChange(d.inf.Leases, d.leaseEvent),
-		onChange(d.inf.Pods, d.podEvent),
+// registerHandlers registers the event handlers on the informers. A
+// handler that cannot be registered (a stopped informer) would leave the
+// daemon blind to its kind: the error is kept, and Run returns it.
+func (d *Daemon) registerHandlers() error {
+	kinds := []struct {
+		name string
+		inf  interface {
+			AddEventHandler(cache.ResourceEventHandler) (cache.ResourceEventHandlerRegistration, error)
+		}
+		fn func(old, new any, received time.Time)
+	}{
+		{"EndpointSlices", d.inf.Slices, d.sliceEvent},
+		{"Services", d.inf.Services, d.serviceEvent},
+		{"Leases", d.inf.Leases, d.leaseEvent},
+		{"Pods", d.inf.Pods, d.podEvent},
 	}
+	for _, k := range kinds {
+		reg, err := onChange(k.inf, k.fn)
+		if err != nil {
+			return fmt.Errorf("registering the %s handler: %w", k.name, err)
+		}
+		d.handlers = append(d.handlers, reg)
+	}
+	return nil
 }
 
 // handlersSynced reports whether every handler has seen its informer's

@@ -174,13 +174,6 @@ func (t *leaseTrust) generation() uint64 {
 	return t.gen
 }
 
-// hasPending reports whether Leases wait for a check.
-func (t *leaseTrust) hasPending() bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return len(t.pending) > 0
-}
-
 // forgetExcept drops the verdicts of Leases that are gone.
 func (t *leaseTrust) forgetExcept(names map[string]bool) {
 	t.mu.Lock()

@@ -303,7 +303,7 @@ func (d *Daemon) reply(w http.ResponseWriter, path string, r OfflineResult) {
 		return // nobody listens
 	}
 	w.WriteHeader(code)
-	json.NewEncoder(w).Encode(r)
+	_ = json.NewEncoder(w).Encode(r) // the caller hung up: nothing to tell it
 }
 
 // callerOf is the address a request came from.
@@ -347,8 +347,6 @@ func (d *Daemon) countConn(_ net.Conn, st http.ConnState) {
 	}
 }
 
-func (d *Daemon) openConnections() int { return int(d.conns.Load()) }
-
 // readBody reads (and drops) the request body within BodyTimeout, then lifts
 // the deadline. Until the body is read the server does not watch the
 // connection, so a caller that went away would hold its wait slot until
@@ -363,8 +361,9 @@ func (d *Daemon) readBody(w http.ResponseWriter, r *http.Request) error {
 		w.Header().Set("Connection", "close") // what is left of the body is never read
 		return err
 	}
-	rc.SetReadDeadline(time.Time{})
-	return nil
+	// A deadline left in place would cut the wait at BodyTimeout: fail the
+	// call instead.
+	return rc.SetReadDeadline(time.Time{})
 }
 
 // ErrServerClosed is returned by Serve after Shutdown.

@@ -680,7 +680,9 @@ func (f *goneFlows) list(ctx context.Context, ip netip.Addr, p bpf.GonePeer) boo
 	f.mu.Unlock()
 	if gone { // unlisted while its flows were being listed
 		for _, fl := range listed {
-			f.cfg.Sockets.DeleteGoneFlow(fl.Local, fl.Remote)
+			if err := f.cfg.Sockets.DeleteGoneFlow(fl.Local, fl.Remote); err != nil {
+				f.cfg.Log.Error("unlisting a gone flow", logKeyIP, ip, logKeyErr, err)
+			}
 		}
 	}
 	return true

@@ -113,27 +113,8 @@ func (c *socketCollector) Collect(ch chan<- prometheus.Metric) {
 		loaded = 1
 	}
 	ch <- prometheus.MustNewConstMetric(descSocketHooks, prometheus.GaugeValue, loaded)
-	var ctr bpf.SocketCounters
-	if sd != nil {
-		ctr, _ = sd.SocketCounters()
-	}
-	sum := func(e bpf.SocketEvent) float64 { return float64(ctr.Get(e, bpf.IPv4) + ctr.Get(e, bpf.IPv6)) }
-	ch <- prometheus.MustNewConstMetric(descSocketsEnded, prometheus.CounterValue, sum(bpf.SockTCPEnded), "tcp", "peer")
-	ch <- prometheus.MustNewConstMetric(descSocketsEnded, prometheus.CounterValue, sum(bpf.SockTCPEndedFlow), "tcp", "flow")
-	ch <- prometheus.MustNewConstMetric(descSocketsEnded, prometheus.CounterValue, sum(bpf.SockUDPEnded), "udp", "peer")
-	for e := bpf.SocketEvent(0); int(e) < bpf.NumSocketEvents; e++ {
-		for f, fam := range families {
-			ch <- prometheus.MustNewConstMetric(descSocketEvents, prometheus.CounterValue, float64(ctr.Get(e, bpf.Family(f))), e.String(), fam)
-		}
-	}
-	peers, flows := 0, 0
-	if sd != nil {
-		if p, fl, err := sd.GoneEntries(); err == nil {
-			peers, flows = len(p), len(fl)
-		}
-	}
-	ch <- prometheus.MustNewConstMetric(descGonePeers, prometheus.GaugeValue, float64(peers))
-	ch <- prometheus.MustNewConstMetric(descGoneFlows, prometheus.GaugeValue, float64(flows))
+	c.collectSocketCounters(ch, sd)
+	c.collectGone(ch, sd)
 	c.d.hosted.mu.Lock()
 	defer c.d.hosted.mu.Unlock()
 	for _, ld := range c.d.hosted.pods {
@@ -147,6 +128,45 @@ func (c *socketCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descPodLiveBySource, prometheus.GaugeValue, float64(*ld.liveBy.Conntrack), ld.namespace, ld.name, LiveFromConntrack)
 		}
 	}
+}
+
+// collectSocketCounters exports the socket hooks' counters. A counter that
+// cannot be read is left out of the scrape: exported as 0 it would read as
+// a counter reset.
+func (c *socketCollector) collectSocketCounters(ch chan<- prometheus.Metric, sd SocketDatapath) {
+	var ctr bpf.SocketCounters
+	if sd != nil {
+		var err error
+		if ctr, err = sd.SocketCounters(); err != nil {
+			c.d.log.Warn("reading the socket hooks' counters for metrics", logKeyErr, err)
+			return
+		}
+	}
+	sum := func(e bpf.SocketEvent) float64 { return float64(ctr.Get(e, bpf.IPv4) + ctr.Get(e, bpf.IPv6)) }
+	ch <- prometheus.MustNewConstMetric(descSocketsEnded, prometheus.CounterValue, sum(bpf.SockTCPEnded), "tcp", "peer")
+	ch <- prometheus.MustNewConstMetric(descSocketsEnded, prometheus.CounterValue, sum(bpf.SockTCPEndedFlow), "tcp", "flow")
+	ch <- prometheus.MustNewConstMetric(descSocketsEnded, prometheus.CounterValue, sum(bpf.SockUDPEnded), "udp", "peer")
+	for e := bpf.SocketEvent(0); int(e) < bpf.NumSocketEvents; e++ {
+		for f, fam := range families {
+			ch <- prometheus.MustNewConstMetric(descSocketEvents, prometheus.CounterValue, float64(ctr.Get(e, bpf.Family(f))), e.String(), fam)
+		}
+	}
+}
+
+// collectGone exports how many gone peers and flows the maps hold; an
+// unreadable map is left out of the scrape rather than read as 0.
+func (c *socketCollector) collectGone(ch chan<- prometheus.Metric, sd SocketDatapath) {
+	peers, flows := 0, 0
+	if sd != nil {
+		p, fl, err := sd.GoneEntries()
+		if err != nil {
+			c.d.log.Warn("reading the gone peers for metrics", logKeyErr, err)
+			return
+		}
+		peers, flows = len(p), len(fl)
+	}
+	ch <- prometheus.MustNewConstMetric(descGonePeers, prometheus.GaugeValue, float64(peers))
+	ch <- prometheus.MustNewConstMetric(descGoneFlows, prometheus.GaugeValue, float64(flows))
 }
 
 // conntrackOffWarning says what a node without conntrack loses: with the

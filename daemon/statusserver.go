@@ -44,7 +44,7 @@ func ServeStatus(ctx context.Context, path string, status func() Status) error {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/status", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
-		json.NewEncoder(w).Encode(status())
+		_ = json.NewEncoder(w).Encode(status()) // the reader hung up
 	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	defer os.Remove(path)

@@ -31,7 +31,7 @@ func fullSlice() *discoveryv1.EndpointSlice {
 			Annotations:     map[string]string{"endpoints.kubernetes.io/last-change-trigger-time": "2026-01-01T00:00:00Z"},
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Service", Name: "web", UID: "5e4f", Controller: &yes}},
 			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kube-controller-manager", Operation: metav1.ManagedFieldsOperationUpdate,
-				FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:endpoints":{}}`)}}}},
+				FieldsV1: metav1.NewFieldsV1(`{"f:endpoints":{}}`)}}},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Ports:       []discoveryv1.EndpointPort{{Name: &name, Port: &port, Protocol: &proto, AppProtocol: &name}},
 		Endpoints: []discoveryv1.Endpoint{
@@ -54,7 +54,7 @@ func fullService() *corev1.Service {
 			Labels: map[string]string{"app": "web"},
 			Annotations: map[string]string{AnnotationPodIPSteering: "refuse", AnnotationEndDeadConnections: "false",
 				"kubectl.kubernetes.io/last-applied-configuration": `{"big":"blob"}`},
-			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl", FieldsV1: &metav1.FieldsV1{Raw: []byte(`{}`)}}}},
+			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl", FieldsV1: metav1.NewFieldsV1(`{}`)}}},
 		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeClusterIP, ClusterIP: "10.96.0.10", ClusterIPs: []string{"10.96.0.10", "fd00:96::10"},
 			Selector: map[string]string{"app": "web"}, SessionAffinity: corev1.ServiceAffinityClientIP, InternalTrafficPolicy: &local,
 			ExternalIPs: []string{"192.0.2.1"},

@@ -255,7 +255,7 @@ func bundle(signing, next *ca, old []byte, now time.Time) []byte {
 			return
 		}
 		seen[string(c.Raw)] = true
-		pem.Encode(&out, &pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})
+		_ = pem.Encode(&out, &pem.Block{Type: "CERTIFICATE", Bytes: c.Raw}) // a bytes.Buffer never fails
 	}
 	add(signing.cert)
 	if next != nil {

@@ -53,7 +53,6 @@ func run(ctx context.Context, ns string, name string, args ...string) ([]byte, e
 type netnsConfig struct {
 	name, hostVeth string
 	hostIP, nodeIP netip.Addr
-	serviceCIDR    string
 }
 
 // pickLink chooses a /30 in 10.250.0.0/16 that no host interface uses.

@@ -1,0 +1,33 @@
+package daemon
+
+import (
+	"errors"
+	"testing"
+	"time"
+)
+
+// TestUnreadableSYNCountBlocksDrained: while a draining endpoint's SYN
+// count cannot be read, the pod is not declared drained (a SYN not counted
+// would end the wait early); once it reads again, it is.
+func TestUnreadableSYNCountBlocksDrained(t *testing.T) {
+	h := localFixture(t)
+	call := h.offline(podIP, 30*time.Second, 2*time.Second)
+	h.tick(0)
+	h.dp.mu.Lock()
+	h.dp.StatsErr = errors.New("map read failed")
+	h.dp.mu.Unlock()
+	for i := 0; i < 6; i++ {
+		h.tick(time.Second)
+	}
+	if r, ok := call.answered(t); ok {
+		t.Fatalf("answered %+v while the SYN count could not be read", r)
+	}
+	h.dp.mu.Lock()
+	h.dp.StatsErr = nil
+	h.dp.mu.Unlock()
+	h.tick(time.Second)
+	r, ok := call.result(t)
+	if !ok || r.code != 200 || r.State != StateDrained {
+		t.Fatalf("want 200 drained once the count reads again, got %+v (answered %v)", r, ok)
+	}
+}
