@@ -18,6 +18,8 @@
 // is deleted, and recomputes it from the maps when it adopts them. It assumes
 // it is the only writer of its pin directory (as the backend generations of
 // SetBackends do).
+//
+// Each concept has one word, defined in the repository's docs/glossary.md.
 package bpf
 
 import (

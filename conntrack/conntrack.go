@@ -30,6 +30,8 @@
 //
 // It needs CAP_NET_ADMIN only: without Options.NetNS it never enters a
 // namespace (setns would need CAP_SYS_ADMIN, which the DaemonSet lacks).
+//
+// Each concept has one word, defined in the repository's docs/glossary.md.
 package conntrack
 
 import (

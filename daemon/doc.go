@@ -46,4 +46,6 @@
 //   - claim: a pod's ownership of an IP (a ready listing, or a pod on this
 //     node); identity is the pod UID, never the IP.
 //   - pod status: the status view of one drained pod (PodStatus).
+//
+// Each concept has one word, defined in the repository's docs/glossary.md.
 package daemon

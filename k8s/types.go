@@ -3,6 +3,8 @@
 // every EndpointSlice of a 100,000-endpoint cluster stays small), and the
 // drain Lease protocol by which any node tells every other node that a pod
 // is going offline.
+//
+// Each concept has one word, defined in the repository's docs/glossary.md.
 package k8s
 
 import (

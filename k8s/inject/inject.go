@@ -20,6 +20,8 @@
 // fields this package's k8s.io/api does not know (a newer API server's) are
 // kept. Mutating a pod twice changes nothing the second time: every addition
 // is skipped when it is already there.
+//
+// Each concept has one word, defined in the repository's docs/glossary.md.
 package inject
 
 import (
