@@ -61,7 +61,10 @@ func (l *hostedDrains) join(ctx context.Context, p *k8s.Pod, now time.Time) (*ho
 	if created {
 		ld = l.start(p, k8s.ReasonOffline, now, true)
 	}
-	needPublish := !ld.published
+	// A pod that asks to go offline while it is being deleted extends its
+	// drain to its own IP: publish the Lease again to say so.
+	needPublish := !ld.published || !ld.steerPodIP
+	ld.steerPodIP = true
 	l.mu.Unlock()
 	if !needPublish {
 		return ld, nil
