@@ -56,6 +56,8 @@ type Metrics struct {
 	PolicyInvalid    prometheus.Counter
 	SteeringReady    prometheus.Gauge
 	OfflineRequests  *prometheus.CounterVec
+	// OfflineConnsRefused counts connections past the offline API's cap.
+	OfflineConnsRefused prometheus.Counter
 }
 
 // NewMetrics registers the daemon's metrics; dp may be nil (no datapath
@@ -94,6 +96,8 @@ func NewMetrics(version string, dp Datapath, inf *k8s.Informers, pods func() []P
 			Help: "1 when the programs are attached and the maps follow the API state."}),
 		OfflineRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "offline_requests_total",
 			Help: "Requests to the node-local offline API, by endpoint and status code."}, []string{"path", "code"}),
+		OfflineConnsRefused: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "offline_connections_refused_total",
+			Help: "Connections to the offline API answered 503 and closed: the connection cap was reached."}),
 	}
 	for _, reason := range drainReasons {
 		m.DrainStarts.WithLabelValues(reason)
@@ -122,7 +126,7 @@ func NewMetrics(version string, dp Datapath, inf *k8s.Informers, pods func() []P
 	}
 	r.MustRegister(m.SignalToDatapath, m.DrainStarts, m.DrainOutcomes, m.DrainDuration,
 		m.CTExpired, m.CTExpiryDuration, m.CTErrors, m.DatapathOps, m.DatapathErrors, m.InformerSynced,
-		m.LeaseOps, m.PolicyInvalid, m.SteeringReady, m.OfflineRequests)
+		m.LeaseOps, m.PolicyInvalid, m.SteeringReady, m.OfflineRequests, m.OfflineConnsRefused)
 	bi := prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "build_info",
 		Help: "Build information (value 1)."}, []string{"version", "goversion"})
 	bi.WithLabelValues(version, runtime.Version()).Set(1)

@@ -46,7 +46,7 @@ func ServeStatus(ctx context.Context, path string, status func() Status) error {
 		w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(w).Encode(status())
 	})
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	srv := BoundedServer(mux)
 	defer os.Remove(path)
 	return Serve(ctx, srv, l)
 }

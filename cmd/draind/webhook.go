@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
+	"github.com/draind/draind/daemon"
 	"github.com/draind/draind/k8s/inject"
 	"github.com/draind/draind/k8s/inject/selfcert"
 )
@@ -185,6 +186,7 @@ func runWebhook(ctx context.Context, o *webhookOptions) error {
 		ReadTimeout:       15 * time.Second,
 		WriteTimeout:      15 * time.Second,
 		IdleTimeout:       90 * time.Second,
+		MaxHeaderBytes:    64 << 10,
 		TLSConfig: &tls.Config{
 			MinVersion: tls.VersionTLS12,
 			GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
@@ -209,7 +211,7 @@ func runWebhook(ctx context.Context, o *webhookOptions) error {
 		}
 	})
 	health.Handle("/metrics", promhttp.HandlerFor(wh.registry, promhttp.HandlerOpts{}))
-	hsrv := &http.Server{Handler: health, ReadHeaderTimeout: 5 * time.Second}
+	hsrv := daemon.BoundedServer(health)
 
 	log.Info("webhook starting", "listen", l.Addr().String(), "health", o.healthListen, "image", o.inject.Image,
 		"wait", o.inject.Wait.String(), "fallback_sleep", o.inject.FallbackSleep.String(), "self_managed_tls", o.certDir == "")
