@@ -101,7 +101,7 @@ their /v1/offline calls; expire stale conntrack flows; serve metrics and status.
 	f.DurationVar(&o.maxWait, "max-wait", 10*time.Minute, "cap of /v1/offline?wait=")
 	f.IntVar(&o.maxWaiters, "max-waiters", 256, "concurrent /v1/offline waits on the node before answering 429 (a pod's first wait is always accepted)")
 	f.IntVar(&o.maxWaitersPerPod, "max-waiters-per-pod", 8, "concurrent /v1/offline waits of one pod before answering 429")
-	f.IntVar(&o.maxConnections, "max-connections", 1024, "open connections of the offline API (more wait in the kernel's queue)")
+	f.IntVar(&o.maxConnections, "max-connections", 1024, "open connections of the offline API (more are answered 503 and closed)")
 	f.DurationVar(&o.minSync, "min-sync-interval", 0, "bounded frequency: at most one datapath pass per interval, all of them on the event loop (0: as events arrive, an EndpointSlice update's in the watch's own goroutine)")
 	f.StringVar(&o.registryOnlyPolicy, "registry-only-policy", "refuse", "pod-IP policy for drained pods no EndpointSlice lists: refuse or off")
 	f.BoolVar(&o.conntrack, "conntrack", true, "expire stale conntrack flows and count live connections")
