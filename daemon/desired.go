@@ -24,7 +24,7 @@ func (m *model) desiredDrain(k bpf.EndpointKey, now time.Time) (bpf.Drain, bool)
 			continue
 		}
 		p, rewriteTo := m.effectivePolicy(c)
-		if !m.steersPodIP(c) {
+		if !m.steersPodIP(c, k.Addr) {
 			p = bpf.PolicyOff // reachable at its IP: only its VIPs steer away
 		}
 		if rewriteTo != 0 && (d.Service == 0 || rewriteTo < d.Service) {
@@ -48,9 +48,15 @@ func (m *model) desiredDrain(k bpf.EndpointKey, now time.Time) (bpf.Drain, bool)
 // workload, a pod that is gone) or a linger (the pod left every slice)
 // steers its address. A Service's VIP steers away from any draining
 // endpoint all the same.
-func (m *model) steersPodIP(c contribution) bool {
+//
+// A linger (an endpoint that drained and left every slice of a Service)
+// means the pod is gone, unless the cluster's records show the same pod
+// still serving at the IP: it only left that Service, or the slice that
+// listed it was withdrawn (a forged one the EndpointSlice controller
+// removed). Such a linger passes, whatever its Service's policy.
+func (m *model) steersPodIP(c contribution, ip netip.Addr) bool {
 	if c.kind == fromLinger {
-		return true
+		return !m.claims.stillServes(ip, c.uid)
 	}
 	d := m.podDrains[c.uid]
 	return d != nil && d.SteerPodIP

@@ -522,3 +522,46 @@ func TestHostileOfflineCallerIdentity(t *testing.T) {
 
 var _ = bpf.TCP
 var _ = conntrack.TCP
+
+// TestHostileForgedSliceOffNeverRefuses: tenant A's slice that carries the
+// controller's label, for A's own selector Service, lists B's ready pod's
+// IP with B's pod UID as not ready, and is deleted and written again (the
+// EndpointSlice controller removing each copy). Whatever it does, every
+// entry for B's IP passes (policy off): B's pod never asked to go offline
+// and still serves, so neither the listing nor its departures (a linger)
+// may refuse or rewrite connections to it, and B's flows are never
+// expired.
+func TestHostileForgedSliceOffNeverRefuses(t *testing.T) {
+	h := victimFixture(t)
+	h.ct.AddFlow(flowTo("10.0.5.1:8080"))
+	forged := func() *discoveryv1.EndpointSlice {
+		return inNamespace("a", slice("forged", "web-a", v4, httpPorts(8080), notReady("10.0.5.1", "pod-b"), ready("10.0.6.1", "pod-a")))
+	}
+	check := func(when string) {
+		t.Helper()
+		for _, dr := range mustDump(t, h.dp).Drains {
+			if dr.Key.Addr == netip.MustParseAddr("10.0.5.1") && dr.Policy != bpf.PolicyOff {
+				t.Fatalf("%s: entry %v for B's serving pod has policy %v\n%s", when, dr.Key, dr.Policy, h.describe())
+			}
+		}
+	}
+	for round := range 4 {
+		h.putSlice(forged())
+		h.pass()
+		check(fmt.Sprintf("round %d, forged slice present", round))
+		h.deleteSlice("a", "forged")
+		h.pass()
+		check(fmt.Sprintf("round %d, forged slice deleted", round))
+		h.clock.Step(2 * time.Second)
+		h.pass()
+		h.d.conntrackPolicy.pass(h.ctx)
+		check(fmt.Sprintf("round %d, after the grace", round))
+	}
+	for _, call := range h.ct.ExpireCalls() {
+		for _, f := range call {
+			if f.ReplySrc.Addr() == netip.MustParseAddr("10.0.5.1") {
+				t.Fatalf("B's flows expired by the forged slice's departure: %+v", f)
+			}
+		}
+	}
+}

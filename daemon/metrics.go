@@ -99,31 +99,7 @@ func NewMetrics(version string, dp Datapath, inf *k8s.Informers, pods func() []P
 		OfflineConnsRefused: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "offline_connections_refused_total",
 			Help: "Connections to the offline API answered 503 and closed: the connection cap was reached."}),
 	}
-	for _, reason := range drainReasons {
-		m.DrainStarts.WithLabelValues(reason)
-	}
-	for _, o := range drainOutcomes {
-		m.DrainOutcomes.WithLabelValues(o)
-	}
-	for _, p := range ctProtos {
-		m.CTExpired.WithLabelValues(p)
-	}
-	for _, k := range datapathErrors {
-		m.DatapathErrors.WithLabelValues(k)
-	}
-	for _, i := range informerNames {
-		m.InformerSynced.WithLabelValues(i)
-	}
-	for _, op := range leaseOps {
-		for _, res := range leaseResults {
-			m.LeaseOps.WithLabelValues(op, res)
-		}
-	}
-	for _, path := range []string{"/v1/offline", "/v1/online"} {
-		for _, code := range []string{"200", "400", "403", "404", "405", "429", "500", "503", "504"} {
-			m.OfflineRequests.WithLabelValues(path, code)
-		}
-	}
+	m.precreate()
 	r.MustRegister(m.SignalToDatapath, m.DrainStarts, m.DrainOutcomes, m.DrainDuration,
 		m.CTExpired, m.CTExpiryDuration, m.CTErrors, m.DatapathOps, m.DatapathErrors, m.InformerSynced,
 		m.LeaseOps, m.PolicyInvalid, m.SteeringReady, m.OfflineRequests, m.OfflineConnsRefused)
@@ -213,5 +189,34 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descPodSYNs, prometheus.CounterValue, float64(p.SYNs), p.Namespace, p.Name)
 		ch <- prometheus.MustNewConstMetric(descPodLive, prometheus.GaugeValue, float64(p.LiveConnections), p.Namespace, p.Name)
 		ch <- prometheus.MustNewConstMetric(descPodSteered, prometheus.CounterValue, float64(p.Steered), p.Namespace, p.Name)
+	}
+}
+
+// precreate creates every label value known up front at zero.
+func (m *Metrics) precreate() {
+	for _, reason := range drainReasons {
+		m.DrainStarts.WithLabelValues(reason)
+	}
+	for _, o := range drainOutcomes {
+		m.DrainOutcomes.WithLabelValues(o)
+	}
+	for _, p := range ctProtos {
+		m.CTExpired.WithLabelValues(p)
+	}
+	for _, k := range datapathErrors {
+		m.DatapathErrors.WithLabelValues(k)
+	}
+	for _, i := range informerNames {
+		m.InformerSynced.WithLabelValues(i)
+	}
+	for _, op := range leaseOps {
+		for _, res := range leaseResults {
+			m.LeaseOps.WithLabelValues(op, res)
+		}
+	}
+	for _, path := range []string{"/v1/offline", "/v1/online"} {
+		for _, code := range []string{"200", "400", "403", "404", "405", "429", "500", "503", "504"} {
+			m.OfflineRequests.WithLabelValues(path, code)
+		}
 	}
 }
