@@ -479,6 +479,27 @@ func (c *claims) claimedByOther(ip netip.Addr, uid types.UID) bool {
 	return other
 }
 
+// stillServes reports whether the cluster's records show pod uid alive at
+// ip right now: a trusted slice lists it there ready, or it is a local pod
+// not being deleted. Such a pod is not gone, whatever a slice that dropped
+// it says: a linger or a TCP expiry of its IP would cut a serving pod.
+func (c *claims) stillServes(ip netip.Addr, uid types.UID) bool {
+	if uid == "" {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if l, ok := c.local[ip]; ok && l == uid {
+		return true
+	}
+	serves, pod := false, k8s.PodKeyOf(uid)
+	c.eachListing(ip, func(s *k8s.Slice, i int) bool {
+		serves = s.Ready(i) && s.PodKey(i) == pod
+		return !serves
+	})
+	return serves
+}
+
 // listsPodAt reports whether a trusted slice of Service svc
 // (namespace/name) lists pod uid at k: its address, with k's port.
 func (c *claims) listsPodAt(svc string, k bpf.EndpointKey, uid types.UID) bool {

@@ -54,7 +54,7 @@ func (c *Config) Settings() []Setting {
 		{Flag: "max-wait", Dur: &c.MaxWait, Usage: "cap of /v1/offline?wait="},
 		{Flag: "max-waiters", Int: &c.MaxWaiters, Usage: "concurrent /v1/offline waits on the node before answering 429 (a pod's first wait is always accepted)"},
 		{Flag: "max-waiters-per-pod", Int: &c.MaxWaitersPerPod, Usage: "concurrent /v1/offline waits of one pod before answering 429"},
-		{Flag: "max-connections", Int: &c.MaxConnections, Usage: "open connections of the offline API (more wait in the kernel's queue)"},
+		{Flag: "max-connections", Int: &c.MaxConnections, Usage: "open connections of the offline API (more are answered 503 and closed)"},
 		{Flag: "min-sync-interval", Dur: &c.MinSyncInterval, ZeroOK: true, Usage: "bounded frequency: at most one datapath pass per interval, all of them on the event loop (0: as events arrive, an EndpointSlice update's in the watch's own goroutine)"},
 	}
 }

@@ -20,7 +20,9 @@ import (
 //     again every UDPReexpire while it drains: the next datagram is balanced
 //     afresh, and stale rules elsewhere cannot pin it back for long;
 //   - TCP flows of an endpoint are expired only once it is gone (it left
-//     every slice) and GoneGrace has passed, never while it drains; only
+//     every slice, and no trusted slice lists the same pod ready at the IP
+//     nor does this node host it alive) and GoneGrace has passed, never
+//     while it drains; only
 //     flows older than its departure, so a new pod that reused the IP keeps
 //     its own (conntrack timestamps; without them, a reused IP is skipped),
 //     and only if no trusted slice of its Service lists the pod there
@@ -145,6 +147,11 @@ func (w *conntrackPolicy) goneFilters(filters []conntrack.Filter, due []departur
 		// updates): not gone. Its flows stay; if it leaves again, that is
 		// a new departure.
 		if w.cfg.Claims.listsPodAt(g.Service, g.Key, g.UID) {
+			continue
+		}
+		// The same pod still serves at the IP (listed ready elsewhere, or
+		// a local pod not being deleted): it is not gone, its flows stay.
+		if w.cfg.Claims.stillServes(g.Key.Addr, g.UID) {
 			continue
 		}
 		// Without timestamps the age of a flow is unknown: if the IP

@@ -24,6 +24,9 @@ func (m *model) desiredDrain(k bpf.EndpointKey, now time.Time) (bpf.Drain, bool)
 			continue
 		}
 		p, rewriteTo := m.effectivePolicy(c)
+		if !m.steersPodIP(c, k.Addr) {
+			p = bpf.PolicyOff // reachable at its IP: only its VIPs steer away
+		}
 		if rewriteTo != 0 && (d.Service == 0 || rewriteTo < d.Service) {
 			d.Service = rewriteTo // kept for accounting when another policy wins
 		}
@@ -36,6 +39,27 @@ func (m *model) desiredDrain(k bpf.EndpointKey, now time.Time) (bpf.Drain, bool)
 		found = true
 	}
 	return d, found
+}
+
+// steersPodIP reports whether a contribution may steer connections made
+// straight to its pod's IP. While a pod exists and has not asked to go
+// offline, a direct connection to its IP reaches it (the Kubernetes network
+// model): only a pod drain that says so (an offline call, an opted-in
+// workload, a pod that is gone) or a linger (the pod left every slice)
+// steers its address. A Service's VIP steers away from any draining
+// endpoint all the same.
+//
+// A linger (an endpoint that drained and left every slice of a Service)
+// means the pod is gone, unless the cluster's records show the same pod
+// still serving at the IP: it only left that Service, or the slice that
+// listed it was withdrawn (a forged one the EndpointSlice controller
+// removed). Such a linger passes, whatever its Service's policy.
+func (m *model) steersPodIP(c contribution, ip netip.Addr) bool {
+	if c.kind == fromLinger {
+		return !m.claims.stillServes(ip, c.uid)
+	}
+	d := m.podDrains[c.uid]
+	return d != nil && d.SteerPodIP
 }
 
 // effectivePolicy is what one contribution asks for, given whether its

@@ -45,6 +45,7 @@ type hostedDrain struct {
 	goneAt          time.Time
 	leaseSeen       bool      // the informer has shown this drain's Lease
 	published       bool      // a write of the Lease landed
+	steerPodIP      bool      // k8s.SteersPodIP: direct pod-IP steering applies
 	lastRenew       time.Time // when the last renewal landed
 
 	syns        uint64
@@ -239,7 +240,8 @@ func (l *hostedDrains) eachPodDrain(fn func(*podDrain)) {
 			continue
 		}
 		pd := podDrain{UID: ld.uid, Namespace: ld.namespace, Name: ld.name, IPs: ld.ips, Reason: ld.reason,
-			Since: ld.started, Holder: l.cfg.Node, Lease: ld.published, State: ld.state}
+			Since: ld.started, Holder: l.cfg.Node, Lease: ld.published, State: ld.state,
+			SteerPodIP: ld.steerPodIP || ld.state == StateGone}
 		if ld.state == StateGone {
 			pd.Expires = ld.goneAt.Add(l.cfg.Linger)
 		}
@@ -339,6 +341,7 @@ func (l *hostedDrains) reconcile(ctx context.Context) {
 		if ld == nil || ld.state == StateCancelled {
 			// Adopted, not started: no second DrainStarted event.
 			ld = l.start(p, dl.Reason, dl.Acquired, false)
+			ld.steerPodIP = ld.steerPodIP || dl.SteerPodIP
 			ld.published = true
 			ld.lastRenew = dl.Renewed
 		}
@@ -383,14 +386,23 @@ func (l *hostedDrains) reconcile(ctx context.Context) {
 		case !ld.published:
 			l.writer.want(name, leaseWrite{kind: leasePublish, req: l.request(ld)})
 		case now.Sub(ld.lastRenew) >= l.cfg.LeaseDuration/3:
-			progress := k8s.Progress{SYNs: ld.syns, SYNsLast10s: ld.synsSince(now, 10*time.Second), HasLast10s: true,
-				Live: ld.live, Steered: ld.steered}.String()
-			ann := map[string]string{k8s.AnnState: ld.state, k8s.AnnProgress: progress}
-			l.writer.want(name, leaseWrite{kind: leaseRenew, req: l.request(ld), ann: ann})
+			l.writer.want(name, leaseWrite{kind: leaseRenew, req: l.request(ld), ann: ld.renewAnnotations(now)})
 		}
 	}
 	l.mu.Unlock()
 	l.measure(ctx, now)
+}
+
+// renewAnnotations are what a renewal publishes: progress, and whether
+// the drain steers the pod's own IP.
+func (ld *hostedDrain) renewAnnotations(now time.Time) map[string]string {
+	progress := k8s.Progress{SYNs: ld.syns, SYNsLast10s: ld.synsSince(now, 10*time.Second), HasLast10s: true,
+		Live: ld.live, Steered: ld.steered}.String()
+	ann := map[string]string{k8s.AnnState: ld.state, k8s.AnnProgress: progress}
+	if ld.steerPodIP {
+		ann[k8s.AnnSteerPodIP] = "true"
+	}
+	return ann
 }
 
 // observeLocalPods starts the drains of local pods being deleted: they
@@ -476,7 +488,7 @@ func (l *hostedDrains) forget(uid types.UID, deleteLease bool) {
 // request is the Lease a drain publishes (l.mu held).
 func (l *hostedDrains) request(ld *hostedDrain) k8s.DrainRequest {
 	r := k8s.DrainRequest{PodNamespace: ld.namespace, PodName: ld.name, PodUID: ld.uid, IPs: ld.ips,
-		Node: l.cfg.Node, Reason: ld.reason, Duration: l.cfg.LeaseDuration}
+		Node: l.cfg.Node, Reason: ld.reason, Duration: l.cfg.LeaseDuration, SteerPodIP: ld.steerPodIP}
 	if ld.state == StateGone {
 		r.State = StateGone // a pod that vanished: gone from the first write
 	}
@@ -520,7 +532,8 @@ func result(err error) string {
 // when adopting a drain already in progress (a Lease found at start-up).
 func (l *hostedDrains) start(p *k8s.Pod, reason string, since time.Time, announce bool) *hostedDrain {
 	ld := &hostedDrain{uid: p.UID, namespace: p.Namespace, name: p.Name, ips: slices.Clone(p.IPs),
-		reason: reason, started: since, state: StateDraining, created: p.CreationTimestamp.Time}
+		reason: reason, started: since, state: StateDraining, created: p.CreationTimestamp.Time,
+		steerPodIP: k8s.SteersPodIP(reason, p.SteerOnDelete)}
 	l.pods[p.UID] = ld
 	if !announce {
 		l.cfg.Log.Info("drain adopted", logKeyPod, p.Namespace+"/"+p.Name, logKeyReason, reason)

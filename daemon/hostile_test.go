@@ -324,8 +324,9 @@ func TestHostileOfflineDisconnect(t *testing.T) {
 	}
 }
 
-// TestHostileOfflineConnectionCap: idle connections beyond the cap wait in
-// the kernel's queue; the process holds at most the cap.
+// TestHostileOfflineConnectionCap: connections beyond the cap are answered
+// 503 and closed at once, never queued; the process holds at most the cap,
+// and a slot freed is usable again.
 func TestHostileOfflineConnectionCap(t *testing.T) {
 	f := newHTTPFixture(t, func(c *Config) { c.MaxConnections = 8; c.HeaderTimeout = 30 * time.Second })
 	var conns []net.Conn
@@ -334,7 +335,7 @@ func TestHostileOfflineConnectionCap(t *testing.T) {
 			c.Close()
 		}
 	}()
-	for i := 0; i < 40; i++ {
+	for i := 0; i < 8; i++ {
 		c, err := net.Dial("tcp", f.addr)
 		if err != nil {
 			t.Fatal(err)
@@ -342,9 +343,108 @@ func TestHostileOfflineConnectionCap(t *testing.T) {
 		conns = append(conns, c)
 	}
 	eventually(t, 5*time.Second, "the cap to fill", func() bool { return f.d.openConnections() == 8 })
-	poll(200*time.Millisecond, func() bool { return f.d.openConnections() > 8 })
+	for i := 0; i < 32; i++ {
+		c, err := net.Dial("tcp", f.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		b, err := io.ReadAll(c)
+		c.Close()
+		if ne, ok := err.(net.Error); ok && ne.Timeout() {
+			t.Fatalf("connection %d past the cap was queued, not refused", i)
+		}
+		if !strings.HasPrefix(string(b), "HTTP/1.1 503 ") {
+			t.Fatalf("connection %d past the cap got %q, want a 503", i, b)
+		}
+	}
 	if n := f.d.openConnections(); n != 8 {
 		t.Fatalf("%d connections open, cap 8", n)
+	}
+	if n := testutilValue(t, f.d.Metrics.OfflineConnsRefused); n != 32 {
+		t.Errorf("%v refusals counted, want 32", n)
+	}
+	conns[0].Close()
+	eventually(t, 5*time.Second, "a slot to free", func() bool { return f.d.openConnections() == 7 })
+	if code, _ := f.get(t, http.MethodGet, "/healthz", ""); code != http.StatusOK {
+		t.Errorf("a freed slot answered %d", code)
+	}
+}
+
+// TestHostileSlowBodyAnyPath: slow bodies sent to paths that never read
+// them (/healthz, an unknown path, a GET-only path) are cut off after
+// BodyTimeout like an offline call's, so clients just below the cap
+// cannot keep a pod from its own offline call for longer than that.
+func TestHostileSlowBodyAnyPath(t *testing.T) {
+	const slow = 15
+	f := newHTTPFixture(t, func(c *Config) { c.MaxConnections = slow + 1; c.BodyTimeout = 300 * time.Millisecond })
+	paths := []string{"/healthz", "/nowhere", "/readyz", "/v1/online"}
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for i := range slow {
+		c, err := net.Dial("tcp", f.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+		fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\nab", paths[i%len(paths)])
+	}
+	eventually(t, 5*time.Second, "the slow clients to connect", func() bool { return f.d.openConnections() == slow })
+	// Every slow connection is closed by the server within a few body
+	// timeouts (an answer may come first).
+	for i, c := range conns {
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.ReadAll(c); err != nil {
+			if ne, ok := err.(net.Error); ok && ne.Timeout() {
+				t.Fatalf("slow body to %s held its connection for 5 s", paths[i%len(paths)])
+			}
+		}
+	}
+	eventually(t, 5*time.Second, "the slow connections to close", func() bool { return f.d.openConnections() == 0 })
+	// Fill the cap again but one, then the pod's own call goes through.
+	for i := range slow {
+		c, err := net.Dial("tcp", f.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+		fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\nab", paths[i%len(paths)])
+	}
+	eventually(t, 5*time.Second, "the slow clients to connect", func() bool { return f.d.openConnections() == slow })
+	start := time.Now()
+	f.openConn2("127.0.0.1:8080")
+	code, res := f.get(t, http.MethodPost, "/v1/offline", "127.0.0.1")
+	if code != http.StatusOK || res.Pod != "default/pod-p0" {
+		t.Fatalf("the pod's own offline call beside %d slow clients: %d %+v", slow, code, res)
+	}
+	t.Logf("offline call answered in %s beside %d slow bodies", time.Since(start).Round(time.Millisecond), slow)
+}
+
+// TestHostileWaitParser: wait and quiet take plain decimal seconds or Go
+// durations, nothing else.
+func TestHostileWaitParser(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want time.Duration
+		ok   bool
+	}{
+		{"", 0, true}, {"0", 0, true}, {"30", 30 * time.Second, true}, {"2.5", 2500 * time.Millisecond, true},
+		{"30s", 30 * time.Second, true}, {"1m30s", 90 * time.Second, true}, {"500ms", 500 * time.Millisecond, true},
+		{"0s", 0, true}, {"1.5h", 90 * time.Minute, true}, {"86400", 24 * time.Hour, true},
+		{"0x1p3", 0, false}, {"0x10", 0, false}, {"1_0", 0, false}, {"1_0s", 0, false}, {"-0", 0, false},
+		{"-0s", 0, false}, {"-1", 0, false}, {"+5", 0, false}, {"+5s", 0, false}, {"1e3", 0, false},
+		{"NaN", 0, false}, {"Inf", 0, false}, {"infinity", 0, false}, {".5", 0, false}, {"5.", 0, false},
+		{" 5", 0, false}, {"5 ", 0, false}, {"5 s", 0, false}, {"s", 0, false}, {"1d", 0, false},
+		{"86401", 0, false}, {"25h", 0, false}, {"99999999999999999999s", 0, false},
+	} {
+		got, err := parseDuration(tc.in)
+		if (err == nil) != tc.ok || (tc.ok && got != tc.want) {
+			t.Errorf("parseDuration(%q) = %v, %v; want %v, ok %v", tc.in, got, err, tc.want, tc.ok)
+		}
 	}
 }
 
@@ -422,3 +522,46 @@ func TestHostileOfflineCallerIdentity(t *testing.T) {
 
 var _ = bpf.TCP
 var _ = conntrack.TCP
+
+// TestHostileForgedSliceOffNeverRefuses: tenant A's slice that carries the
+// controller's label, for A's own selector Service, lists B's ready pod's
+// IP with B's pod UID as not ready, and is deleted and written again (the
+// EndpointSlice controller removing each copy). Whatever it does, every
+// entry for B's IP passes (policy off): B's pod never asked to go offline
+// and still serves, so neither the listing nor its departures (a linger)
+// may refuse or rewrite connections to it, and B's flows are never
+// expired.
+func TestHostileForgedSliceOffNeverRefuses(t *testing.T) {
+	h := victimFixture(t)
+	h.ct.AddFlow(flowTo("10.0.5.1:8080"))
+	forged := func() *discoveryv1.EndpointSlice {
+		return inNamespace("a", slice("forged", "web-a", v4, httpPorts(8080), notReady("10.0.5.1", "pod-b"), ready("10.0.6.1", "pod-a")))
+	}
+	check := func(when string) {
+		t.Helper()
+		for _, dr := range mustDump(t, h.dp).Drains {
+			if dr.Key.Addr == netip.MustParseAddr("10.0.5.1") && dr.Policy != bpf.PolicyOff {
+				t.Fatalf("%s: entry %v for B's serving pod has policy %v\n%s", when, dr.Key, dr.Policy, h.describe())
+			}
+		}
+	}
+	for round := range 4 {
+		h.putSlice(forged())
+		h.pass()
+		check(fmt.Sprintf("round %d, forged slice present", round))
+		h.deleteSlice("a", "forged")
+		h.pass()
+		check(fmt.Sprintf("round %d, forged slice deleted", round))
+		h.clock.Step(2 * time.Second)
+		h.pass()
+		h.d.conntrackPolicy.pass(h.ctx)
+		check(fmt.Sprintf("round %d, after the grace", round))
+	}
+	for _, call := range h.ct.ExpireCalls() {
+		for _, f := range call {
+			if f.ReplySrc.Addr() == netip.MustParseAddr("10.0.5.1") {
+				t.Fatalf("B's flows expired by the forged slice's departure: %+v", f)
+			}
+		}
+	}
+}

@@ -56,6 +56,8 @@ type Metrics struct {
 	PolicyInvalid    prometheus.Counter
 	SteeringReady    prometheus.Gauge
 	OfflineRequests  *prometheus.CounterVec
+	// OfflineConnsRefused counts connections past the offline API's cap.
+	OfflineConnsRefused prometheus.Counter
 }
 
 // NewMetrics registers the daemon's metrics; dp may be nil (no datapath
@@ -94,35 +96,13 @@ func NewMetrics(version string, dp Datapath, inf *k8s.Informers, pods func() []P
 			Help: "1 when the programs are attached and the maps follow the API state."}),
 		OfflineRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "offline_requests_total",
 			Help: "Requests to the node-local offline API, by endpoint and status code."}, []string{"path", "code"}),
+		OfflineConnsRefused: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "offline_connections_refused_total",
+			Help: "Connections to the offline API answered 503 and closed: the connection cap was reached."}),
 	}
-	for _, reason := range drainReasons {
-		m.DrainStarts.WithLabelValues(reason)
-	}
-	for _, o := range drainOutcomes {
-		m.DrainOutcomes.WithLabelValues(o)
-	}
-	for _, p := range ctProtos {
-		m.CTExpired.WithLabelValues(p)
-	}
-	for _, k := range datapathErrors {
-		m.DatapathErrors.WithLabelValues(k)
-	}
-	for _, i := range informerNames {
-		m.InformerSynced.WithLabelValues(i)
-	}
-	for _, op := range leaseOps {
-		for _, res := range leaseResults {
-			m.LeaseOps.WithLabelValues(op, res)
-		}
-	}
-	for _, path := range []string{"/v1/offline", "/v1/online"} {
-		for _, code := range []string{"200", "400", "403", "404", "405", "429", "500", "503", "504"} {
-			m.OfflineRequests.WithLabelValues(path, code)
-		}
-	}
+	m.precreate()
 	r.MustRegister(m.SignalToDatapath, m.DrainStarts, m.DrainOutcomes, m.DrainDuration,
 		m.CTExpired, m.CTExpiryDuration, m.CTErrors, m.DatapathOps, m.DatapathErrors, m.InformerSynced,
-		m.LeaseOps, m.PolicyInvalid, m.SteeringReady, m.OfflineRequests)
+		m.LeaseOps, m.PolicyInvalid, m.SteeringReady, m.OfflineRequests, m.OfflineConnsRefused)
 	bi := prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "build_info",
 		Help: "Build information (value 1)."}, []string{"version", "goversion"})
 	bi.WithLabelValues(version, runtime.Version()).Set(1)
@@ -209,5 +189,34 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descPodSYNs, prometheus.CounterValue, float64(p.SYNs), p.Namespace, p.Name)
 		ch <- prometheus.MustNewConstMetric(descPodLive, prometheus.GaugeValue, float64(p.LiveConnections), p.Namespace, p.Name)
 		ch <- prometheus.MustNewConstMetric(descPodSteered, prometheus.CounterValue, float64(p.Steered), p.Namespace, p.Name)
+	}
+}
+
+// precreate creates every label value known up front at zero.
+func (m *Metrics) precreate() {
+	for _, reason := range drainReasons {
+		m.DrainStarts.WithLabelValues(reason)
+	}
+	for _, o := range drainOutcomes {
+		m.DrainOutcomes.WithLabelValues(o)
+	}
+	for _, p := range ctProtos {
+		m.CTExpired.WithLabelValues(p)
+	}
+	for _, k := range datapathErrors {
+		m.DatapathErrors.WithLabelValues(k)
+	}
+	for _, i := range informerNames {
+		m.InformerSynced.WithLabelValues(i)
+	}
+	for _, op := range leaseOps {
+		for _, res := range leaseResults {
+			m.LeaseOps.WithLabelValues(op, res)
+		}
+	}
+	for _, path := range []string{"/v1/offline", "/v1/online"} {
+		for _, code := range []string{"200", "400", "403", "404", "405", "429", "500", "503", "504"} {
+			m.OfflineRequests.WithLabelValues(path, code)
+		}
 	}
 }

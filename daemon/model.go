@@ -64,10 +64,14 @@ type podDrain struct {
 	Holder          string
 	Lease           bool
 	State           string // as the hosting node published it
+	// SteerPodIP: connections made straight to the pod's IP are steered
+	// (the pod asked to go offline, its workload opted in, or it is gone);
+	// otherwise only its Services' VIPs steer away from it.
+	SteerPodIP bool
 }
 
 func (d *podDrain) same(o *podDrain) bool {
-	return d.Reason == o.Reason && d.Expires.Equal(o.Expires) && slices.Equal(d.IPs, o.IPs) && d.Namespace == o.Namespace && d.Name == o.Name
+	return d.Reason == o.Reason && d.SteerPodIP == o.SteerPodIP && d.Expires.Equal(o.Expires) && slices.Equal(d.IPs, o.IPs) && d.Namespace == o.Namespace && d.Name == o.Name
 }
 
 // identical reports whether d and o are equal in every field (same

@@ -83,21 +83,21 @@ func TestCategorisation(t *testing.T) {
 		want expect
 	}{
 		{"all ready: nothing steered", []epSpec{ready("10.0.0.1", "a"), ready("10.0.0.2", "b"), ready("10.0.0.3", "c")}, expect{}},
-		{"one terminating: VIP steered to the ready ones, pod IP rewritten",
+		{"one terminating: VIP steered to the ready ones, pod IP still reachable",
 			[]epSpec{terminating("10.0.0.1", "a"), ready("10.0.0.2", "b"), ready("10.0.0.3", "c")},
 			expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080", "10.0.0.3:8080"}},
-				drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", tcp): bpf.PolicyRewrite}}},
+				drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", tcp): bpf.PolicyOff}}},
 		{"one not ready (not terminating) drains too",
 			[]epSpec{notReady("10.0.0.1", "a"), ready("10.0.0.2", "b")},
 			expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}},
-				drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", tcp): bpf.PolicyRewrite}}},
+				drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", tcp): bpf.PolicyOff}}},
 		{"no ready endpoint left: serving-terminating ones stay usable, nothing steered",
 			[]epSpec{terminating("10.0.0.1", "a"), terminating("10.0.0.2", "b")},
 			expect{drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", tcp): bpf.PolicyOff, key("10.0.0.2:8080", tcp): bpf.PolicyOff}}},
 		{"ready condition with terminating set is not ready (kube-proxy)",
 			[]epSpec{{ip: "10.0.0.1", uid: "a", ready: true, serving: true, terminating: true, node: testNode}, ready("10.0.0.2", "b")},
 			expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}},
-				drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", tcp): bpf.PolicyRewrite}}},
+				drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", tcp): bpf.PolicyOff}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t)
@@ -119,7 +119,7 @@ func TestDrainAndRecover(t *testing.T) {
 	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
 	h.pass()
 	h.check(expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}},
-		drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyRewrite}})
+		drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyOff}})
 	// Ready again (a flapping probe): everything goes, nothing lingers.
 	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.1", "a"), ready("10.0.0.2", "b")))
 	h.pass()
@@ -138,7 +138,7 @@ func TestNamedTargetPorts(t *testing.T) {
 	h.putSlice(slice("web-2", "web", v4, httpPorts(9090), ready("10.0.0.3", "c")))
 	h.pass()
 	h.check(expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080", "10.0.0.3:9090"}},
-		drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyRewrite}})
+		drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyOff}})
 }
 
 func TestMultiplePortsAndProtocols(t *testing.T) {
@@ -148,7 +148,7 @@ func TestMultiplePortsAndProtocols(t *testing.T) {
 	h.putSlice(slice("dns-1", "dns", v4, ports, terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
 	h.pass()
 	h.check(expect{frontends: map[string][]string{"10.96.0.53:53": {"10.0.0.2:5353"}}, nFrontends: 2,
-		drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:5353", bpf.TCP): bpf.PolicyRewrite, key("10.0.0.1:5353", bpf.UDP): bpf.PolicyRewrite}})
+		drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:5353", bpf.TCP): bpf.PolicyOff, key("10.0.0.1:5353", bpf.UDP): bpf.PolicyOff}})
 	if len(h.dp.Frontends) != 2 {
 		t.Errorf("want a TCP and a UDP frontend:\n%s", h.describe())
 	}
@@ -181,13 +181,13 @@ func TestDualStack(t *testing.T) {
 }
 
 func TestSessionAffinityAndTrafficPolicy(t *testing.T) {
-	t.Run("sessionAffinity ClientIP: VIP never steered, pod IP still is", func(t *testing.T) {
+	t.Run("sessionAffinity ClientIP: VIP never steered", func(t *testing.T) {
 		h := newHarness(t)
 		h.addService(webService(func(s *corev1.Service) { s.Spec.SessionAffinity = corev1.ServiceAffinityClientIP }))
 		h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
 		h.pass()
 		h.check(expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}}, noSteer: []string{"10.96.0.10:80"},
-			drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyRewrite}})
+			drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyOff}})
 	})
 	t.Run("internalTrafficPolicy Local: only this node's endpoints", func(t *testing.T) {
 		h := newHarness(t)
@@ -197,7 +197,7 @@ func TestSessionAffinityAndTrafficPolicy(t *testing.T) {
 			onNode(ready("10.0.0.2", "b"), "node-b"), ready("10.0.0.3", "c")))
 		h.pass()
 		h.check(expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.3:8080"}},
-			drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyRewrite}})
+			drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyOff}})
 		// No local alternative left: kube-proxy would drop, draind does not steer.
 		h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"),
 			onNode(ready("10.0.0.2", "b"), "node-b"), terminating("10.0.0.3", "c")))
@@ -223,11 +223,12 @@ func TestPodIPPolicy(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t)
 			h.addService(tc.svc)
-			h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+			h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(terminating("10.0.0.1", "a"), "node-b"), ready("10.0.0.2", "b")))
+			h.lease("a", "default", "pod-a", "node-b", k8s.ReasonOffline, time.Minute, "10.0.0.1")
 			h.pass()
 			// Recompute the Service a few times: still one warning.
 			for i := 0; i < 3; i++ {
-				h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b"), ready("10.0.0.9", "z")))
+				h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(terminating("10.0.0.1", "a"), "node-b"), ready("10.0.0.2", "b"), ready("10.0.0.9", "z")))
 				h.pass()
 			}
 			if got := h.dp.Drains[key("10.0.0.1:8080", bpf.TCP)].Policy; got != tc.want {
@@ -245,16 +246,19 @@ func TestMostCautiousPolicyWins(t *testing.T) {
 	// A ClusterIP Service and a headless one over the same pods.
 	h.addService(webService())
 	h.addService(svc("web-hl", []string{"None"}, []corev1.ServicePort{port("http", 80, corev1.ProtocolTCP)}))
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
-	h.putSlice(slice("web-hl-1", "web-hl", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(terminating("10.0.0.1", "a"), "node-b"), ready("10.0.0.2", "b")))
+	h.putSlice(slice("web-hl-1", "web-hl", v4, httpPorts(8080), onNode(terminating("10.0.0.1", "a"), "node-b"), ready("10.0.0.2", "b")))
+	h.lease("a", "default", "pod-a", "node-b", k8s.ReasonOffline, time.Minute, "10.0.0.1")
 	h.pass()
 	h.check(expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}},
-		drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyOff}})
+		drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyOff,
+			wildcard("10.0.0.1", bpf.TCP): bpf.PolicyOff, wildcard("10.0.0.1", bpf.UDP): bpf.PolicyOff}})
 	// Deleting the headless Service leaves the ClusterIP one's rewrite.
 	h.deleteService("default", "web-hl")
 	h.pass()
 	h.check(expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}},
-		drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyRewrite}})
+		drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyRewrite,
+			wildcard("10.0.0.1", bpf.TCP): bpf.PolicyOff, wildcard("10.0.0.1", bpf.UDP): bpf.PolicyOff}})
 }
 
 func TestEndpointInSeveralSlices(t *testing.T) {
@@ -266,7 +270,7 @@ func TestEndpointInSeveralSlices(t *testing.T) {
 	h.putSlice(slice("web-2", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.3", "c")))
 	h.pass()
 	h.check(expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080", "10.0.0.3:8080"}},
-		drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyRewrite}})
+		drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyOff}})
 	// Slice deletion: web-2 goes, the endpoint is listed (ready) only once.
 	h.deleteSlice("default", "web-2")
 	h.pass()
@@ -310,7 +314,7 @@ func TestMalformedObjects(t *testing.T) {
 	h.rawLease(&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "drain-x", Namespace: testNS, Labels: map[string]string{k8s.LabelDrain: "true"}}})
 	h.pass()
 	// The good parts still work; the bad parts are skipped and counted.
-	h.check(expect{drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyRewrite}})
+	h.check(expect{drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyOff}})
 	if n := h.d.inf.Malformed.Load(); n < 3 {
 		t.Errorf("malformed objects counted %d, want ≥3 (service IP, slice addresses, lease)", n)
 	}
@@ -592,7 +596,7 @@ func TestDatapathFailureRetried(t *testing.T) {
 	}
 	h.pass() // the retry
 	h.check(expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}},
-		drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyRewrite}})
+		drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyOff}})
 }
 
 func TestFullMapNeverCrashes(t *testing.T) {

@@ -6,15 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net"
 	"net/http"
 	"net/netip"
 	"net/url"
+	"regexp"
 	"strconv"
 	"time"
 
-	"golang.org/x/net/netutil"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/draind/draind/k8s"
@@ -61,7 +60,10 @@ func (l *hostedDrains) join(ctx context.Context, p *k8s.Pod, now time.Time) (*ho
 	if created {
 		ld = l.start(p, k8s.ReasonOffline, now, true)
 	}
-	needPublish := !ld.published
+	// A pod that asks to go offline while it is being deleted extends its
+	// drain to its own IP: publish the Lease again to say so.
+	needPublish := !ld.published || !ld.steerPodIP
+	ld.steerPodIP = true
 	l.mu.Unlock()
 	if !needPublish {
 		return ld, nil
@@ -159,28 +161,41 @@ func (l *hostedDrains) online(ctx context.Context, ip netip.Addr) OfflineResult 
 	return res
 }
 
-// parseDuration accepts Go durations ("30s") and plain seconds ("30").
-// NaN, infinities, negative values and values beyond maxDuration are
-// errors: a duration that cannot be compared would skip the quiet period.
+// parseDuration accepts plain decimal seconds ("30", "2.5") and Go
+// durations without a sign ("30s", "1m30s"); nothing else: no sign, no
+// exponent, no hexadecimal, no digit separators, no NaN or infinity. A
+// value beyond maxDuration is an error: a duration that cannot be compared
+// would skip the quiet period.
 func parseDuration(s string) (time.Duration, error) {
 	if s == "" {
 		return 0, nil
 	}
-	if n, err := strconv.ParseFloat(s, 64); err == nil {
-		if math.IsNaN(n) || n < 0 || n > maxDuration.Seconds() {
+	var d time.Duration
+	switch {
+	case plainSeconds.MatchString(s):
+		n, err := strconv.ParseFloat(s, 64)
+		if err != nil || n > maxDuration.Seconds() {
 			return 0, fmt.Errorf("duration %q out of range (0 to %s)", s, maxDuration)
 		}
-		return time.Duration(n * float64(time.Second)), nil
-	}
-	d, err := time.ParseDuration(s)
-	if err != nil {
-		return 0, fmt.Errorf("bad duration %q", s)
+		d = time.Duration(n * float64(time.Second))
+	case goDuration.MatchString(s):
+		var err error
+		if d, err = time.ParseDuration(s); err != nil {
+			return 0, fmt.Errorf("bad duration %q", s)
+		}
+	default:
+		return 0, fmt.Errorf("bad duration %q: want seconds (30, 2.5) or a Go duration (30s, 1m30s)", s)
 	}
 	if d < 0 || d > maxDuration {
 		return 0, fmt.Errorf("duration %q out of range (0 to %s)", s, maxDuration)
 	}
 	return d, nil
 }
+
+var (
+	plainSeconds = regexp.MustCompile(`^[0-9]{1,6}(\.[0-9]{1,9})?$`)
+	goDuration   = regexp.MustCompile(`^([0-9]{1,9}(\.[0-9]{1,9})?(ns|us|µs|μs|ms|s|m|h))+$`)
+)
 
 // maxDuration bounds every duration parameter (far above any sane wait).
 const maxDuration = 24 * time.Hour
@@ -237,7 +252,7 @@ func (d *Daemon) Handler() http.Handler {
 		}
 		w.Write([]byte("ok\n"))
 	})
-	return http.MaxBytesHandler(mux, 4<<10)
+	return withBodyDeadline(http.MaxBytesHandler(mux, maxBodyBytes), d.cfg.BodyTimeout)
 }
 
 func (d *Daemon) serveOffline(w http.ResponseWriter, r *http.Request) {
@@ -321,20 +336,20 @@ func (d *Daemon) NewHTTPServer(addr string) *http.Server {
 		Addr:    addr,
 		Handler: d.Handler(),
 		// No ReadTimeout: it would also cancel the context of a long
-		// ?wait= call. The body has its own deadline (readBody), and
-		// bodies are capped by MaxBytesHandler.
+		// ?wait= call. Every request's body has its own deadline
+		// (withBodyDeadline), and bodies are capped by MaxBytesHandler.
 		ReadHeaderTimeout: d.cfg.HeaderTimeout,
 		WriteTimeout:      d.cfg.MaxWait + 30*time.Second,
-		IdleTimeout:       60 * time.Second,
-		MaxHeaderBytes:    8 << 10,
+		IdleTimeout:       localIdleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
 		ConnState:         d.countConn,
 	}
 }
 
 // ServeOffline serves the offline API on l until ctx ends, with at most
-// MaxConnections open at once (more wait in the kernel's accept queue).
+// MaxConnections open at once (more are answered 503 and closed).
 func (d *Daemon) ServeOffline(ctx context.Context, l net.Listener) error {
-	return Serve(ctx, d.NewHTTPServer(l.Addr().String()), netutil.LimitListener(l, d.cfg.MaxConnections))
+	return Serve(ctx, d.NewHTTPServer(l.Addr().String()), CapListener(l, d.cfg.MaxConnections, d.Metrics.OfflineConnsRefused.Inc))
 }
 
 // countConn tracks the offline API's open connections (status, tests).

@@ -117,7 +117,8 @@ func (d *Daemon) readLeaseDrains(local *localPods, prev map[types.UID]*podDrain,
 		}
 		if ok {
 			keepPodDrain(mm.drains, prev, &podDrain{UID: l.PodUID, Namespace: l.PodNamespace, Name: l.PodName, IPs: ips,
-				Reason: l.Reason, Since: l.Acquired, Expires: exp, Holder: l.Holder, Lease: true, State: l.State})
+				Reason: l.Reason, Since: l.Acquired, Expires: exp, Holder: l.Holder, Lease: true, State: l.State,
+				SteerPodIP: l.SteerPodIP || l.State == StateGone})
 		}
 	}
 	return true

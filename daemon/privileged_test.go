@@ -198,7 +198,7 @@ func must(t *testing.T, err error) {
 	}
 }
 
-func TestPrivilegedSliceTerminatingSteers(t *testing.T) {
+func TestPrivilegedSliceTerminatingSteersVIPOnly(t *testing.T) {
 	e := newE2E(t)
 	cli := e.startClient("cli")
 	if r := dial(t, cli, e.vip4, 60); r.By["web-0"] == 0 {
@@ -214,10 +214,18 @@ func TestPrivilegedSliceTerminatingSteers(t *testing.T) {
 		must(t, err)
 	}
 	e.waitFor("web-0's drain entries", func() bool { return e.drained(e.pods[0].IP4) && e.drained(e.pods[0].IP6) })
-	for _, target := range []netip.AddrPort{e.vip4, e.vip6, netip.AddrPortFrom(e.pods[0].IP4, e2ePort), netip.AddrPortFrom(e.pods[0].IP6, e2ePort)} {
+	for _, target := range []netip.AddrPort{e.vip4, e.vip6} {
 		r := dial(t, cli, target, 150)
 		if r.OK != 150 || r.By["web-0"] != 0 {
 			t.Errorf("to %s while web-0 terminates: %v fails %v", target, r.By, r.Fails)
+		}
+	}
+	// web-0 exists and never asked to go offline: its own IP still reaches
+	// it (the Kubernetes network model); only its Service's VIP steers.
+	for _, target := range []netip.AddrPort{netip.AddrPortFrom(e.pods[0].IP4, e2ePort), netip.AddrPortFrom(e.pods[0].IP6, e2ePort)} {
+		r := dial(t, cli, target, 150)
+		if r.OK != 150 || r.By["web-0"] != 150 {
+			t.Errorf("to %s while web-0 terminates (not offline, not opted in): %v fails %v", target, r.By, r.Fails)
 		}
 	}
 }

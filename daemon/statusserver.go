@@ -46,7 +46,7 @@ func ServeStatus(ctx context.Context, path string, status func() Status) error {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(status()) // the reader hung up
 	})
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	srv := BoundedServer(mux)
 	defer os.Remove(path)
 	return Serve(ctx, srv, l)
 }

@@ -44,6 +44,10 @@ const (
 	// AnnState and AnnProgress are written by the hosting node.
 	AnnState    = "draind.io/state"
 	AnnProgress = "draind.io/progress"
+	// AnnSteerPodIP set to "true" extends the drain to connections made
+	// straight to the pod's IP while it still exists: its workload opted
+	// in (AnnotationSteerOnDelete) or the pod asked to go offline.
+	AnnSteerPodIP = "draind.io/steer-pod-ip"
 )
 
 // Reasons a drain starts.
@@ -68,6 +72,19 @@ type DrainLease struct {
 	Duration     time.Duration
 	State        string // progress published by the holder
 	Progress     string
+	// SteerPodIP: connections made straight to the pod's IP are steered
+	// while it exists (see SteersPodIP).
+	SteerPodIP bool
+}
+
+// SteersPodIP reports whether a drain with this reason and steering
+// annotation applies to connections made straight to a pod's IP while the
+// pod exists. A pod that asked to go offline (its /v1/offline call, an
+// operator's drain) or whose workload opted in does; a pod that is only
+// being deleted stays reachable at its IP, as the Kubernetes network model
+// promises, until it is gone.
+func SteersPodIP(reason string, optedIn bool) bool {
+	return optedIn || reason == ReasonOffline || reason == ReasonOperator
 }
 
 // Expires is when the drain ends unless renewed.
@@ -89,6 +106,7 @@ func ParseLease(l *coordinationv1.Lease) (*DrainLease, error) {
 		State:        a[AnnState],
 		Progress:     a[AnnProgress],
 	}
+	out.SteerPodIP = SteersPodIP(out.Reason, a[AnnSteerPodIP] == "true")
 	if out.PodUID == "" || out.PodName == "" || out.PodNamespace == "" {
 		return nil, fmt.Errorf("lease %s/%s: missing pod identity annotations", l.Namespace, l.Name)
 	}
@@ -148,6 +166,8 @@ type DrainRequest struct {
 	// State, if set, is published with the Lease (AnnState) from its
 	// creation: a pod that is already gone when its drain starts.
 	State string
+	// SteerPodIP publishes AnnSteerPodIP (on creation and when joining).
+	SteerPodIP bool
 }
 
 // Lease returns the Lease object Publish creates for r in namespace ns.
@@ -183,6 +203,9 @@ func (r *DrainRequest) Lease(ns string, now time.Time) *coordinationv1.Lease {
 	if r.State != "" {
 		l.Annotations[AnnState] = r.State
 	}
+	if r.SteerPodIP {
+		l.Annotations[AnnSteerPodIP] = "true"
+	}
 	return l
 }
 
@@ -202,7 +225,11 @@ func (c *Leases) Publish(ctx context.Context, r DrainRequest, now time.Time) (le
 	if !apierrors.IsAlreadyExists(err) {
 		return nil, false, fmt.Errorf("creating drain lease for %s/%s: %w", r.PodNamespace, r.PodName, err)
 	}
-	l, err := c.Renew(ctx, want.Name, r.Duration, now, nil)
+	var ann map[string]string
+	if r.SteerPodIP {
+		ann = map[string]string{AnnSteerPodIP: "true"}
+	}
+	l, err := c.Renew(ctx, want.Name, r.Duration, now, ann)
 	return l, false, err
 }
 

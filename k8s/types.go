@@ -29,6 +29,13 @@ import (
 // EndpointSlice controller writes for Services with a selector.
 const ManagedByController = "endpointslice-controller.k8s.io"
 
+// AnnotationSteerOnDelete set to "true" on a pod opts its workload in to
+// pod-IP steering from the moment the pod is deleted: connections made
+// straight to its IP (a caller's stale registry cache) are steered as soon
+// as it starts terminating, not only once it asks to go offline or is gone.
+// draind's webhook sets it on the pods it injects.
+const AnnotationSteerOnDelete = "draind.io/steer-on-delete"
+
 // AnnotationPodIPSteering selects a Service's pod-IP policy.
 const AnnotationPodIPSteering = "draind.io/pod-ip-steering"
 
@@ -541,6 +548,8 @@ type Pod struct {
 	HostNetwork bool
 	Ready       bool
 	Phase       corev1.PodPhase
+	// SteerOnDelete: the pod carries AnnotationSteerOnDelete "true".
+	SteerOnDelete bool
 }
 
 // Finished reports whether all its containers ended for good: its IP may
@@ -920,6 +929,8 @@ func PodFrom(p *corev1.Pod) *Pod {
 		Node:        p.Spec.NodeName,
 		HostNetwork: p.Spec.HostNetwork,
 		Phase:       p.Status.Phase,
+		// Annotations are not kept (slimMeta): only this one is read.
+		SteerOnDelete: p.Annotations[AnnotationSteerOnDelete] == "true",
 	}
 	// When the pod was created: its connections were all seen by draind's
 	// socket counting if that started earlier.

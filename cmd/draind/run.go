@@ -335,8 +335,7 @@ func serve(ctx context.Context, o *runOptions, d *daemon.Daemon, ls *listeners, 
 	if ls.metrics != nil {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(d.Metrics.Registry, promhttp.HandlerOpts{}))
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		g.Go(func() error { return daemon.Serve(gctx, srv, ls.metrics) })
+		g.Go(func() error { return daemon.Serve(gctx, daemon.BoundedServer(mux), ls.metrics) })
 	}
 	if o.statusSocket != "" {
 		g.Go(func() error {

@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
+	"github.com/draind/draind/daemon"
 	"github.com/draind/draind/k8s/inject"
 	"github.com/draind/draind/k8s/inject/selfcert"
 )
@@ -77,7 +78,7 @@ files there instead (cert-manager), reloading them when they change.`,
 	f.StringVar(&o.listen, "listen", ":9443", "HTTPS listen address of the webhook")
 	f.StringVar(&o.healthListen, "health-listen", ":9444", "HTTP listen address of /healthz, /readyz and /metrics (empty: off)")
 	f.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster configuration)")
-	f.StringVar(&o.namespace, "namespace", "draind-system", "namespace of the webhook's Secret and Service")
+	f.StringVar(&o.namespace, "namespace", "draind-system", "draind's namespace: the webhook's Secret and Service; its pods are never injected")
 	f.StringVar(&o.inject.Image, "image", "", "draind image of the injected init container: the one the DaemonSet runs (required)")
 	f.StringVar(&o.inject.ImageBinary, "image-binary", inject.DefaultImageBinary, "path of draind inside --image")
 	f.DurationVar(&o.inject.Wait, "wait", inject.DefaultWait, "draind offline --wait of injected pods (a pod's draind.io/wait overrides it)")
@@ -138,6 +139,7 @@ func runWebhook(ctx context.Context, o *webhookOptions) error {
 		return err
 	}
 	klog.SetSlogLogger(log.With("component", "client-go"))
+	o.inject.Namespace = o.namespace // draind's own: never injected
 	if err := o.inject.Validate(); err != nil {
 		return fmt.Errorf("--image/--wait: %w", err)
 	}
@@ -184,6 +186,7 @@ func runWebhook(ctx context.Context, o *webhookOptions) error {
 		ReadTimeout:       15 * time.Second,
 		WriteTimeout:      15 * time.Second,
 		IdleTimeout:       90 * time.Second,
+		MaxHeaderBytes:    64 << 10,
 		TLSConfig: &tls.Config{
 			MinVersion: tls.VersionTLS12,
 			GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
@@ -208,7 +211,7 @@ func runWebhook(ctx context.Context, o *webhookOptions) error {
 		}
 	})
 	health.Handle("/metrics", promhttp.HandlerFor(wh.registry, promhttp.HandlerOpts{}))
-	hsrv := &http.Server{Handler: health, ReadHeaderTimeout: 5 * time.Second}
+	hsrv := daemon.BoundedServer(health)
 
 	log.Info("webhook starting", "listen", l.Addr().String(), "health", o.healthListen, "image", o.inject.Image,
 		"wait", o.inject.Wait.String(), "fallback_sleep", o.inject.FallbackSleep.String(), "self_managed_tls", o.certDir == "")
@@ -347,6 +350,9 @@ func (h *webhookHandler) review(req *admissionv1.AdmissionRequest, namespaceOpte
 	if err := json.Unmarshal(req.Object.Raw, &pod); err != nil {
 		h.log.Warn("decoding a pod under admission: allowed unchanged", "namespace", req.Namespace, "err", err)
 		return resp, admissionError
+	}
+	if pod.Namespace == "" {
+		pod.Namespace = req.Namespace // a pod being created may not say
 	}
 	name := pod.Name
 	if name == "" {

@@ -31,6 +31,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/draind/draind/k8s"
 	"github.com/draind/draind/k8s/inject"
 	"github.com/draind/draind/k8s/inject/selfcert"
 )
@@ -60,7 +61,7 @@ func admissionReview(t *testing.T, op admissionv1.Operation, kind string, pod *c
 // server does and applies the patches it answers.
 func TestWebhookReview(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	h := newWebhookHandler(inject.Options{Image: "ghcr.io/draind/draind:v0.2.0", FallbackSleep: 20 * time.Second}, quietLog, reg)
+	h := newWebhookHandler(inject.Options{Image: "ghcr.io/draind/draind:v0.2.0", Namespace: "draind-system", FallbackSleep: 20 * time.Second}, quietLog, reg)
 	srv := httptest.NewServer(h.mux())
 	defer srv.Close()
 	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
@@ -380,5 +381,46 @@ func waitFor(t *testing.T, cond func() bool) {
 			t.Fatal("condition not met within 10s")
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestWebhookNeverMutatesProtectedNamespaces: with a selector as wide as
+// it gets (the namespace entry, the pod opting in), a pod in kube-system or
+// in draind's own namespace (--namespace, here not draind-system) is
+// allowed unchanged, whether its object names the namespace or only the
+// request does; a pod in draind-system, an ordinary namespace here, is
+// injected.
+func TestWebhookNeverMutatesProtectedNamespaces(t *testing.T) {
+	h := newWebhookHandler(inject.Options{Image: "ghcr.io/draind/draind:v0.2.0", Namespace: "ops-draind"}, quietLog, prometheus.NewRegistry())
+	for _, tc := range []struct {
+		ns, objNS string
+		injected  bool
+	}{
+		{"kube-system", "kube-system", false},
+		{"kube-system", "", false},
+		{"ops-draind", "ops-draind", false},
+		{"ops-draind", "", false},
+		{"draind-system", "draind-system", true},
+	} {
+		pod := &corev1.Pod{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
+			ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: tc.objNS, Annotations: map[string]string{inject.Key: "true"}},
+			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "x"}}},
+		}
+		raw, _ := json.Marshal(pod)
+		req := &admissionv1.AdmissionRequest{UID: "u", Kind: metav1.GroupVersionKind{Version: "v1", Kind: "Pod"},
+			Operation: admissionv1.Create, Namespace: tc.ns, Object: runtime.RawExtension{Raw: raw}}
+		resp, _ := h.review(req, true)
+		if !resp.Allowed || (resp.Patch != nil) != tc.injected {
+			t.Errorf("pod in %s (object says %q): allowed %v, patched %v, want patched %v", tc.ns, tc.objNS, resp.Allowed, resp.Patch != nil, tc.injected)
+		}
+	}
+}
+
+// TestSteerOnDeleteKeyIsTheDaemons: the webhook writes the annotation the
+// daemon reads.
+func TestSteerOnDeleteKeyIsTheDaemons(t *testing.T) {
+	if inject.KeySteerOnDelete != k8s.AnnotationSteerOnDelete {
+		t.Errorf("webhook writes %q, draind reads %q", inject.KeySteerOnDelete, k8s.AnnotationSteerOnDelete)
 	}
 }

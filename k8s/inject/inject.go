@@ -7,8 +7,10 @@
 //   - opted in: the namespace carries the label draind.io/inject=true (and
 //     the pod does not say draind.io/inject: "false"), or the pod carries
 //     the annotation draind.io/inject: "true" in a namespace without the
-//     label. The webhook configuration's selectors make the same choice; the
-//     webhook checks again because a configuration can be edited.
+//     label. A pod in kube-system or in draind's own namespace never is,
+//     whatever it or its namespace says. The webhook configuration's
+//     selectors make the same choice; the webhook checks again because a
+//     configuration can be edited.
 //   - tools volume: the emptyDir draind-tools, into which the init
 //     container draind-tools copies the draind binary (`draind copy-self`),
 //     exactly as the README's recipe for images without a shell does.
@@ -53,6 +55,14 @@ const (
 	// KeyInjected is written on an injected pod: the containers that got
 	// the hook, for operators (kubectl get pod -o yaml shows what happened).
 	KeyInjected = "draind.io/injected"
+	// KeySteerOnDelete is written "true" on an injected pod (unless the pod
+	// sets it itself): connections made straight to its IP are steered from
+	// its deletion on (k8s.AnnotationSteerOnDelete), so the window before
+	// its preStop call reaches draind is covered too.
+	KeySteerOnDelete = "draind.io/steer-on-delete"
+
+	// KubeSystem is never injected: the cluster's own components.
+	KubeSystem = "kube-system"
 
 	ToolsVolume   = "draind-tools"
 	ToolsDir      = "/draind-tools"
@@ -89,6 +99,9 @@ type Options struct {
 	// FallbackSleep is `draind offline --fallback-sleep`: the sleep when
 	// the node's draind cannot be reached (0: none).
 	FallbackSleep time.Duration
+	// Namespace is draind's own namespace: never injected (a DaemonSet
+	// pod whose preStop waited on itself would never stop).
+	Namespace string
 }
 
 func (o Options) withDefaults() Options {
@@ -108,6 +121,9 @@ func (o Options) withDefaults() Options {
 func (o Options) Validate() error {
 	if o.Image == "" {
 		return fmt.Errorf("inject options: no draind image")
+	}
+	if o.Namespace == "" {
+		return fmt.Errorf("inject options: no draind namespace")
 	}
 	if o.Wait < 0 || o.Wait > maxWait {
 		return fmt.Errorf("inject options: wait %s outside 0..%s", o.Wait, maxWait)
@@ -151,9 +167,12 @@ func (r Result) PatchJSON() ([]byte, error) {
 // OptedIn applies the opt-in rules to a pod (see the package doc).
 // namespaceOptedIn says whether the pod's namespace carries
 // draind.io/inject=true; the webhook learns it from which of its two
-// configurations called it. The reason is for the log.
-func OptedIn(pod *corev1.Pod, namespaceOptedIn bool) (bool, string) {
+// configurations called it. draindNamespace is draind's own namespace. The
+// reason is for the log.
+func OptedIn(pod *corev1.Pod, namespaceOptedIn bool, draindNamespace string) (bool, string) {
 	switch {
+	case pod.Namespace == KubeSystem || pod.Namespace == draindNamespace:
+		return false, fmt.Sprintf("namespace %q is never injected", pod.Namespace)
 	case pod.Spec.HostNetwork:
 		return false, "the pod uses the host network (draind cannot drain it)"
 	case (pod.Spec.OS != nil && pod.Spec.OS.Name == corev1.Windows) || pod.Spec.NodeSelector[corev1.LabelOSStable] == string(corev1.Windows):
@@ -177,7 +196,7 @@ func Mutate(pod *corev1.Pod, namespaceOptedIn bool, opts Options) (Result, error
 	}
 	opts = opts.withDefaults()
 	res := Result{Skipped: map[string]string{}}
-	if ok, why := OptedIn(pod, namespaceOptedIn); !ok {
+	if ok, why := OptedIn(pod, namespaceOptedIn, opts.Namespace); !ok {
 		res.Skipped[""] = why
 		return res, nil
 	}
@@ -243,13 +262,27 @@ func Mutate(pod *corev1.Pod, namespaceOptedIn bool, opts Options) (Result, error
 	if prev := pod.Annotations[KeyInjected]; prev != "" {
 		injected = prev + "," + injected
 	}
-	if pod.Annotations == nil {
-		podOps = append(podOps, Op{Op: "add", Path: "/metadata/annotations", Value: map[string]string{KeyInjected: injected}})
-	} else {
-		podOps = append(podOps, Op{Op: "add", Path: "/metadata/annotations/" + escape(KeyInjected), Value: injected})
-	}
-	res.Patch = append(podOps, ops...)
+	res.Patch = append(append(podOps, annotationOps(pod, injected)...), ops...)
 	return res, nil
+}
+
+// annotationOps writes KeyInjected and, unless the pod chose itself,
+// KeySteerOnDelete.
+func annotationOps(pod *corev1.Pod, injected string) []Op {
+	add := map[string]string{KeyInjected: injected}
+	if _, ok := pod.Annotations[KeySteerOnDelete]; !ok {
+		add[KeySteerOnDelete] = "true"
+	}
+	if pod.Annotations == nil {
+		return []Op{{Op: "add", Path: "/metadata/annotations", Value: add}}
+	}
+	var ops []Op
+	for _, k := range []string{KeyInjected, KeySteerOnDelete} {
+		if v, ok := add[k]; ok {
+			ops = append(ops, Op{Op: "add", Path: "/metadata/annotations/" + escape(k), Value: v})
+		}
+	}
+	return ops
 }
 
 // DrainBudgetSeconds is what the injected hook adds to the pod's grace

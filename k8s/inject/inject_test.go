@@ -14,7 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
-var testOpts = Options{Image: "ghcr.io/draind/draind:v0.2.0", Wait: 60 * time.Second, FallbackSleep: 20 * time.Second}
+var testOpts = Options{Image: "ghcr.io/draind/draind:v0.2.0", Namespace: "draind-system", Wait: 60 * time.Second, FallbackSleep: 20 * time.Second}
 
 // pod builds a pod as the API server hands it to admission: defaults
 // applied (a 30 s grace period).
@@ -455,7 +455,7 @@ func TestOptionsValidate(t *testing.T) {
 	if _, err := Mutate(pod(), true, Options{}); err == nil {
 		t.Error("no image: no error")
 	}
-	if _, err := Mutate(pod(), true, Options{Image: "x", Wait: 2 * time.Hour}); err == nil {
+	if _, err := Mutate(pod(), true, Options{Image: "x", Namespace: "draind-system", Wait: 2 * time.Hour}); err == nil {
 		t.Error("a two-hour wait: no error")
 	}
 }
@@ -471,6 +471,53 @@ func TestDrainBudgetSeconds(t *testing.T) {
 	} {
 		if got := DrainBudgetSeconds(tc.wait, tc.fallback); got != tc.want {
 			t.Errorf("DrainBudgetSeconds(%v, %v) = %d, want %d", tc.wait, tc.fallback, got, tc.want)
+		}
+	}
+}
+
+// TestNeverInjectedNamespaces: kube-system and draind's namespace (from
+// Options, not a fixed name) are never injected, whatever the pod and its
+// namespace say.
+func TestNeverInjectedNamespaces(t *testing.T) {
+	opts := testOpts
+	opts.Namespace = "ops-draind"
+	for _, tc := range []struct {
+		ns   string
+		want bool
+	}{{"kube-system", false}, {"ops-draind", false}, {"draind-system", true}, {"shop", true}} {
+		p := pod(annotate(Key, "true"), func(p *corev1.Pod) { p.Namespace = tc.ns })
+		for _, nsOptedIn := range []bool{true, false} {
+			r, err := Mutate(p, nsOptedIn, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := len(r.Patch) > 0; got != tc.want {
+				t.Errorf("namespace %s (namespace opted in %v): injected %v, want %v (%v)", tc.ns, nsOptedIn, got, tc.want, r.Skipped)
+			}
+		}
+	}
+}
+
+// TestInjectedPodSteersOnDelete: an injected pod carries KeySteerOnDelete
+// "true" unless it set the annotation itself.
+func TestInjectedPodSteersOnDelete(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		pod  *corev1.Pod
+		want string
+	}{
+		{"no annotations", pod(), "true"},
+		{"other annotations", pod(annotate("a", "b")), "true"},
+		{"the pod says false", pod(annotate(KeySteerOnDelete, "false")), "false"},
+	} {
+		raw, _ := json.Marshal(tc.pod)
+		r, err := Mutate(tc.pod, true, testOpts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, got := apply(t, raw, r)
+		if v := got.Annotations[KeySteerOnDelete]; v != tc.want {
+			t.Errorf("%s: %s=%q, want %q", tc.name, KeySteerOnDelete, v, tc.want)
 		}
 	}
 }

@@ -15,7 +15,8 @@ import (
 
 // TestREADMEExample: the README's before/after of an injected pod is what
 // Mutate does (the README leaves out the init container's security context,
-// resources and pull policy, and the fieldRef's apiVersion).
+// resources and pull policy, the fieldRef's apiVersion, and the
+// KeySteerOnDelete annotation, which docs/trust.md explains).
 func TestREADMEExample(t *testing.T) {
 	doc, err := readme.Load()
 	if err != nil {
@@ -45,7 +46,7 @@ func TestREADMEExample(t *testing.T) {
 	grace := int64(30) // the API server's default, set before admission
 	before.Spec.TerminationGracePeriodSeconds = &grace
 	raw, _ := json.Marshal(before)
-	r, err := Mutate(before, true, Options{Image: "ghcr.io/draind/draind:" + release.Version, Wait: time.Minute, FallbackSleep: 20 * time.Second})
+	r, err := Mutate(before, true, Options{Image: "ghcr.io/draind/draind:" + release.Version, Namespace: "draind-system", Wait: time.Minute, FallbackSleep: 20 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,6 +62,7 @@ func TestREADMEExample(t *testing.T) {
 			}
 		}
 	}
+	delete(got.Annotations, KeySteerOnDelete)
 	g, _ := json.Marshal(got)
 	w, _ := json.Marshal(after)
 	if string(g) != string(w) {

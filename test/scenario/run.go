@@ -12,6 +12,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/draind/draind/k8s"
 	"github.com/draind/draind/test/bed"
 )
 
@@ -267,6 +268,7 @@ func (r *runner) startPod(ctx context.Context, idx int, node *bed.Node) (*server
 	}
 	hooks := PodHooks{Stop: r.stopHook(p), Gone: p.setGone}
 	var lifecycle *corev1.LifecycleHandler
+	var annotations map[string]string
 	switch r.v.PreStop {
 	case PreStopSleep:
 		hooks.PreStop = r.sleepHook(p)
@@ -278,9 +280,10 @@ func (r *runner) startPod(ctx context.Context, idx int, node *bed.Node) (*server
 		hooks.PreStop = r.offlineHook(p)
 		lifecycle = &corev1.LifecycleHandler{Exec: &corev1.ExecAction{Command: []string{"sh", "-c",
 			fmt.Sprintf("curl -sf -X POST http://$HOST_IP:%d/v1/offline?wait=%s", r.cfg.OfflinePort, r.cfg.OfflineWait)}}}
+		annotations = map[string]string{k8s.AnnotationSteerOnDelete: "true"}
 	}
 	err = r.cp.RunPod(ctx, PodSpec{Namespace: r.ns, Name: name, Node: node, Labels: podLabels, Port: r.cfg.TargetPort,
-		IPs: []netip.Addr{bp.IP4, bp.IP6}, PreStop: lifecycle, Hooks: hooks})
+		IPs: []netip.Addr{bp.IP4, bp.IP6}, PreStop: lifecycle, Hooks: hooks, Annotations: annotations})
 	if err != nil {
 		return nil, fmt.Errorf("running pod %s: %w", name, err)
 	}

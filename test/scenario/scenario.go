@@ -136,6 +136,9 @@ type PodSpec struct {
 	// API object); the kubelet stand-in runs Hooks.PreStop.
 	PreStop *corev1.LifecycleHandler
 	Hooks   PodHooks
+	// Annotations of the pod object (draind variants opt in to pod-IP
+	// steering from the deletion on, as draind's webhook does).
+	Annotations map[string]string
 }
 
 // ControlPlane plays Kubernetes for the scenario: the API, the EndpointSlice

@@ -302,3 +302,28 @@ func TestStrictDecoding(t *testing.T) {
 		}
 	})
 }
+
+// TestLeasePolicyMatchesOnlyDraind: the Lease policy's match condition names
+// draind's own ServiceAccount in the base's namespace, not any
+// ServiceAccount called draind.
+func TestLeasePolicyMatchesOnlyDraind(t *testing.T) {
+	objs := rendered(t)
+	vap := Find(objs, schema.GroupKind{Group: "admissionregistration.k8s.io", Kind: "ValidatingAdmissionPolicy"}, "draind-drain-lease-holder")
+	if vap == nil {
+		t.Fatal("no Lease policy in the base")
+	}
+	conds, _, _ := unstructured.NestedSlice(vap.Object, "spec", "matchConditions")
+	var expr string
+	for _, c := range conds {
+		if m, ok := c.(map[string]any); ok && m["name"] == "draind-node-agent" {
+			expr, _ = m["expression"].(string)
+		}
+	}
+	want := "request.userInfo.username == 'system:serviceaccount:" + namespace + ":draind' && request.namespace == '" + namespace + "'"
+	if expr != want {
+		t.Errorf("the policy matches %q, want %q", expr, want)
+	}
+	if strings.Contains(expr, "+ request.namespace +") {
+		t.Errorf("the policy matches a ServiceAccount named draind in any namespace: %q", expr)
+	}
+}

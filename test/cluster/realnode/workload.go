@@ -20,6 +20,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/strategicpatch"
 	"sigs.k8s.io/yaml"
+
+	"github.com/draind/draind/k8s"
 )
 
 // The rollout's application: the test app's HTTP server, port 8080, behind
@@ -129,7 +131,11 @@ func AppObjects(namespace, name string, replicas int32, spec corev1.PodSpec) (*a
 		Spec: appsv1.DeploymentSpec{
 			Replicas: &replicas,
 			Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: spec},
+			// Opted in to pod-IP steering from the deletion on, as draind's
+			// webhook does for the pods it injects: the stale client is
+			// steered before the preStop's offline call reaches draind.
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels,
+				Annotations: map[string]string{k8s.AnnotationSteerOnDelete: "true"}}, Spec: spec},
 		},
 	}
 	svc := &corev1.Service{

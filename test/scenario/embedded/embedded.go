@@ -252,7 +252,8 @@ func (c *Cluster) CreateService(ctx context.Context, s scenario.ServiceSpec) (ne
 func (c *Cluster) RunPod(ctx context.Context, p scenario.PodSpec) error {
 	c.kubelet.register(p.Namespace, p.Name, p.Hooks)
 	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name, Labels: p.Labels, UID: uuid.NewUUID(), CreationTimestamp: metav1.Now()},
+		ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name, Labels: p.Labels, Annotations: p.Annotations,
+			UID: uuid.NewUUID(), CreationTimestamp: metav1.Now()},
 		Spec: corev1.PodSpec{NodeName: p.Node.Name, Containers: []corev1.Container{{
 			Name: "server", Image: "draind.demo/server",
 			Ports:     []corev1.ContainerPort{{Name: "http", ContainerPort: int32(p.Port), Protocol: corev1.ProtocolTCP}},
