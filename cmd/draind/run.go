@@ -208,6 +208,11 @@ func runDaemon(ctx context.Context, o *runOptions) error {
 	if o.socketHooks && !features.Sockets {
 		log.Warn("socket hooks unavailable: live connections from conntrack only, sockets to gone pods are not ended", "missing", features.SocketsMissing)
 	}
+	for _, f := range features.KernelFeatures {
+		if !f.On {
+			log.Warn("kernel feature off", "feature", f.Name, "kernel", features.Kernel, "reason", f.Reason)
+		}
+	}
 	dp, err := bpf.Load(bpf.Options{PinDir: o.pinDir, Sockets: sockets})
 	if err != nil {
 		return err
@@ -239,6 +244,7 @@ func runDaemon(ctx context.Context, o *runOptions) error {
 		Quiet: o.quiet, MaxWait: o.maxWait, MaxWaiters: o.maxWaiters, MaxWaitersPerPod: o.maxWaitersPerPod,
 		MaxConnections: o.maxConnections, Logger: log, FlowLister: flows, REST: restCfg,
 	}, client, dp, ct)
+	d.Metrics.RegisterKernelFeatures(features.KernelFeatures)
 	if err := dp.Attach(cgroup); err != nil {
 		return err
 	}
