@@ -18,9 +18,9 @@ type Features struct {
 	Cgroup2 string `json:"cgroup2,omitempty"`
 	// BTF is not needed by the current programs (they use no CO-RE), but
 	// it is reported: later hooks (sock iterators) will need it.
-	BTF             bool `json:"btf"`
-	CgroupSockAddr  bool `json:"cgroup_sock_addr"`
-	CgroupSKB       bool `json:"cgroup_skb"`
+	BTF            bool `json:"btf"`
+	CgroupSockAddr bool `json:"cgroup_sock_addr"`
+	CgroupSKB      bool `json:"cgroup_skb"`
 	// HelperSetRetval: bpf_set_retval in the connect and sendmsg hooks
 	// (Linux 5.18+). Without it a refusal fails with EPERM, not
 	// ECONNREFUSED; nothing else changes.
