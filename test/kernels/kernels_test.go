@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -39,7 +40,9 @@ var runList = []string{
 
 // The tests' bed: veth pairs, nftables NAT for its ClusterIPs, conntrack.
 var modules = []string{"veth", "nf_tables", "nft_chain_nat", "nft_nat", "nft_numgen", "nft_counter", "nft_ct",
-	"nf_conntrack_netlink", "nf_nat"}
+	"nf_conntrack_netlink", "nf_nat",
+	// netlink.NewHandleAt opens an xfrm netlink socket too.
+	"xfrm_user"}
 
 // TestKernelMatrix boots Debian 11, 12 and 13's own cloud kernels (5.10,
 // 6.1, 6.12) under qemu, runs draind's root-only datapath tests inside each
@@ -64,7 +67,7 @@ func TestKernelMatrix(t *testing.T) {
 			rows = append(rows, runKernel(t, k, bin))
 		})
 	}
-	t.Logf("kernel matrix (%s):\n%s", time.Since(start).Round(time.Second), strings.Join(rows, "\n"))
+	t.Logf("kernel matrix figures (%s):\n| release | kernel | features | tests | time |\n%s", time.Since(start).Round(time.Second), strings.Join(rows, "\n"))
 }
 
 // buildBinaries builds the static init and test binaries into a temporary
@@ -115,9 +118,8 @@ func runKernel(t *testing.T, k kernel, bin string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	console := boot(t, vmlinuz[0], initrd)
 	logPath := filepath.Join(os.TempDir(), "draind-kernel-"+k.release+".log")
-	os.WriteFile(logPath, console, 0o644)
+	console := boot(t, vmlinuz[0], initrd, logPath)
 	r := parseConsole(console)
 	checkRun(t, k, r, logPath)
 	return fmt.Sprintf("| %s | %s | %s | %d/%d passed | %s |", k.release, r.kernel, r.featureLine(),
@@ -126,7 +128,7 @@ func runKernel(t *testing.T, k kernel, bin string) string {
 
 // boot runs the kernel with the initramfs until init powers it off, and
 // returns the serial console's output.
-func boot(t *testing.T, vmlinuz, initrd string) []byte {
+func boot(t *testing.T, vmlinuz, initrd, logPath string) []byte {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	accel := "tcg,thread=single"
@@ -138,7 +140,13 @@ func boot(t *testing.T, vmlinuz, initrd string) []byte {
 		"-kernel", vmlinuz, "-initrd", initrd,
 		"-append", "console=ttyS0 panic=-1 loglevel=4 cgroup_no_v1=all")
 	var buf bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &buf, &buf
+	log, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer log.Close()
+	w := io.MultiWriter(&buf, log)
+	cmd.Stdout, cmd.Stderr = w, w
 	if err := cmd.Run(); err != nil {
 		t.Errorf("qemu: %v", err)
 	}

@@ -50,7 +50,9 @@ func main() {
 // loadModules loads each module file listed, in order (dependencies first).
 // Compressed modules are handed to the kernel to decompress.
 func loadModules(list string) {
-	for _, path := range lines(list) {
+	paths := lines(list)
+	fmt.Printf("loading %d modules\n", len(paths))
+	for _, path := range paths {
 		f, err := os.Open(path)
 		if err != nil {
 			fmt.Printf("module %s: %v\n", path, err)
