@@ -9,7 +9,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 )
 
@@ -71,7 +73,13 @@ type image struct {
 	tests   map[string]string // name in /tests -> host path
 	runList string            // /tests/run.list
 	modules []string          // host paths of module files, in load order
+	// files are further host files by their path in the image (a host
+	// binary and the shared libraries it needs, at their own paths).
+	files map[string]string
 }
+
+// topDirs are the image's own directories.
+var topDirs = []string{"dev", "tests", "modules", "bin", "proc", "sys", "tmp", "run"}
 
 // writeInitramfs writes img as a compressed initramfs to path.
 func writeInitramfs(path string, img image) error {
@@ -81,7 +89,7 @@ func writeInitramfs(path string, img image) error {
 	}
 	defer f.Close()
 	c := newCPIO(f)
-	for _, d := range []string{"dev", "tests", "modules", "bin", "proc", "sys", "tmp", "run"} {
+	for _, d := range topDirs {
 		c.dir(d)
 	}
 	// The kernel opens /dev/console for init's standard streams before
@@ -106,7 +114,54 @@ func writeInitramfs(path string, img image) error {
 		list = append(list, "/"+name)
 	}
 	c.file("modules.list", 0o644, []byte(strings.Join(list, "\n")+"\n"))
+	made := map[string]bool{}
+	for _, d := range topDirs {
+		made[d] = true
+	}
+	dirs := map[string]bool{}
+	for name := range img.files {
+		for d := filepath.Dir(strings.TrimPrefix(name, "/")); d != "." && !made[d]; d = filepath.Dir(d) {
+			dirs[d] = true
+		}
+	}
+	for _, d := range sortedNames(dirs) {
+		c.dir(d)
+	}
+	for _, name := range sortedNames(img.files) {
+		add(strings.TrimPrefix(name, "/"), img.files[name], 0o755)
+	}
 	return c.close()
+}
+
+// sortedNames returns the keys of m sorted: a parent directory comes
+// before what it holds.
+func sortedNames[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// withLibraries adds the host binary at src to files as dst, and the
+// shared libraries it loads (as ldd lists them) at their own paths.
+func withLibraries(files map[string]string, dst, src string) error {
+	files[dst] = src
+	out, err := exec.Command("ldd", src).Output()
+	if err != nil {
+		return fmt.Errorf("ldd %s: %w", src, err)
+	}
+	for _, l := range strings.Split(string(out), "\n") {
+		f := strings.Fields(l)
+		switch {
+		case len(f) >= 3 && f[1] == "=>" && strings.HasPrefix(f[2], "/"):
+			files[f[2]] = f[2]
+		case len(f) >= 1 && strings.HasPrefix(f[0], "/"):
+			files[f[0]] = f[0]
+		}
+	}
+	return nil
 }
 
 // moduleOrder resolves the wanted modules (by name, as modprobe takes

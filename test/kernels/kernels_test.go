@@ -111,8 +111,17 @@ func runKernel(t *testing.T, k kernel, bin string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Some tests run commands in a network namespace with `ip netns exec`.
+	files := map[string]string{}
+	ip, err := exec.LookPath("ip")
+	if err == nil {
+		err = withLibraries(files, "/bin/ip", ip)
+	}
+	if err != nil {
+		t.Fatalf("ip (iproute2) for the image: %v", err)
+	}
 	initrd := filepath.Join(t.TempDir(), "initrd.gz")
-	err = writeInitramfs(initrd, image{init: filepath.Join(bin, "init"), modules: order,
+	err = writeInitramfs(initrd, image{init: filepath.Join(bin, "init"), modules: order, files: files,
 		tests:   map[string]string{"bpf.test": filepath.Join(bin, "bpf.test"), "daemon.test": filepath.Join(bin, "daemon.test")},
 		runList: strings.Join(runList, "\n") + "\n"})
 	if err != nil {
