@@ -154,7 +154,7 @@ func TestPrivilegedUDPProbeNamesMissingHook(t *testing.T) {
 	var f Features
 	missing := runProbes(&f, []probe{
 		{func(f *Features, v bool) { f.CgroupSendmsg = v }, func() error {
-			return errors.Join(haveSockAddrHook(ebpf.AttachCGroupUDP4Sendmsg, true), haveSockAddrHook(ebpf.AttachCGroupUDP6Sendmsg, true))
+			return errors.Join(haveSockAddrHook(ebpf.AttachCGroupUDP4Sendmsg, false), haveSockAddrHook(ebpf.AttachCGroupUDP6Sendmsg, false))
 		}, "sendmsg hooks"},
 		{func(f *Features, v bool) { f.CgroupRecvmsg = v }, func() error {
 			return haveSockAddrHook(ebpf.AttachType(0x7fff), false)

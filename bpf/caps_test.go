@@ -156,7 +156,7 @@ func TestPrivilegedUDPDaemonSetCapabilities(t *testing.T) {
 	}
 	onlySource(t, "VIP through the child's programs", r, f.vip[false])
 	r = f.sendto(t, fam, netip.AddrPortFrom(f.pods[0].IP4, podPort), 5, false)
-	if r.Fails["refused"] != 5 {
+	if r.Fails[refusal(t)] != 5 {
 		t.Errorf("refuse through the child's programs: %v %v", r.By, r.Fails)
 	}
 

@@ -175,6 +175,9 @@ func Load(opts Options) (*Datapath, error) {
 	if err := spec.Variables["draind_num_outcomes"].Get(&n); err != nil || int(n) != NumOutcomes {
 		return nil, fmt.Errorf("steer object reports %d outcomes, Go expects %d (regenerate with go generate ./bpf/...): %v", n, NumOutcomes, err)
 	}
+	if err := setRetvalConst(spec); err != nil {
+		return nil, err
+	}
 	if err := spec.LoadAndAssign(&d.steer, copts); err != nil {
 		return nil, fmt.Errorf("loading connect hooks: %w", explainLoad(err, mapDir))
 	}
@@ -184,7 +187,7 @@ func Load(opts Options) (*Datapath, error) {
 		return nil, fmt.Errorf("loading udp spec: %w", err)
 	}
 	// Same pin path: the other objects adopt the maps steer just pinned.
-	if err := uspec.LoadAndAssign(&d.udp, copts); err != nil {
+	if err := errors.Join(setRetvalConst(uspec), uspec.LoadAndAssign(&d.udp, copts)); err != nil {
 		d.steer.Close()
 		return nil, fmt.Errorf("loading datagram hooks: %w", explainLoad(err, mapDir))
 	}
@@ -315,19 +318,6 @@ func (d *Datapath) afterChange() error {
 		return fmt.Errorf("clearing the draining flag: %w", err)
 	}
 	return nil
-}
-
-func explainLoad(err error, mapDir string) error {
-	var ve *ebpf.VerifierError
-	switch {
-	case errors.As(err, &ve):
-		return fmt.Errorf("verifier rejected the program (kernel too old?): %w", err)
-	case errors.Is(err, ebpf.ErrMapIncompatible):
-		return fmt.Errorf("pinned maps in %s do not match this build (remove them to start afresh): %w", mapDir, err)
-	case errors.Is(err, unix.EPERM):
-		return fmt.Errorf("permission denied (draind needs CAP_BPF and CAP_NET_ADMIN): %w", err)
-	}
-	return err
 }
 
 type namedLink struct {

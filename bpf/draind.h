@@ -210,6 +210,11 @@ enum outcome {
 volatile const enum outcome draind_num_outcomes = OUT_MAX;
 volatile const enum drain_policy draind_max_policy = POLICY_OFF;
 
+/* Whether the kernel has bpf_set_retval in sock_addr programs (Linux 5.18+).
+ * Load sets it before loading: where it is 0 the verifier sees the call as
+ * dead code and never checks the helper, and a refusal fails with EPERM. */
+volatile const __u32 draind_have_set_retval = 1;
+
 enum family_idx {
 	FAMILY_V4 = 0,
 	FAMILY_V6 = 1,

@@ -33,6 +33,7 @@ const (
 	egressMapDraindUdpReverse    = "draind_udp_reverse"
 	egressMapDraindUdpSockets    = "draind_udp_sockets"
 	egressProgDraindEgress       = "draind_egress"
+	egressVarDraindHaveSetRetval = "draind_have_set_retval"
 	egressVarDraindMaxPolicy     = "draind_max_policy"
 	egressVarDraindNumOutcomes   = "draind_num_outcomes"
 	egressVarDraindNumSockEvents = "draind_num_sock_events"
@@ -109,6 +110,7 @@ type egressMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type egressVariableSpecs struct {
+	DraindHaveSetRetval *ebpf.VariableSpec `ebpf:"draind_have_set_retval"`
 	DraindMaxPolicy     *ebpf.VariableSpec `ebpf:"draind_max_policy"`
 	DraindNumOutcomes   *ebpf.VariableSpec `ebpf:"draind_num_outcomes"`
 	DraindNumSockEvents *ebpf.VariableSpec `ebpf:"draind_num_sock_events"`
@@ -177,6 +179,7 @@ func (m *egressMaps) Close() error {
 //
 // It can be passed to loadEgressObjects or ebpf.CollectionSpec.LoadAndAssign.
 type egressVariables struct {
+	DraindHaveSetRetval *ebpf.Variable `ebpf:"draind_have_set_retval"`
 	DraindMaxPolicy     *ebpf.Variable `ebpf:"draind_max_policy"`
 	DraindNumOutcomes   *ebpf.Variable `ebpf:"draind_num_outcomes"`
 	DraindNumSockEvents *ebpf.Variable `ebpf:"draind_num_sock_events"`

@@ -56,7 +56,7 @@ func TestPrivilegedIdleFlag(t *testing.T) {
 		if !draining(t, f.dp) {
 			t.Fatal("a drain entry exists, the flag says idle")
 		}
-		if r := f.dial(f.client, pod, 5); r.Fails["refused"] != 5 {
+		if r := f.dial(f.client, pod, 5); r.Fails[refusal(t)] != 5 {
 			t.Fatalf("refuse drain: %v %v", r.By, r.Fails)
 		}
 
@@ -101,7 +101,7 @@ func TestPrivilegedIdleFlag(t *testing.T) {
 		if !draining(t, f.dp) {
 			t.Fatal("adopted maps hold a drain, the flag says idle")
 		}
-		if r := f.dial(f.client, pod, 5); r.Fails["refused"] != 5 {
+		if r := f.dial(f.client, pod, 5); r.Fails[refusal(t)] != 5 {
 			t.Fatalf("after adoption: want refused, got %v %v", r.By, r.Fails)
 		}
 
@@ -179,7 +179,7 @@ func TestPrivilegedIdleFlagConcurrent(t *testing.T) {
 	for time.Now().Before(deadline) {
 		r := f.dial(f.client, netip.AddrPortFrom(f.pods[0].IP4, podPort), 20)
 		dials += 20
-		if r.Fails["refused"] != 20 {
+		if r.Fails[refusal(t)] != 20 {
 			t.Errorf("during churn: want 20 refused, got %v %v", r.By, r.Fails)
 			break
 		}

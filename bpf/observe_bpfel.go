@@ -33,6 +33,7 @@ const (
 	observeMapDraindUdpReverse    = "draind_udp_reverse"
 	observeMapDraindUdpSockets    = "draind_udp_sockets"
 	observeProgDraindObserve      = "draind_observe"
+	observeVarDraindHaveSetRetval = "draind_have_set_retval"
 	observeVarDraindMaxPolicy     = "draind_max_policy"
 	observeVarDraindNumOutcomes   = "draind_num_outcomes"
 	observeVarDraindNumSockEvents = "draind_num_sock_events"
@@ -109,6 +110,7 @@ type observeMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type observeVariableSpecs struct {
+	DraindHaveSetRetval *ebpf.VariableSpec `ebpf:"draind_have_set_retval"`
 	DraindMaxPolicy     *ebpf.VariableSpec `ebpf:"draind_max_policy"`
 	DraindNumOutcomes   *ebpf.VariableSpec `ebpf:"draind_num_outcomes"`
 	DraindNumSockEvents *ebpf.VariableSpec `ebpf:"draind_num_sock_events"`
@@ -177,6 +179,7 @@ func (m *observeMaps) Close() error {
 //
 // It can be passed to loadObserveObjects or ebpf.CollectionSpec.LoadAndAssign.
 type observeVariables struct {
+	DraindHaveSetRetval *ebpf.Variable `ebpf:"draind_have_set_retval"`
 	DraindMaxPolicy     *ebpf.Variable `ebpf:"draind_max_policy"`
 	DraindNumOutcomes   *ebpf.Variable `ebpf:"draind_num_outcomes"`
 	DraindNumSockEvents *ebpf.Variable `ebpf:"draind_num_sock_events"`

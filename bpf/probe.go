@@ -18,16 +18,19 @@ type Features struct {
 	Cgroup2 string `json:"cgroup2,omitempty"`
 	// BTF is not needed by the current programs (they use no CO-RE), but
 	// it is reported: later hooks (sock iterators) will need it.
-	BTF             bool `json:"btf"`
-	CgroupSockAddr  bool `json:"cgroup_sock_addr"`
-	CgroupSKB       bool `json:"cgroup_skb"`
+	BTF            bool `json:"btf"`
+	CgroupSockAddr bool `json:"cgroup_sock_addr"`
+	CgroupSKB      bool `json:"cgroup_skb"`
+	// HelperSetRetval: bpf_set_retval in the connect and sendmsg hooks
+	// (Linux 5.18+). Without it a refusal fails with EPERM, not
+	// ECONNREFUSED; nothing else changes.
 	HelperSetRetval bool `json:"helper_set_retval"`
 	HelperBootTime  bool `json:"helper_ktime_get_boot_ns"`
 	HelperPrandom   bool `json:"helper_get_prandom_u32"`
 	// BPFLink is needed to pin attachments so steering survives a restart.
 	BPFLink bool `json:"bpf_link"`
-	// CgroupSendmsg: the sendmsg4/sendmsg6 hooks, able to refuse a
-	// datagram with ECONNREFUSED (bpf_set_retval there).
+	// CgroupSendmsg: the sendmsg4/sendmsg6 hooks (per-datagram UDP
+	// steering, Linux 4.18+).
 	CgroupSendmsg bool `json:"cgroup_sendmsg"`
 	// CgroupRecvmsg: the recvmsg4/recvmsg6 hooks.
 	CgroupRecvmsg bool `json:"cgroup_recvmsg"`
@@ -45,7 +48,7 @@ type Features struct {
 	// sockets to gone pods).
 	SockOps bool `json:"sock_ops"`
 	// UserTimeoutFromBPF: bpf_setsockopt accepts TCP_USER_TIMEOUT (Linux
-	// 6.0+, checked by version: only a live socket could tell).
+	// 5.9+, checked by version: only a live socket could tell).
 	UserTimeoutFromBPF bool `json:"tcp_user_timeout_from_bpf"`
 	// CgroupEgressRefuse: cgroup_skb egress programs with per-socket
 	// storage (ending connected UDP sockets to gone pods: the send fails
@@ -56,6 +59,10 @@ type Features struct {
 	// need CAP_PERFMON, and walk only draind's own network namespace, so
 	// draind never depends on them.
 	SocketIterators string `json:"socket_iterators"`
+
+	// KernelFeatures says, per feature that depends on the kernel, whether
+	// it is on and why not (docs/kernels.md has the table).
+	KernelFeatures []KernelFeature `json:"kernel_features"`
 }
 
 // probe is one required feature: how to test it and how to name its absence.
@@ -74,6 +81,9 @@ func Probe() (Features, error) {
 		f.Kernel = unix.ByteSliceToString(uts.Release[:])
 	}
 	var missing []error
+	// Kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK; the probes
+	// create maps too.
+	liftMemlock()
 	if p, err := Cgroup2Mount(); err != nil {
 		missing = append(missing, err)
 	} else {
@@ -87,15 +97,13 @@ func Probe() (Features, error) {
 			"cgroup sock_addr programs (connect4/connect6 hooks, Linux 4.17+)"},
 		{func(f *Features, v bool) { f.CgroupSKB = v }, func() error { return features.HaveProgramType(ebpf.CGroupSKB) },
 			"cgroup_skb programs (SYN observer, Linux 4.10+)"},
-		{func(f *Features, v bool) { f.HelperSetRetval = v }, func() error { return features.HaveProgramHelper(ebpf.CGroupSockAddr, asm.FnSetRetval) },
-			"bpf_set_retval in sock_addr programs (ECONNREFUSED for the refuse policy, Linux 5.18+)"},
 		{func(f *Features, v bool) { f.HelperBootTime = v }, func() error { return features.HaveProgramHelper(ebpf.CGroupSockAddr, asm.FnKtimeGetBootNs) },
 			"bpf_ktime_get_boot_ns (entry expiry, Linux 5.8+)"},
 		{func(f *Features, v bool) { f.HelperPrandom = v }, func() error { return features.HaveProgramHelper(ebpf.CGroupSockAddr, asm.FnGetPrandomU32) },
 			"bpf_get_prandom_u32 (backend choice)"},
 		{func(f *Features, v bool) { f.CgroupSendmsg = v }, func() error {
-			return errors.Join(haveSockAddrHook(ebpf.AttachCGroupUDP4Sendmsg, true), haveSockAddrHook(ebpf.AttachCGroupUDP6Sendmsg, true))
-		}, "cgroup sendmsg4/sendmsg6 hooks with bpf_set_retval (per-datagram UDP steering, Linux 5.18+)"},
+			return errors.Join(haveSockAddrHook(ebpf.AttachCGroupUDP4Sendmsg, false), haveSockAddrHook(ebpf.AttachCGroupUDP6Sendmsg, false))
+		}, "cgroup sendmsg4/sendmsg6 hooks (per-datagram UDP steering, Linux 4.18+)"},
 		{func(f *Features, v bool) { f.CgroupRecvmsg = v }, func() error {
 			return errors.Join(haveSockAddrHook(ebpf.AttachCGroupUDP4Recvmsg, false), haveSockAddrHook(ebpf.AttachCGroupUDP6Recvmsg, false))
 		}, "cgroup recvmsg4/recvmsg6 hooks (reply source translation of steered UDP, Linux 5.2+)"},
@@ -109,7 +117,9 @@ func Probe() (Features, error) {
 	// bpf_link for cgroups arrived in 5.7, before bpf_ktime_get_boot_ns
 	// (5.8): a kernel that passed the helper probe has it.
 	f.BPFLink = f.HelperBootTime
+	f.HelperSetRetval = haveSetRetval() == nil
 	probeSockets(&f)
+	f.KernelFeatures = kernelFeatures(f)
 	if len(missing) > 0 {
 		return f, fmt.Errorf("probing kernel %s: %w", f.Kernel, errors.Join(missing...))
 	}
@@ -176,9 +186,9 @@ func probeSockets(f *Features) {
 		missing = append(missing, fmt.Errorf("sock_ops programs with socket storage, callback flags and bpf_setsockopt (Linux 5.2+): %w", err))
 	}
 	major, minor := kernelVersion(f.Kernel)
-	f.UserTimeoutFromBPF = major > 6 || major == 6 && minor >= 0
+	f.UserTimeoutFromBPF = major > 5 || major == 5 && minor >= 9
 	if !f.UserTimeoutFromBPF {
-		missing = append(missing, fmt.Errorf("bpf_setsockopt(TCP_USER_TIMEOUT) (Linux 6.0+; kernel %q)", f.Kernel))
+		missing = append(missing, fmt.Errorf("bpf_setsockopt(TCP_USER_TIMEOUT) (Linux 5.9+; kernel %q)", f.Kernel))
 	}
 	err = features.HaveProgramType(ebpf.CGroupSKB)
 	for _, fn := range []asm.BuiltinFunc{asm.FnSkStorageGet, asm.FnSkFullsock} {
@@ -190,7 +200,9 @@ func probeSockets(f *Features) {
 	if err != nil {
 		missing = append(missing, fmt.Errorf("cgroup_skb programs with socket storage (Linux 5.2+): %w", err))
 	}
-	f.Sockets = f.SockOps && f.UserTimeoutFromBPF && f.CgroupEgressRefuse && f.SocketStorage
+	// The hooks load without TCP_USER_TIMEOUT: they then count live
+	// connections and end UDP sockets, and only ending TCP sockets is off.
+	f.Sockets = f.SockOps && f.CgroupEgressRefuse && f.SocketStorage
 	if len(missing) > 0 {
 		f.SocketsMissing = errors.Join(missing...).Error()
 	}

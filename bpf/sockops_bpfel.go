@@ -88,6 +88,7 @@ const (
 	sockopsMapDraindUdpReverse    = "draind_udp_reverse"
 	sockopsMapDraindUdpSockets    = "draind_udp_sockets"
 	sockopsProgDraindSockops      = "draind_sockops"
+	sockopsVarDraindHaveSetRetval = "draind_have_set_retval"
 	sockopsVarDraindMaxPolicy     = "draind_max_policy"
 	sockopsVarDraindNumOutcomes   = "draind_num_outcomes"
 	sockopsVarDraindNumSockEvents = "draind_num_sock_events"
@@ -164,6 +165,7 @@ type sockopsMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockopsVariableSpecs struct {
+	DraindHaveSetRetval *ebpf.VariableSpec `ebpf:"draind_have_set_retval"`
 	DraindMaxPolicy     *ebpf.VariableSpec `ebpf:"draind_max_policy"`
 	DraindNumOutcomes   *ebpf.VariableSpec `ebpf:"draind_num_outcomes"`
 	DraindNumSockEvents *ebpf.VariableSpec `ebpf:"draind_num_sock_events"`
@@ -232,6 +234,7 @@ func (m *sockopsMaps) Close() error {
 //
 // It can be passed to loadSockopsObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockopsVariables struct {
+	DraindHaveSetRetval *ebpf.Variable `ebpf:"draind_have_set_retval"`
 	DraindMaxPolicy     *ebpf.Variable `ebpf:"draind_max_policy"`
 	DraindNumOutcomes   *ebpf.Variable `ebpf:"draind_num_outcomes"`
 	DraindNumSockEvents *ebpf.Variable `ebpf:"draind_num_sock_events"`

@@ -102,9 +102,11 @@ static __always_inline int is_v4_mapped(const __u8 *a)
 
 static __always_inline int refuse(void)
 {
-	/* Returning 0 alone would fail the call with EPERM; callers and their
-	 * retry logic expect what a closed port says. */
-	bpf_set_retval(-ECONNREFUSED);
+	/* Returning 0 alone fails the call with EPERM; callers and their
+	 * retry logic expect what a closed port says, where the kernel can
+	 * say it (draind_have_set_retval). */
+	if (draind_have_set_retval)
+		bpf_set_retval(-ECONNREFUSED);
 	return 0;
 }
 

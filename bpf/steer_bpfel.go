@@ -126,6 +126,7 @@ const (
 	steerMapDraindUdpSockets    = "draind_udp_sockets"
 	steerProgDraindConnect4     = "draind_connect4"
 	steerProgDraindConnect6     = "draind_connect6"
+	steerVarDraindHaveSetRetval = "draind_have_set_retval"
 	steerVarDraindMaxPolicy     = "draind_max_policy"
 	steerVarDraindNumOutcomes   = "draind_num_outcomes"
 	steerVarDraindNumSockEvents = "draind_num_sock_events"
@@ -203,6 +204,7 @@ type steerMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type steerVariableSpecs struct {
+	DraindHaveSetRetval *ebpf.VariableSpec `ebpf:"draind_have_set_retval"`
 	DraindMaxPolicy     *ebpf.VariableSpec `ebpf:"draind_max_policy"`
 	DraindNumOutcomes   *ebpf.VariableSpec `ebpf:"draind_num_outcomes"`
 	DraindNumSockEvents *ebpf.VariableSpec `ebpf:"draind_num_sock_events"`
@@ -271,6 +273,7 @@ func (m *steerMaps) Close() error {
 //
 // It can be passed to loadSteerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type steerVariables struct {
+	DraindHaveSetRetval *ebpf.Variable `ebpf:"draind_have_set_retval"`
 	DraindMaxPolicy     *ebpf.Variable `ebpf:"draind_max_policy"`
 	DraindNumOutcomes   *ebpf.Variable `ebpf:"draind_num_outcomes"`
 	DraindNumSockEvents *ebpf.Variable `ebpf:"draind_num_sock_events"`

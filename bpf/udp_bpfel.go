@@ -36,6 +36,7 @@ const (
 	udpProgDraindRecvmsg6     = "draind_recvmsg6"
 	udpProgDraindSendmsg4     = "draind_sendmsg4"
 	udpProgDraindSendmsg6     = "draind_sendmsg6"
+	udpVarDraindHaveSetRetval = "draind_have_set_retval"
 	udpVarDraindMaxPolicy     = "draind_max_policy"
 	udpVarDraindNumOutcomes   = "draind_num_outcomes"
 	udpVarDraindNumSockEvents = "draind_num_sock_events"
@@ -115,6 +116,7 @@ type udpMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type udpVariableSpecs struct {
+	DraindHaveSetRetval *ebpf.VariableSpec `ebpf:"draind_have_set_retval"`
 	DraindMaxPolicy     *ebpf.VariableSpec `ebpf:"draind_max_policy"`
 	DraindNumOutcomes   *ebpf.VariableSpec `ebpf:"draind_num_outcomes"`
 	DraindNumSockEvents *ebpf.VariableSpec `ebpf:"draind_num_sock_events"`
@@ -183,6 +185,7 @@ func (m *udpMaps) Close() error {
 //
 // It can be passed to loadUdpObjects or ebpf.CollectionSpec.LoadAndAssign.
 type udpVariables struct {
+	DraindHaveSetRetval *ebpf.Variable `ebpf:"draind_have_set_retval"`
 	DraindMaxPolicy     *ebpf.Variable `ebpf:"draind_max_policy"`
 	DraindNumOutcomes   *ebpf.Variable `ebpf:"draind_num_outcomes"`
 	DraindNumSockEvents *ebpf.Variable `ebpf:"draind_num_sock_events"`

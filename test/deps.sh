@@ -18,8 +18,11 @@ set -euo pipefail
 #   curl, busybox: the README's preStop recipes, run as printed from a test pod
 #   ca-certificates: go module downloads
 #   containerd runc containernetworking-plugins: the real node of test/cluster/realnode
+#   qemu-system-x86 debian-archive-keyring kmod: the kernel matrix (test/kernels boots
+#     Debian's own kernels, downloaded from Debian's archive with a private apt
+#     configuration; depmod orders their modules)
 pkgs=(clang-15 llvm-15 libbpf-dev linux-libc-dev iptables conntrack iproute2 util-linux curl busybox ca-certificates
-      containerd runc containernetworking-plugins)
+      containerd runc containernetworking-plugins qemu-system-x86 debian-archive-keyring kmod)
 
 missing=()
 for p in "${pkgs[@]}"; do

@@ -217,6 +217,11 @@ func runDaemon(ctx context.Context, o *runOptions) error {
 	if o.socketHooks && !features.Sockets {
 		log.Warn("socket hooks unavailable: live connections from conntrack only, sockets to gone pods are not ended", "missing", features.SocketsMissing)
 	}
+	for _, f := range features.KernelFeatures {
+		if !f.On {
+			log.Warn("kernel feature off", "feature", f.Name, "kernel", features.Kernel, "reason", f.Reason)
+		}
+	}
 	dp, err := bpf.Load(bpf.Options{PinDir: o.pinDir, Sockets: sockets})
 	if err != nil {
 		return err
@@ -245,6 +250,7 @@ func runDaemon(ctx context.Context, o *runOptions) error {
 	cfg.Node, cfg.Namespace, cfg.Version = o.node, o.namespace, version
 	cfg.RegistryOnlyPolicy, cfg.Logger, cfg.FlowLister, cfg.REST = regPolicy, log, flows, restCfg
 	d := daemon.New(cfg, client, dp, ct)
+	d.Metrics.RegisterKernelFeatures(features.KernelFeatures)
 	if err := dp.Attach(cgroup); err != nil {
 		return err
 	}

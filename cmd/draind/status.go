@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/draind/draind/bpf"
 	"io"
 	"sort"
 	"strings"
@@ -159,6 +160,7 @@ func printStatus(w io.Writer, st *daemon.Status, output string) error {
 	fmt.Fprintf(tw, "Last sync:\t%s\n", lastSync)
 	f := st.Features
 	fmt.Fprintf(tw, "Kernel:\t%s (cgroup2 %s, BTF %s, set_retval %s)\n", f.Kernel, f.Cgroup2, yesNo(f.BTF), yesNo(f.HelperSetRetval))
+	fmt.Fprintf(tw, "Kernel features:\t%s\n", kernelFeaturesLine(f.KernelFeatures))
 	fmt.Fprintf(tw, "Cgroup:\t%s\n", orDash(st.Cgroup))
 	fmt.Fprintf(tw, "Pin directory:\t%s\n", orDash(st.PinDir))
 	attached := "none"
@@ -268,4 +270,21 @@ func liveCell(p daemon.PodStatus) string {
 		return fmt.Sprintf("%d (sockets, partial)", p.LiveConnections)
 	}
 	return fmt.Sprintf("%d (%s)", p.LiveConnections, p.LiveSource)
+}
+
+// kernelFeaturesLine says, per feature that depends on the kernel, on or off
+// and why.
+func kernelFeaturesLine(fs []bpf.KernelFeature) string {
+	if len(fs) == 0 {
+		return "-"
+	}
+	var out []string
+	for _, f := range fs {
+		if f.On {
+			out = append(out, f.Name+" on")
+		} else {
+			out = append(out, fmt.Sprintf("%s OFF (%s)", f.Name, f.Reason))
+		}
+	}
+	return strings.Join(out, ", ")
 }

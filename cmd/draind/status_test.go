@@ -114,7 +114,11 @@ func realStatusWith(t *testing.T, withCT bool) daemon.Status {
 	src := daemon.StatusSource{
 		Features: bpf.Features{Kernel: "6.18.0-test", Cgroup2: "/sys/fs/cgroup", BTF: true, CgroupSockAddr: true, CgroupSKB: true,
 			HelperSetRetval: true, HelperBootTime: true, HelperPrandom: true, BPFLink: true,
-			CgroupSendmsg: true, CgroupRecvmsg: true, SocketStorage: true},
+			CgroupSendmsg: true, CgroupRecvmsg: true, SocketStorage: true,
+			KernelFeatures: []bpf.KernelFeature{{Name: bpf.FeatureRefuseECONNREFUSED, On: true},
+				{Name: bpf.FeatureLiveConnections, On: true},
+				{Name: bpf.FeatureEndTCPToGone, Reason: "no TCP_USER_TIMEOUT in bpf_setsockopt (Linux 5.9+)"},
+				{Name: bpf.FeatureEndUDPToGone, On: true}}},
 		Attached:  func() []string { return []string{"connect4", "connect6", "observe_ingress"} },
 		Cgroup:    "/sys/fs/cgroup/kubepods.slice",
 		PinDir:    "/sys/fs/bpf/draind",
