@@ -18,8 +18,9 @@ set -euo pipefail
 #   curl, busybox: the README's preStop recipes, run as printed from a test pod
 #   ca-certificates: go module downloads
 #   containerd runc containernetworking-plugins: the real node of test/cluster/realnode
+#   prometheus: promtool (alert rules checked and unit-tested, deploycheck's TestAlertRules)
 pkgs=(clang-15 llvm-15 libbpf-dev linux-libc-dev iptables conntrack iproute2 util-linux curl busybox ca-certificates
-      containerd runc containernetworking-plugins)
+      containerd runc containernetworking-plugins prometheus)
 
 missing=()
 for p in "${pkgs[@]}"; do
