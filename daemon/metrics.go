@@ -43,19 +43,21 @@ type Metrics struct {
 	Registry *prometheus.Registry
 
 	SignalToDatapath prometheus.Histogram
-	DrainStarts      *prometheus.CounterVec
-	DrainOutcomes    *prometheus.CounterVec
-	DrainDuration    prometheus.Histogram
-	CTExpired        *prometheus.CounterVec
-	CTExpiryDuration prometheus.Histogram
-	CTErrors         prometheus.Counter
-	DatapathOps      prometheus.Counter
-	DatapathErrors   *prometheus.CounterVec
-	InformerSynced   *prometheus.GaugeVec
-	LeaseOps         *prometheus.CounterVec
-	PolicyInvalid    prometheus.Counter
-	SteeringReady    prometheus.Gauge
-	OfflineRequests  *prometheus.CounterVec
+	// NetworkProgramming: see programming.go.
+	NetworkProgramming *prometheus.HistogramVec
+	DrainStarts        *prometheus.CounterVec
+	DrainOutcomes      *prometheus.CounterVec
+	DrainDuration      prometheus.Histogram
+	CTExpired          *prometheus.CounterVec
+	CTExpiryDuration   prometheus.Histogram
+	CTErrors           prometheus.Counter
+	DatapathOps        prometheus.Counter
+	DatapathErrors     *prometheus.CounterVec
+	InformerSynced     *prometheus.GaugeVec
+	LeaseOps           *prometheus.CounterVec
+	PolicyInvalid      prometheus.Counter
+	SteeringReady      prometheus.Gauge
+	OfflineRequests    *prometheus.CounterVec
 }
 
 // NewMetrics registers the daemon's metrics; dp may be nil (no datapath
@@ -67,6 +69,7 @@ func NewMetrics(version string, dp Datapath, inf *k8s.Informers, pods func() []P
 		SignalToDatapath: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "signal_to_datapath_seconds",
 			Help:    "Time from draind receiving a Kubernetes event (an EndpointSlice before draind decodes it, any other object as its informer takes it decoded) to the datapath update it caused returning.",
 			Buckets: []float64{.00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1}}),
+		NetworkProgramming: newNetworkProgramming(),
 		DrainStarts: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "drain_starts_total",
 			Help: "Drains started, by reason."}, []string{"reason"}),
 		DrainOutcomes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "drain_outcomes_total",
@@ -95,32 +98,8 @@ func NewMetrics(version string, dp Datapath, inf *k8s.Informers, pods func() []P
 		OfflineRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "offline_requests_total",
 			Help: "Requests to the node-local offline API, by endpoint and status code."}, []string{"path", "code"}),
 	}
-	for _, reason := range drainReasons {
-		m.DrainStarts.WithLabelValues(reason)
-	}
-	for _, o := range drainOutcomes {
-		m.DrainOutcomes.WithLabelValues(o)
-	}
-	for _, p := range ctProtos {
-		m.CTExpired.WithLabelValues(p)
-	}
-	for _, k := range datapathErrors {
-		m.DatapathErrors.WithLabelValues(k)
-	}
-	for _, i := range informerNames {
-		m.InformerSynced.WithLabelValues(i)
-	}
-	for _, op := range leaseOps {
-		for _, res := range leaseResults {
-			m.LeaseOps.WithLabelValues(op, res)
-		}
-	}
-	for _, path := range []string{"/v1/offline", "/v1/online"} {
-		for _, code := range []string{"200", "400", "403", "404", "405", "429", "500", "503", "504"} {
-			m.OfflineRequests.WithLabelValues(path, code)
-		}
-	}
-	r.MustRegister(m.SignalToDatapath, m.DrainStarts, m.DrainOutcomes, m.DrainDuration,
+	m.precreateLabels()
+	r.MustRegister(m.SignalToDatapath, m.NetworkProgramming, m.DrainStarts, m.DrainOutcomes, m.DrainDuration,
 		m.CTExpired, m.CTExpiryDuration, m.CTErrors, m.DatapathOps, m.DatapathErrors, m.InformerSynced,
 		m.LeaseOps, m.PolicyInvalid, m.SteeringReady, m.OfflineRequests)
 	bi := prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "build_info",
@@ -209,5 +188,35 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descPodSYNs, prometheus.CounterValue, float64(p.SYNs), p.Namespace, p.Name)
 		ch <- prometheus.MustNewConstMetric(descPodLive, prometheus.GaugeValue, float64(p.LiveConnections), p.Namespace, p.Name)
 		ch <- prometheus.MustNewConstMetric(descPodSteered, prometheus.CounterValue, float64(p.Steered), p.Namespace, p.Name)
+	}
+}
+
+// precreateLabels creates every labelled series at zero (label values
+// known up front), so dashboards and alerts see a 0, not an absent series.
+func (m *Metrics) precreateLabels() {
+	for _, reason := range drainReasons {
+		m.DrainStarts.WithLabelValues(reason)
+	}
+	for _, o := range drainOutcomes {
+		m.DrainOutcomes.WithLabelValues(o)
+	}
+	for _, p := range ctProtos {
+		m.CTExpired.WithLabelValues(p)
+	}
+	for _, k := range datapathErrors {
+		m.DatapathErrors.WithLabelValues(k)
+	}
+	for _, i := range informerNames {
+		m.InformerSynced.WithLabelValues(i)
+	}
+	for _, op := range leaseOps {
+		for _, res := range leaseResults {
+			m.LeaseOps.WithLabelValues(op, res)
+		}
+	}
+	for _, path := range []string{"/v1/offline", "/v1/online"} {
+		for _, code := range []string{"200", "400", "403", "404", "405", "429", "500", "503", "504"} {
+			m.OfflineRequests.WithLabelValues(path, code)
+		}
 	}
 }
