@@ -27,6 +27,11 @@ type tracker struct {
 	leases   time.Time
 	// leasesGone are the pods whose drain Lease was deleted.
 	leasesGone []types.UID
+	// triggers is the earliest change time (the slices' trigger-time
+	// annotation) per dirty Service, leaseTrigger the earliest acquire
+	// time of a new drain Lease: where network-programming latency starts.
+	triggers     map[string]time.Time
+	leaseTrigger time.Time
 	// spare is the dirty set the last pass took: the pass has ended when
 	// the next one takes, so take hands its maps out again (a thousand
 	// updates a second would otherwise grow two new maps per pass).
@@ -36,6 +41,7 @@ type tracker struct {
 func (t *tracker) init() {
 	t.services = map[string]time.Time{}
 	t.ips = map[netip.Addr]struct{}{}
+	t.triggers = map[string]time.Time{}
 }
 
 // reuse returns m emptied, or a new map if there is none or m is large:
@@ -55,6 +61,9 @@ type dirtySet struct {
 	pods       time.Time
 	leases     time.Time
 	leasesGone []types.UID
+	// triggers and leaseTrigger: see tracker.
+	triggers     map[string]time.Time
+	leaseTrigger time.Time
 }
 
 // take returns what changed since the last take and starts recording
@@ -63,10 +72,11 @@ type dirtySet struct {
 func (t *tracker) take() dirtySet {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	out := dirtySet{services: t.services, ips: t.ips, pods: t.pods, leases: t.leases, leasesGone: t.leasesGone}
-	t.services, t.ips = reuse(t.spare.services), reuse(t.spare.ips)
+	out := dirtySet{services: t.services, ips: t.ips, pods: t.pods, leases: t.leases, leasesGone: t.leasesGone,
+		triggers: t.triggers, leaseTrigger: t.leaseTrigger}
+	t.services, t.ips, t.triggers = reuse(t.spare.services), reuse(t.spare.ips), reuse(t.spare.triggers)
 	t.spare = out
-	t.pods, t.leases, t.leasesGone = time.Time{}, time.Time{}, nil
+	t.pods, t.leases, t.leasesGone, t.leaseTrigger = time.Time{}, time.Time{}, nil, time.Time{}
 	return out
 }
 
@@ -105,6 +115,28 @@ func (t *tracker) markLeases(at time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	earliest(&t.leases, at)
+}
+
+// markTrigger notes a Service's change time (zero: none known).
+func (t *tracker) markTrigger(key string, at time.Time) {
+	if at.IsZero() {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if old, ok := t.triggers[key]; !ok || at.Before(old) {
+		t.triggers[key] = at
+	}
+}
+
+// markLeaseTrigger notes a new drain Lease's acquire time.
+func (t *tracker) markLeaseTrigger(at time.Time) {
+	if at.IsZero() {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	earliest(&t.leaseTrigger, at)
 }
 
 func (t *tracker) markLeaseGone(uid types.UID) {
@@ -224,6 +256,11 @@ func (d *Daemon) sliceEvent(oldObj, newObj any, received time.Time) {
 			d.tracker.markService(s.Namespace+"/"+s.Service, at)
 		}
 	}
+	if cur != nil && cur.Service != "" {
+		if trig := cur.TriggerTime(); old == nil || !trig.Equal(old.TriggerTime()) {
+			d.tracker.markTrigger(cur.Namespace+"/"+cur.Service, trig)
+		}
+	}
 	if !d.passNow() {
 		d.runner.Run()
 	}
@@ -298,6 +335,9 @@ func (d *Daemon) leaseEvent(oldObj, newObj any, received time.Time) {
 	d.leases.update(func() *drainLeases { return newDrainLeases(d.state.DrainLeases()) })
 	if l, ok := oldObj.(*k8s.DrainLease); ok && newObj == nil {
 		d.tracker.markLeaseGone(l.PodUID)
+	}
+	if l, ok := newObj.(*k8s.DrainLease); ok && oldObj == nil {
+		d.tracker.markLeaseTrigger(l.Acquired) // a drain started
 	}
 	d.tracker.markLeases(receivedAt(received, d.clock.Now()))
 	d.runner.Run()

@@ -43,19 +43,21 @@ type Metrics struct {
 	Registry *prometheus.Registry
 
 	SignalToDatapath prometheus.Histogram
-	DrainStarts      *prometheus.CounterVec
-	DrainOutcomes    *prometheus.CounterVec
-	DrainDuration    prometheus.Histogram
-	CTExpired        *prometheus.CounterVec
-	CTExpiryDuration prometheus.Histogram
-	CTErrors         prometheus.Counter
-	DatapathOps      prometheus.Counter
-	DatapathErrors   *prometheus.CounterVec
-	InformerSynced   *prometheus.GaugeVec
-	LeaseOps         *prometheus.CounterVec
-	PolicyInvalid    prometheus.Counter
-	SteeringReady    prometheus.Gauge
-	OfflineRequests  *prometheus.CounterVec
+	// NetworkProgramming: see programming.go.
+	NetworkProgramming *prometheus.HistogramVec
+	DrainStarts        *prometheus.CounterVec
+	DrainOutcomes      *prometheus.CounterVec
+	DrainDuration      prometheus.Histogram
+	CTExpired          *prometheus.CounterVec
+	CTExpiryDuration   prometheus.Histogram
+	CTErrors           prometheus.Counter
+	DatapathOps        prometheus.Counter
+	DatapathErrors     *prometheus.CounterVec
+	InformerSynced     *prometheus.GaugeVec
+	LeaseOps           *prometheus.CounterVec
+	PolicyInvalid      prometheus.Counter
+	SteeringReady      prometheus.Gauge
+	OfflineRequests    *prometheus.CounterVec
 	// OfflineConnsRefused counts connections past the offline API's cap.
 	OfflineConnsRefused prometheus.Counter
 }
@@ -69,6 +71,7 @@ func NewMetrics(version string, dp Datapath, inf *k8s.Informers, pods func() []P
 		SignalToDatapath: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "signal_to_datapath_seconds",
 			Help:    "Time from draind receiving a Kubernetes event (an EndpointSlice before draind decodes it, any other object as its informer takes it decoded) to the datapath update it caused returning.",
 			Buckets: []float64{.00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1}}),
+		NetworkProgramming: newNetworkProgramming(),
 		DrainStarts: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "drain_starts_total",
 			Help: "Drains started, by reason."}, []string{"reason"}),
 		DrainOutcomes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "drain_outcomes_total",
@@ -99,8 +102,8 @@ func NewMetrics(version string, dp Datapath, inf *k8s.Informers, pods func() []P
 		OfflineConnsRefused: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "offline_connections_refused_total",
 			Help: "Connections to the offline API answered 503 and closed: the connection cap was reached."}),
 	}
-	m.precreate()
-	r.MustRegister(m.SignalToDatapath, m.DrainStarts, m.DrainOutcomes, m.DrainDuration,
+	m.precreateLabels()
+	r.MustRegister(m.SignalToDatapath, m.NetworkProgramming, m.DrainStarts, m.DrainOutcomes, m.DrainDuration,
 		m.CTExpired, m.CTExpiryDuration, m.CTErrors, m.DatapathOps, m.DatapathErrors, m.InformerSynced,
 		m.LeaseOps, m.PolicyInvalid, m.SteeringReady, m.OfflineRequests, m.OfflineConnsRefused)
 	bi := prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "build_info",
@@ -192,8 +195,9 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// precreate creates every label value known up front at zero.
-func (m *Metrics) precreate() {
+// precreateLabels creates every labelled series at zero (label values
+// known up front), so dashboards and alerts see a 0, not an absent series.
+func (m *Metrics) precreateLabels() {
 	for _, reason := range drainReasons {
 		m.DrainStarts.WithLabelValues(reason)
 	}

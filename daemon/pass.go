@@ -81,14 +81,21 @@ func (d *Daemon) syncLocked(loop bool) time.Time {
 	}
 	m.markVanished(dirty.services, podAt, now)
 	var changedAt []time.Time
+	var programmed []programming
 	for svc, at := range dirty.services {
 		if m.recomputeService(svc, now) {
 			changedAt = append(changedAt, at)
+			if trig, ok := dirty.triggers[svc]; ok {
+				programmed = append(programmed, programming{trig, TriggerEndpointSlice})
+			}
 		}
 	}
 	d.revisitVanished(now)
 	if len(changedDrains) > 0 && !podViaServices {
 		changedAt = append(changedAt, podAt) // a registry-only pod: no Service carried it
+	}
+	if len(changedDrains) > 0 && !dirty.leaseTrigger.IsZero() {
+		programmed = append(programmed, programming{dirty.leaseTrigger, TriggerLease})
 	}
 	for ip := range dirty.ips {
 		m.claimsChanged(ip)
@@ -98,7 +105,7 @@ func (d *Daemon) syncLocked(loop bool) time.Time {
 	}
 	m.expireLingering(now)
 	m.forgetVanishedServices(now)
-	first := d.apply(now, changedAt, loop)
+	first := d.apply(now, changedAt, programmed, loop)
 	d.gone.pass(m, now, dirty.ips, dirty.services)
 	d.hosted.setKeys(m.keysOf(d.hosted.uids()))
 	for _, dep := range m.takeDepartures() {
@@ -127,7 +134,7 @@ func (d *Daemon) syncLocked(loop bool) time.Time {
 // everything; after it, every quarter of the entry TTL a refresh round
 // evaluates everything again (deadlines refreshed), a batch per pass of
 // the loop's (loop). It reports whether it was the first.
-func (d *Daemon) apply(now time.Time, changedAt []time.Time, loop bool) (first bool) {
+func (d *Daemon) apply(now time.Time, changedAt []time.Time, programmed []programming, loop bool) (first bool) {
 	first = !d.firstDone.Load()
 	if first {
 		d.lastFull = now
@@ -146,6 +153,7 @@ func (d *Daemon) apply(now time.Time, changedAt []time.Time, loop bool) (first b
 				d.cfg.OnLatency(lat)
 			}
 		}
+		d.Metrics.observeProgramming(done, programmed)
 	}
 	if loop {
 		// The health check's "last pass": the loop's, which refresh the

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -332,8 +333,11 @@ func decodeEntry(p *wireParts, b []byte, n int, annotation bool) error {
 	}
 	switch {
 	case annotation:
-		if string(k) == metav1.InitialEventsAnnotationKey {
+		switch string(k) {
+		case metav1.InitialEventsAnnotationKey:
 			p.initialEventsEnd = string(v) == "true"
+		case corev1.EndpointsLastChangeTriggerTime:
+			p.triggerTime = ParseTriggerTime(string(v))
 		}
 	case string(k) == discoveryv1.LabelServiceName:
 		p.service = v

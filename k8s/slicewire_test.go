@@ -25,7 +25,7 @@ func wireSlice(n int) *discoveryv1.EndpointSlice {
 		ObjectMeta: metav1.ObjectMeta{Name: "web-abcde", GenerateName: "web-", Namespace: "shop", UID: "5e1c0000-0000-0000-0000-000000000001",
 			ResourceVersion: "12345", Generation: 3, DeletionTimestamp: &del, DeletionGracePeriodSeconds: &grace,
 			Labels:          map[string]string{discoveryv1.LabelServiceName: "web", discoveryv1.LabelManagedBy: ManagedByController, "app": "web"},
-			Annotations:     map[string]string{"endpoints.kubernetes.io/last-change-trigger-time": "2026-01-01T00:00:00Z"},
+			Annotations:     map[string]string{"endpoints.kubernetes.io/last-change-trigger-time": "2026-01-01T00:00:00.123456789Z"},
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Service", Name: "web", UID: "5e4f", Controller: &tr}},
 			Finalizers:      []string{"x"}},
 		AddressType: discoveryv1.AddressTypeIPv4,
@@ -74,6 +74,13 @@ func TestSliceFromProto(t *testing.T) {
 			t.Fatal(err)
 		}
 		checkSame(t, b)
+		sl, _, _ := SliceFromProto(b)
+		for _, after := range []time.Duration{time.Second, -time.Second, 20 * 24 * time.Hour} {
+			sl.Stamp(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).Add(after))
+			if got, want := sl.TriggerTime(), time.Date(2026, 1, 1, 0, 0, 0, 123000000, time.UTC); !got.Equal(want) {
+				t.Errorf("received %v after it: trigger time %v, want %v (the annotation, to the millisecond)", after, got, want)
+			}
+		}
 	}
 	// Fields repeated (last wins, messages merge) and unknown ones.
 	b, _ := wireSlice(2).Marshal()

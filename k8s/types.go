@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -115,7 +116,11 @@ type Slice struct {
 	// initialEventsEnd: a watch-list bookmark's k8s.io/initial-events-end
 	// annotation (only SliceFromProto keeps it: see GetAnnotations).
 	initialEventsEnd bool
-	Ports            []SlicePort
+	// trigger is the slice's last-change-trigger-time to the millisecond,
+	// as the low 32 bits of Unix milliseconds (0: none): four bytes beside
+	// the flags (see TestCachedSizes). TriggerTime reads it back.
+	trigger uint32
+	Ports   []SlicePort
 
 	// The endpoints, packed (Len and Endpoint read them): the informer
 	// keeps every endpoint of the cluster, so they hold no pointer (the GC
@@ -648,11 +653,51 @@ func (t *nodeTable) len() int {
 
 var nodeNames nodeTable
 
+// ParseTriggerTime reads a last-change-trigger-time annotation (RFC 3339
+// with nanoseconds, as the controllers write it); zero if it is not one.
+func ParseTriggerTime(v string) time.Time {
+	if v == "" {
+		return time.Time{}
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return time.Time{}
+	}
+	return t
+}
+
+func packTrigger(t time.Time) uint32 {
+	if t.IsZero() {
+		return 0
+	}
+	return max(uint32(t.UnixMilli()), 1)
+}
+
+// TriggerTime is the endpoints.kubernetes.io/last-change-trigger-time
+// annotation the EndpointSlice controller writes, to the millisecond: when
+// the change this version of the slice carries happened (a pod's deletion,
+// its readiness), where network-programming latency starts. Zero when
+// absent. It is read back as the instant with the kept low bits nearest
+// the slice's receipt (now, if not stamped): exact for trigger times
+// within 24 days of it.
+func (s *Slice) TriggerTime() time.Time {
+	if s.trigger == 0 {
+		return time.Time{}
+	}
+	ref := s.Received()
+	if ref.IsZero() {
+		ref = time.Now()
+	}
+	r := ref.UnixMilli()
+	return time.UnixMilli(r - int64(int32(uint32(r)-s.trigger)))
+}
+
 // SliceFrom converts an EndpointSlice. ok is false for slices draind ignores
 // (FQDN, no service label). Malformed addresses are skipped, never fatal.
 func SliceFrom(s *discoveryv1.EndpointSlice) (sl *Slice, skipped int) {
 	p := sliceParts[string]{name: s.Name, namespace: s.Namespace, resourceVersion: s.ResourceVersion, deletion: s.DeletionTimestamp,
 		service: s.Labels[discoveryv1.LabelServiceName], managedBy: s.Labels[discoveryv1.LabelManagedBy],
+		triggerTime: ParseTriggerTime(s.Annotations[corev1.EndpointsLastChangeTriggerTime]),
 		addressType: string(s.AddressType),
 		ports:       make([]portPart[string], len(s.Ports)),
 		endpoints:   make([]endpointPart[string], len(s.Endpoints))}
@@ -694,6 +739,7 @@ type sliceParts[T bytestring] struct {
 	deletion                         *metav1.Time
 	service, managedBy               T    // the two labels
 	initialEventsEnd                 bool // the watch-list bookmark's annotation
+	triggerTime                      time.Time
 	addressType                      T
 	ports                            []portPart[T]
 	endpoints                        []endpointPart[T]
@@ -754,7 +800,7 @@ func (p *sliceParts[T]) build() (sl *Slice, skipped int) {
 	k := newKeeper(size)
 	out := &Slice{Meta: Meta{Name: keepText(k, p.name), Namespace: keepText(k, p.namespace), ResourceVersion: keepText(k, p.resourceVersion),
 		DeletionTimestamp: p.deletion}, Service: keepText(k, p.service), Controller: string(p.managedBy) == ManagedByController,
-		initialEventsEnd: p.initialEventsEnd}
+		initialEventsEnd: p.initialEventsEnd, trigger: packTrigger(p.triggerTime)}
 	switch string(p.addressType) {
 	case string(discoveryv1.AddressTypeIPv4):
 		out.Family = IPv4

@@ -21,8 +21,9 @@ set -euo pipefail
 #   qemu-system-x86 debian-archive-keyring kmod: the kernel matrix (test/kernels boots
 #     Debian's own kernels, downloaded from Debian's archive with a private apt
 #     configuration; depmod orders their modules)
+#   prometheus: promtool (alert rules checked and unit-tested, deploycheck's TestAlertRules)
 pkgs=(clang-15 llvm-15 libbpf-dev linux-libc-dev iptables conntrack iproute2 util-linux curl busybox ca-certificates
-      containerd runc containernetworking-plugins qemu-system-x86 debian-archive-keyring kmod)
+      containerd runc containernetworking-plugins qemu-system-x86 debian-archive-keyring kmod prometheus)
 
 missing=()
 for p in "${pkgs[@]}"; do

@@ -35,6 +35,14 @@ import (
 // /metrics once the per-pod series are there.
 func scrapeDaemon(t *testing.T) []byte {
 	t.Helper()
+	body, _ := serveDaemon(t)
+	return body
+}
+
+// serveDaemon is scrapeDaemon, and also returns the URL of the /metrics
+// it serves until the test ends.
+func serveDaemon(t *testing.T) ([]byte, string) {
+	t.Helper()
 	const node, appNS, podName = "node-a", "shop", "web-1"
 	podUID := types.UID("0b7c6b1e-7d1f-4d0e-9a53-5c1f2a4d0001")
 	drainIP := netip.MustParseAddr("10.244.0.7")
@@ -76,7 +84,8 @@ func scrapeDaemon(t *testing.T) []byte {
 		}
 	}
 	slice := &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Name: "web-abcde", Namespace: appNS, Labels: map[string]string{discoveryv1.LabelServiceName: "web"}},
+		ObjectMeta: metav1.ObjectMeta{Name: "web-abcde", Namespace: appNS, Labels: map[string]string{discoveryv1.LabelServiceName: "web"},
+			Annotations: map[string]string{corev1.EndpointsLastChangeTriggerTime: time.Now().Add(-time.Second).Format(time.RFC3339Nano)}},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To[int32](8080), Protocol: ptr.To(corev1.ProtocolTCP)}},
 		Endpoints: []discoveryv1.Endpoint{
@@ -111,7 +120,7 @@ func scrapeDaemon(t *testing.T) []byte {
 	for {
 		body := scrape(t, srv.URL+"/metrics")
 		if d.Ready() && bytes.Contains(body, []byte(want)) {
-			return body
+			return body, srv.URL + "/metrics"
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("after 30 s the daemon is ready=%v and its scrape lacks %s:\n%s", d.Ready(), want, body)

@@ -101,7 +101,7 @@ func TestKustomizeBuild(t *testing.T) {
 	for _, o := range objs {
 		ns := o.GetNamespace()
 		switch o.GetKind() {
-		case "Namespace", "ClusterRole", "ClusterRoleBinding":
+		case "Namespace", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding":
 			if ns != "" {
 				t.Errorf("%s is cluster-scoped but has namespace %q", Describe(o), ns)
 			}
