@@ -12,13 +12,14 @@ set -euo pipefail
 # What each package is for:
 #   clang-15 llvm-15 libbpf-dev linux-libc-dev: go generate ./bpf/... (CI checks the committed objects)
 #   iptables: the test/cluster module's real kube-proxy, the bpf benchmark's kube-proxy path
+#   nftables: kube-proxy's nftables mode (it runs the nft command) in test/cluster/realnode
 #   conntrack: the conntrack benchmark's `conntrack -D` baseline
 #   iproute2: root-only tests that run `ip` in a test namespace
 #   util-linux: setpriv (conntrack runs with CAP_NET_ADMIN only)
 #   curl, busybox: the README's preStop recipes, run as printed from a test pod
 #   ca-certificates: go module downloads
 #   containerd runc containernetworking-plugins: the real node of test/cluster/realnode
-pkgs=(clang-15 llvm-15 libbpf-dev linux-libc-dev iptables conntrack iproute2 util-linux curl busybox ca-certificates
+pkgs=(clang-15 llvm-15 libbpf-dev linux-libc-dev iptables nftables conntrack iproute2 util-linux curl busybox ca-certificates
       containerd runc containernetworking-plugins)
 
 missing=()
