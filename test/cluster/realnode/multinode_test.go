@@ -139,7 +139,9 @@ func startMultiBed(t *testing.T) (*multiBed, error) {
 // writeMultiOverlay writes the overlay for nodes that share one host: the
 // shipped base with the image tag changed and, per node, its own pin
 // directory and kubepods cgroup (the kubelets' cgroup roots are
-// /<node name>). On a cluster of real machines neither is needed.
+// /<node name>). On a cluster of real machines neither is needed. A JSON
+// patch keeps the order of the environment: $(DRAIND_NODE_NAME) expands
+// only in variables listed after it.
 func writeMultiOverlay(root, dir string) (string, error) {
 	dir = filepath.Join(dir, "overlay")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -161,20 +163,20 @@ patches:
     kind: DaemonSet
     name: draind
   patch: |-
-    apiVersion: apps/v1
-    kind: DaemonSet
-    metadata:
-      name: draind
-    spec:
-      template:
-        spec:
-          containers:
-          - name: draind
-            env:
-            - name: DRAIND_BPFFS_DIR
-              value: /host%s
-            - name: DRAIND_CGROUP_PATH
-              value: /sys/fs/cgroup/unified/$(DRAIND_NODE_NAME)/kubepods
+    - op: test
+      path: /spec/template/spec/containers/0/env/0/name
+      value: DRAIND_NODE_NAME
+    - op: test
+      path: /spec/template/spec/containers/0/env/2/name
+      value: DRAIND_BPFFS_DIR
+    - op: replace
+      path: /spec/template/spec/containers/0/env/2/value
+      value: /host%s
+    - op: add
+      path: /spec/template/spec/containers/0/env/-
+      value:
+        name: DRAIND_CGROUP_PATH
+        value: /sys/fs/cgroup/unified/$(DRAIND_NODE_NAME)/kubepods
 `, base, image.DraindRepository, overlayTag, realnode.PinDir("$(DRAIND_NODE_NAME)"))
 	return dir, os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644)
 }
