@@ -12,6 +12,7 @@ set -euo pipefail
 # What each package is for:
 #   clang-15 llvm-15 libbpf-dev linux-libc-dev: go generate ./bpf/... (CI checks the committed objects)
 #   iptables: the test/cluster module's real kube-proxy, the bpf benchmark's kube-proxy path
+#   nftables: kube-proxy's nftables mode (it runs the nft command) in test/cluster/realnode
 #   conntrack: the conntrack benchmark's `conntrack -D` baseline
 #   iproute2: root-only tests that run `ip` in a test namespace
 #   util-linux: setpriv (conntrack runs with CAP_NET_ADMIN only)
@@ -22,7 +23,7 @@ set -euo pipefail
 #     Debian's own kernels, downloaded from Debian's archive with a private apt
 #     configuration; depmod orders their modules)
 #   prometheus: promtool (alert rules checked and unit-tested, deploycheck's TestAlertRules)
-pkgs=(clang-15 llvm-15 libbpf-dev linux-libc-dev iptables conntrack iproute2 util-linux curl busybox ca-certificates
+pkgs=(clang-15 llvm-15 libbpf-dev linux-libc-dev iptables nftables conntrack iproute2 util-linux curl busybox ca-certificates
       containerd runc containernetworking-plugins qemu-system-x86 debian-archive-keyring kmod prometheus)
 
 missing=()

@@ -165,6 +165,8 @@ type dnsVariant struct {
 	// settle, if set, runs once the last old pod is gone, before the tail,
 	// with the clients running.
 	settle func(ctx context.Context, t *testing.T, server netip.AddrPort)
+	// clientNode is the node the clients run on ("": the scheduler's choice).
+	clientNode string
 }
 
 // runDNSRollout deploys the DNS server (3 replicas of spec) and its
@@ -201,7 +203,9 @@ func runDNSRollout(ctx context.Context, t *testing.T, n *realnode.Node, v dnsVar
 	}
 	server := netip.AddrPortFrom(vip, realnode.DNSPort)
 	for _, kind := range dnsClientKinds {
-		if _, err := cs.CoreV1().Pods(namespace).Create(ctx, realnode.DNSClientPod(namespace, kind, server), metav1.CreateOptions{}); err != nil {
+		cp := realnode.DNSClientPod(namespace, kind, server)
+		cp.Spec.NodeName = v.clientNode
+		if _, err := cs.CoreV1().Pods(namespace).Create(ctx, cp, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}

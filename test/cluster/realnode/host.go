@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/draind/draind/bpf"
 )
 
 // What a real node changes on the host, and how the bed undoes it. The
@@ -65,6 +67,12 @@ type hostState struct {
 	Sysctls      map[string]string `json:"sysctls,omitempty"` // original values
 	BPFFSMounted bool              `json:"bpffs_mounted,omitempty"`
 	Created      []string          `json:"created,omitempty"` // paths that did not exist before
+	// A multi-node bed's other namespaces (nodes and the fabric), its
+	// kubelets' cgroup roots (created in every hierarchy) and draind's
+	// per-node pin directories.
+	MoreNetns   []string `json:"more_netns,omitempty"`
+	CgroupRoots []string `json:"cgroup_roots,omitempty"`
+	PinDirs     []string `json:"pin_dirs,omitempty"`
 }
 
 func (s *hostState) save() error {
@@ -161,12 +169,23 @@ func (st *hostState) undo(log *slog.Logger) error {
 		killReferencing(log, st.Dir)
 	}
 	errs = append(errs, removeKubepods(log))
+	for _, r := range st.CgroupRoots {
+		errs = append(errs, removeCgroupTree(log, r))
+	}
 	if st.Dir != "" {
 		errs = append(errs, unmountUnder(st.Dir))
 	}
-	if st.Netns != "" {
-		if err := deleteNetns(st.Netns); err != nil {
+	for _, ns := range append([]string{st.Netns}, st.MoreNetns...) {
+		if ns == "" {
+			continue
+		}
+		if err := deleteNetns(ns); err != nil {
 			errs = append(errs, err)
+		}
+	}
+	for _, d := range st.PinDirs {
+		if _, err := os.Stat(d); err == nil {
+			errs = append(errs, bpf.Remove(d))
 		}
 	}
 	names := make([]string, 0, len(st.Sysctls))
@@ -249,10 +268,15 @@ func cgroupMounts() []string {
 // removeKubepods kills what still runs in the kubelet's "kubepods" cgroup
 // of every hierarchy (containers of a crashed run) and removes the tree,
 // leaves first: the kubelet leaves it behind in every hierarchy.
-func removeKubepods(log *slog.Logger) error {
+func removeKubepods(log *slog.Logger) error { return removeCgroupTree(log, "kubepods") }
+
+// removeCgroupTree removes the cgroup name (relative to each hierarchy's
+// root) and everything below it in every hierarchy, leaves first, killing
+// what still runs there.
+func removeCgroupTree(log *slog.Logger, name string) error {
 	var errs []error
 	for _, root := range cgroupMounts() {
-		top := filepath.Join(root, "kubepods")
+		top := filepath.Join(root, name)
 		if _, err := os.Stat(top); err != nil {
 			continue
 		}

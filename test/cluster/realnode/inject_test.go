@@ -44,6 +44,9 @@ func TestInjectRollout(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
 	start := time.Now()
+	if err := stopMultiBed(); err != nil {
+		t.Errorf("stopping the multi-node bed: %v", err)
+	}
 	n, err := realnode.Start(ctx, realnode.Config{Binaries: bins, Log: kube.TestLogger(t)})
 	if err != nil {
 		t.Fatalf("starting the real node: %v", err)

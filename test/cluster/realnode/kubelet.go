@@ -59,8 +59,18 @@ serializeImagePulls: false
 shutdownGracePeriod: 0s
 nodeStatusUpdateFrequency: 5s
 syncFrequency: 10s
+cgroupRoot: %[8]s
 `, n.NodeIP, n.path("pki/kubelet.crt"), n.path("pki/kubelet.key"), n.Cluster.Path("pki/ca.crt"),
-		n.ContainerdSocket, n.path("pod-logs"), n.path("volume-plugins"))
+		n.ContainerdSocket, n.path("pod-logs"), n.path("volume-plugins"), n.CgroupRoot())
+}
+
+// CgroupRoot is the kubelet's cgroup root: the pods' cgroups are in
+// <hierarchy><CgroupRoot>/kubepods.
+func (n *Node) CgroupRoot() string {
+	if n.cgroupRoot != "" {
+		return n.cgroupRoot
+	}
+	return "/"
 }
 
 func (n *Node) startKubelet(ctx context.Context) error {

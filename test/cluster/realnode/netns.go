@@ -53,6 +53,11 @@ func run(ctx context.Context, ns string, name string, args ...string) ([]byte, e
 type netnsConfig struct {
 	name, hostVeth string
 	hostIP, nodeIP netip.Addr
+	serviceCIDR    string
+	// alsoAllowed are host addresses besides hostIP the node may reach
+	// over eth0 (the apiserver's advertised address on another node's
+	// link, which the "kubernetes" Service points at).
+	alsoAllowed []netip.Addr
 }
 
 // pickLink chooses a /30 in 10.250.0.0/16 that no host interface uses.
@@ -101,13 +106,19 @@ func createNetns(ctx context.Context, nc netnsConfig) error {
 			return fmt.Errorf("creating the node's network namespace: %w", err)
 		}
 	}
-	for _, rule := range [][]string{
+	var guard [][]string
+	for _, a := range nc.alsoAllowed {
+		guard = append(guard,
+			[]string{"-A", "OUTPUT", "-o", "eth0", "-d", a.String(), "-j", "ACCEPT"},
+			[]string{"-A", "FORWARD", "-o", "eth0", "-d", a.String(), "-j", "ACCEPT"})
+	}
+	for _, rule := range append(guard, [][]string{
 		{"-A", "OUTPUT", "-o", "eth0", "!", "-d", nc.hostIP.String(), "-j", "REJECT"},
 		{"-A", "FORWARD", "-o", "eth0", "!", "-d", nc.hostIP.String(), "-j", "REJECT"},
 		// Pods reach the apiserver (the kubernetes Service) as the node:
 		// the host has no route back to the pod network.
 		{"-t", "nat", "-A", "POSTROUTING", "-o", "eth0", "-j", "MASQUERADE"},
-	} {
+	}...) {
 		if _, err := run(ctx, nc.name, "iptables", append([]string{"-w"}, rule...)...); err != nil {
 			return fmt.Errorf("guarding the node's link: %w", err)
 		}
@@ -115,6 +126,8 @@ func createNetns(ctx context.Context, nc netnsConfig) error {
 	return netnsDo(netnsPath(nc.name), func() error {
 		for k, v := range map[string]string{
 			"net/ipv4/ip_forward":                  "1",
+			"net/ipv4/conf/all/rp_filter":          "0",
+			"net/ipv4/conf/default/rp_filter":      "0",
 			"net/netfilter/nf_conntrack_timestamp": "1",
 		} {
 			if err := os.WriteFile(filepath.Join("/proc/sys", k), []byte(v), 0o644); err != nil {

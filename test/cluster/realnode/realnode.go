@@ -91,6 +91,13 @@ type Node struct {
 	containerd, kubelet *proc
 	stopOnce            sync.Once
 	stopErr             error
+
+	// Set on a node of a multi-node bed (StartMulti): its pod network, its
+	// kubelet's cgroup root (kubelets sharing a host need their own) and
+	// the addresses its link guard lets through besides HostIP.
+	podCIDR    string
+	cgroupRoot string
+	multi      *Multi
 }
 
 func (n *Node) path(name string) string { return filepath.Join(n.Dir, name) }
@@ -119,46 +126,14 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		n.Name = "realnode-" + suffix
 	}
 	start := time.Now()
-	if n.lock, err = takeLock(5 * time.Minute); err != nil {
+	if n.lock, n.Dir, n.state, err = prepareHost(log); err != nil {
 		return nil, err
 	}
-	if err := cleanLeftovers(log); err != nil {
-		n.lock.Close()
-		return nil, fmt.Errorf("removing a crashed run's leftovers: %w", err)
-	}
-	if n.Dir, err = os.MkdirTemp("", dirPrefix); err != nil {
-		n.lock.Close()
-		return nil, fmt.Errorf("creating the node's directory: %w", err)
-	}
-	n.state = &hostState{OwnerPID: os.Getpid(), Dir: n.Dir, Sysctls: map[string]string{}}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, n.Stop())
 		}
 	}()
-	for _, p := range createdCandidates {
-		if _, err := os.Lstat(p); errors.Is(err, os.ErrNotExist) {
-			n.state.Created = append(n.state.Created, p)
-		}
-	}
-	for _, k := range kubeletSysctls {
-		v, err := readSysctl(k)
-		if err != nil {
-			return nil, err
-		}
-		n.state.Sysctls[k] = v
-	}
-	if err := n.state.save(); err != nil {
-		return nil, err
-	}
-	mounted, err := mountBPFFS()
-	n.state.BPFFSMounted = mounted
-	if err2 := n.state.save(); err == nil {
-		err = err2
-	}
-	if err != nil {
-		return nil, err
-	}
 
 	// The node's link.
 	if n.HostIP, n.NodeIP, err = pickLink(); err != nil {
@@ -234,6 +209,58 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	return n, nil
 }
 
+// prepareHost takes the host-wide lock, removes what crashed runs left,
+// creates the run's directory and records in its state file what the run
+// may change on the host (created paths, the kubelet's sysctls, a bpffs
+// mount) before changing it. On error nothing is left held.
+func prepareHost(log *slog.Logger) (_ net.Listener, dir string, _ *hostState, err error) {
+	lock, err := takeLock(5 * time.Minute)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	defer func() {
+		if err != nil {
+			lock.Close()
+		}
+	}()
+	if err := cleanLeftovers(log); err != nil {
+		return nil, "", nil, fmt.Errorf("removing a crashed run's leftovers: %w", err)
+	}
+	if dir, err = os.MkdirTemp("", dirPrefix); err != nil {
+		return nil, "", nil, fmt.Errorf("creating the run's directory: %w", err)
+	}
+	st := &hostState{OwnerPID: os.Getpid(), Dir: dir, Sysctls: map[string]string{}}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, st.undo(log))
+		}
+	}()
+	for _, p := range createdCandidates {
+		if _, err := os.Lstat(p); errors.Is(err, os.ErrNotExist) {
+			st.Created = append(st.Created, p)
+		}
+	}
+	for _, k := range kubeletSysctls {
+		v, err := readSysctl(k)
+		if err != nil {
+			return nil, "", nil, err
+		}
+		st.Sysctls[k] = v
+	}
+	if err := st.save(); err != nil {
+		return nil, "", nil, err
+	}
+	mounted, err := mountBPFFS()
+	st.BPFFSMounted = mounted
+	if err2 := st.save(); err == nil {
+		err = err2
+	}
+	if err != nil {
+		return nil, "", nil, err
+	}
+	return lock, dir, st, nil
+}
+
 // Controllers are the kube-controller-manager controllers the node runs:
 // workloads (deployment, replicaset, daemonset, garbagecollector), Service
 // endpoints, ServiceAccounts and their tokens, the CA bundle pods mount
@@ -288,7 +315,11 @@ func (n *Node) Healthy() error {
 // Stop removes the pods, stops the kubelet, containerd (and any shim left)
 // and the control plane, and restores the host: cgroups, mounts, the
 // network namespace, sysctls, bpffs, created paths. Safe to call twice.
+// On a node of a multi-node bed it stops the whole bed (Multi.Stop).
 func (n *Node) Stop() error {
+	if n.multi != nil {
+		return n.multi.Stop()
+	}
 	n.stopOnce.Do(func() { n.stopErr = n.stop() })
 	return n.stopErr
 }
@@ -298,23 +329,11 @@ func (n *Node) stop() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	if n.kubelet != nil && n.kubelet.deadErr() == nil && n.Cluster != nil {
-		if err := n.removeWorkloads(ctx); err != nil {
+		if err := n.removeWorkloads(ctx, n); err != nil {
 			n.log.Warn("removing workloads before stopping the kubelet", "err", err)
 		}
 	}
-	if n.kubelet != nil {
-		errs = append(errs, n.kubelet.stop(15*time.Second))
-	}
-	if n.containerd != nil {
-		if n.containerd.deadErr() == nil {
-			if ids, err := n.runningTasks(ctx); err == nil {
-				for _, id := range ids {
-					n.Ctr(ctx, "tasks", "kill", "--signal", "SIGKILL", id)
-				}
-			}
-		}
-		errs = append(errs, n.containerd.stop(15*time.Second))
-	}
+	errs = append(errs, n.stopRuntime(ctx)...)
 	if n.scheduler != nil {
 		errs = append(errs, n.scheduler.stop(10*time.Second))
 	}
@@ -338,10 +357,30 @@ func (n *Node) stop() error {
 	return errors.Join(errs...)
 }
 
+// stopRuntime stops the node's kubelet, then its containerd after killing
+// the tasks still running (their shims outlive containerd).
+func (n *Node) stopRuntime(ctx context.Context) []error {
+	var errs []error
+	if n.kubelet != nil {
+		errs = append(errs, n.kubelet.stop(15*time.Second))
+	}
+	if n.containerd != nil {
+		if n.containerd.deadErr() == nil {
+			if ids, err := n.runningTasks(ctx); err == nil {
+				for _, id := range ids {
+					n.Ctr(ctx, "tasks", "kill", "--signal", "SIGKILL", id)
+				}
+			}
+		}
+		errs = append(errs, n.containerd.stop(15*time.Second))
+	}
+	return errs
+}
+
 // removeWorkloads deletes every controller's pods and the pods themselves
-// (grace 0) and waits until containerd runs no task, so the kubelet
-// has torn every sandbox down (CNI DEL, volumes) before it stops.
-func (n *Node) removeWorkloads(ctx context.Context) error {
+// (grace 0) and waits until the nodes' containerds run no task, so the
+// kubelets have torn every sandbox down (CNI DEL, volumes) before they stop.
+func (n *Node) removeWorkloads(ctx context.Context, nodes ...*Node) error {
 	cs := n.Cluster.Admin
 	nss, err := cs.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -361,8 +400,12 @@ func (n *Node) removeWorkloads(ctx context.Context) error {
 		if err != nil || len(pods.Items) > 0 {
 			return false, nil
 		}
-		tasks, err := n.runningTasks(wctx)
-		return err == nil && len(tasks) == 0, nil
+		for _, m := range nodes {
+			if tasks, err := m.runningTasks(wctx); err != nil || len(tasks) > 0 {
+				return false, nil
+			}
+		}
+		return true, nil
 	})
 }
 

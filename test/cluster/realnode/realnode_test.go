@@ -116,6 +116,9 @@ type draindBed struct {
 func startDraindBed(ctx context.Context, t *testing.T) *draindBed {
 	t.Helper()
 	bins := kube.Binaries(t)
+	if err := stopMultiBed(); err != nil {
+		t.Errorf("stopping the multi-node bed: %v", err)
+	}
 	start := time.Now()
 	n, err := realnode.Start(ctx, realnode.Config{Binaries: bins, Log: kube.TestLogger(t)})
 	if err != nil {

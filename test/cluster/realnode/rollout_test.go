@@ -37,6 +37,8 @@ type rolloutResult struct {
 	terminations []time.Duration
 	oldPods      []corev1.Pod
 	newPods      []string
+	deleted      map[string]time.Time // old pod → its deletion, as a watch saw it
+	clientIPs    map[string]string    // client kind → pod IP
 }
 
 // runRollout deploys the application (3 replicas of spec behind a
@@ -46,6 +48,13 @@ type rolloutResult struct {
 // pod's IP) and returns what the clients saw from the restart on. during,
 // if set, runs from the restart until the rollout is over.
 func runRollout(ctx context.Context, t *testing.T, n *realnode.Node, namespace string, spec corev1.PodSpec, during func(ctx context.Context, t *testing.T, res *rolloutResult)) *rolloutResult {
+	t.Helper()
+	return runRolloutOn(ctx, t, n, namespace, spec, "", during)
+}
+
+// runRolloutOn is runRollout with the clients on the node named clientNode
+// ("" lets the scheduler choose).
+func runRolloutOn(ctx context.Context, t *testing.T, n *realnode.Node, namespace string, spec corev1.PodSpec, clientNode string, during func(ctx context.Context, t *testing.T, res *rolloutResult)) *rolloutResult {
 	t.Helper()
 	cs := n.Cluster.Admin
 	// A namespace the caller created (with labels) is used as it is.
@@ -73,7 +82,9 @@ func runRollout(ctx context.Context, t *testing.T, n *realnode.Node, namespace s
 	stale := net.JoinHostPort(res.oldPods[0].Status.PodIP, fmt.Sprint(realnode.AppPort))
 	targets := map[string]string{realnode.ClientClusterIP: vip, realnode.ClientStale: stale, realnode.ClientKeepAlive: vip}
 	for _, kind := range clientKinds {
-		if _, err := cs.CoreV1().Pods(namespace).Create(ctx, realnode.ClientPod(namespace, kind, targets[kind]), metav1.CreateOptions{}); err != nil {
+		cp := realnode.ClientPod(namespace, kind, targets[kind])
+		cp.Spec.NodeName = clientNode
+		if _, err := cs.CoreV1().Pods(namespace).Create(ctx, cp, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -128,6 +139,7 @@ func runRollout(ctx context.Context, t *testing.T, n *realnode.Node, namespace s
 		}
 	}
 
+	deletions := watchDeletions(ctx, t, n, namespace, appName)
 	start := time.Now()
 	kubectl(ctx, t, n, "-n", namespace, "rollout", "restart", "deploy/"+appName)
 	dctx, stopDuring := context.WithCancel(ctx)
@@ -136,7 +148,7 @@ func runRollout(ctx context.Context, t *testing.T, n *realnode.Node, namespace s
 		wg.Add(1)
 		go func() { defer wg.Done(); during(dctx, t, res) }()
 	}
-	kubectl(ctx, t, n, "-n", namespace, "rollout", "status", "deploy/"+appName, "--timeout=4m")
+	waitRolledOut(ctx, t, n, namespace, appName, 4*time.Minute)
 	old := map[string]bool{}
 	for _, p := range res.oldPods {
 		old[p.Name] = true
@@ -160,10 +172,12 @@ func runRollout(ctx context.Context, t *testing.T, n *realnode.Node, namespace s
 		time.Sleep(100 * time.Millisecond)
 	}
 	res.took = time.Since(start)
+	res.deleted = deletions()
+	res.clientIPs = clientIP
 	time.Sleep(5 * time.Second)
 	for _, p := range res.oldPods {
 		var del, rem time.Time
-		kl, err := n.KubeletLog(namespace + "/" + p.Name)
+		kl, err := n.On(p.Spec.NodeName).KubeletLog(namespace + "/" + p.Name)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -195,6 +209,24 @@ func runRollout(ctx context.Context, t *testing.T, n *realnode.Node, namespace s
 	return res
 }
 
+// waitRolledOut waits for `kubectl rollout status` to succeed, running it
+// again when it fails before the deadline (it exits when its watch breaks,
+// as in an apiserver outage).
+func waitRolledOut(ctx context.Context, t *testing.T, n *realnode.Node, namespace, name string, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		out, err := n.Kubectl(ctx, "-n", namespace, "rollout", "status", "deploy/"+name, fmt.Sprintf("--timeout=%ds", int(time.Until(deadline).Seconds())+1))
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			t.Fatalf("kubectl rollout status deploy/%s: %v\n%s", name, err, out)
+		}
+		sleepCtx(ctx, time.Second)
+	}
+}
+
 func summary(res *rolloutResult) string {
 	var parts []string
 	for _, k := range clientKinds {
@@ -217,6 +249,10 @@ func kubectl(ctx context.Context, t *testing.T, n *realnode.Node, args ...string
 func appPods(ctx context.Context, t *testing.T, n *realnode.Node, namespace string) []corev1.Pod {
 	t.Helper()
 	pods, err := n.Cluster.Admin.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: "app=" + appName})
+	for tries := 0; err != nil && tries < 60 && ctx.Err() == nil; tries++ {
+		sleepCtx(ctx, time.Second) // an apiserver outage of a fault test
+		pods, err = n.Cluster.Admin.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: "app=" + appName})
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -103,7 +103,15 @@ func (n *Node) cniConfig() string {
     {"type": "portmap", "capabilities": {"portMappings": true}}
   ]
 }
-`, PodCIDR, n.path("cni/ipam"))
+`, n.PodCIDR(), n.path("cni/ipam"))
+}
+
+// PodCIDR is the node's pod network.
+func (n *Node) PodCIDR() string {
+	if n.podCIDR != "" {
+		return n.podCIDR
+	}
+	return PodCIDR
 }
 
 func (n *Node) startContainerd(ctx context.Context) error {
