@@ -53,7 +53,6 @@ func run(ctx context.Context, ns string, name string, args ...string) ([]byte, e
 type netnsConfig struct {
 	name, hostVeth string
 	hostIP, nodeIP netip.Addr
-	serviceCIDR    string
 	// alsoAllowed are host addresses besides hostIP the node may reach
 	// over eth0 (the apiserver's advertised address on another node's
 	// link, which the "kubernetes" Service points at).
