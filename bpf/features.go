@@ -74,7 +74,7 @@ var setRetval struct {
 // bpf_set_retval (Load switches the call off where they may not).
 func haveSetRetval() error {
 	setRetval.once.Do(func() {
-		liftMemlock()
+		_ = liftMemlock() // kept: explainLoad names it if a load fails
 		setRetval.err = errors.Join(features.HaveProgramHelper(ebpf.CGroupSockAddr, asm.FnSetRetval),
 			haveSockAddrHook(ebpf.AttachCGroupUDP4Sendmsg, true), haveSockAddrHook(ebpf.AttachCGroupUDP6Sendmsg, true))
 	})
@@ -86,7 +86,7 @@ func haveSetRetval() error {
 // never sees the call). It lifts the memlock limit first, as every load
 // needs on kernels before 5.11.
 func setRetvalConst(spec *ebpf.CollectionSpec) error {
-	liftMemlock()
+	_ = liftMemlock() // kept: explainLoad names it if a load fails
 	v := uint32(0)
 	if haveSetRetval() == nil {
 		v = 1

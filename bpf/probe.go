@@ -82,8 +82,8 @@ func Probe() (Features, error) {
 	}
 	var missing []error
 	// Kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK; the probes
-	// create maps too.
-	liftMemlock()
+	// create maps too. A failure is kept: explainLoad names it.
+	_ = liftMemlock()
 	if p, err := Cgroup2Mount(); err != nil {
 		missing = append(missing, err)
 	} else {

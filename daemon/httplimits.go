@@ -46,7 +46,9 @@ func BoundedServer(h http.Handler) *http.Server {
 func withBodyDeadline(h http.Handler, d time.Duration) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// The kernel's clock: a socket deadline is wall time.
-		http.NewResponseController(w).SetReadDeadline(time.Now().Add(d))
+		// A connection without deadlines (a test's pipe) serves on
+		// unbounded: every listener draind opens has them.
+		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(d))
 		h.ServeHTTP(w, r)
 	})
 }
@@ -83,8 +85,9 @@ func (l *capListener) Accept() (net.Conn, error) {
 		}
 		// A fresh socket's send buffer takes the answer without waiting;
 		// the deadline only guards against the unexpected.
-		c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
-		c.Write(overCapAnswer)
+		// Best effort: the connection is closed either way.
+		_ = c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+		_, _ = c.Write(overCapAnswer)
 		c.Close()
 		if l.refused != nil {
 			l.refused()
