@@ -15,7 +15,7 @@ set -euo pipefail
 #   conntrack: the conntrack benchmark's `conntrack -D` baseline
 #   iproute2: root-only tests that run `ip` in a test namespace
 #   util-linux: setpriv (conntrack runs with CAP_NET_ADMIN only)
-#   curl, busybox: the README's preStop recipes, run as printed from a test pod
+#   curl, busybox: the documented preStop recipes (README, docs/prestop.md), run as printed from a test pod
 #   ca-certificates: go module downloads
 #   containerd runc containernetworking-plugins: the real node of test/cluster/realnode
 pkgs=(clang-15 llvm-15 libbpf-dev linux-libc-dev iptables conntrack iproute2 util-linux curl busybox ca-certificates
