@@ -37,8 +37,8 @@ const (
 // goroutine, and that goroutine's pass writes it, under the model's lock.
 // With a P per CPU the hand-off wakes a second thread and idle threads spin
 // looking for work: on 2 CPUs that cost a quarter of draind's CPU per
-// update (README "Performance", "One CPU"). Blocking system calls and
-// netlink reads release the P, so they still run beside the event path; a
+// update (BenchmarkClusterScale, docs/performance.md). Blocking system
+// calls and netlink reads release the P, so they still run beside the event path; a
 // long computation elsewhere (a relist's decoding, a status dump) shares
 // the one P in the runtime's 10 ms turns.
 const DefaultProcs = 1

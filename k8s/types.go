@@ -109,7 +109,7 @@ type Slice struct {
 	// Controller: the EndpointSlice controller manages it (its managed-by
 	// label). Together with a selector on the Service this is the
 	// cluster's own record that the endpoints are the Service's pods; the
-	// label alone can be forged (see the README's trust model).
+	// label alone can be forged (see docs/security.md, the trust model).
 	Controller bool
 	Family     Family
 	wide       bool // some address is not plain IPv4 (with the flags: one word)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Prints the table of draind's performance figures (the README's
-# "Performance" section): BenchmarkClusterScale at 100,000 and 150,000
+# Prints the table of draind's performance figures (docs/performance.md):
+# BenchmarkClusterScale at 100,000 and 150,000
 # endpoints, the list fallback and JSON, several runs each in its own
 # process (so that each run's RSS is its own), then, as root, several runs
 # of BenchmarkConnect (the hooks' ns per invocation from the kernel's BPF
@@ -31,7 +31,7 @@ while [ $# -gt 0 ]; do
 done
 
 # Gross-regression thresholds of the CI form (a loaded 2-core machine must
-# pass them comfortably; see the README's "Performance" for today's figures).
+# pass them comfortably; see docs/performance.md for today's figures).
 max_p99_ms=5            # BenchmarkClusterScale/endpoints=150k p99, median of runs, on a host as fast as this one:
 api_cpu_us=140          # ... where the stand-in API server spends about this per update (150k): on a slower
                         # host (more) the p99 limit grows in proportion, never shrinks (the stalls it guards

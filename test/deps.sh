@@ -16,7 +16,7 @@ set -euo pipefail
 #   conntrack: the conntrack benchmark's `conntrack -D` baseline
 #   iproute2: root-only tests that run `ip` in a test namespace
 #   util-linux: setpriv (conntrack runs with CAP_NET_ADMIN only)
-#   curl, busybox: the README's preStop recipes, run as printed from a test pod
+#   curl, busybox: the documented preStop recipes (README, docs/prestop.md), run as printed from a test pod
 #   ca-certificates: go module downloads
 #   containerd runc containernetworking-plugins: the real node of test/cluster/realnode
 #   qemu-system-x86 debian-archive-keyring kmod: the kernel matrix (test/kernels boots
