@@ -1,9 +1,11 @@
 package deploycheck
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"image/png"
 	"net"
 	"net/http"
 	"net/url"
@@ -14,6 +16,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"gonum.org/v1/plot/vg"
+
+	"github.com/draind/draind/test/cluster/draincurves"
 )
 
 // prometheusBin returns Debian's Prometheus server (package prometheus,
@@ -137,6 +143,7 @@ func emptyWhenHealthy(expr string) bool {
 // own namespace and pod.
 func TestPrometheusEvaluatesDashboard(t *testing.T) {
 	prometheusBin(t)
+	start := time.Now()
 	_, metricsURL := serveDaemon(t)
 	u, err := url.Parse(metricsURL)
 	if err != nil {
@@ -190,4 +197,39 @@ func TestPrometheusEvaluatesDashboard(t *testing.T) {
 		t.Errorf("network-programming observations by trigger %v: want the slice's and the Lease's", got)
 	}
 	t.Logf("evaluated %d dashboard queries in a real Prometheus: %d with data, %d empty as they are on a healthy daemon", len(dash), len(dash)-empty, empty)
+	checkDrainCurves(ctx, t, p, start)
+}
+
+// checkDrainCurves renders the drained pod's curves from the Prometheus
+// data with draincurves (cmd/draincurves) and checks the PNG.
+func checkDrainCurves(ctx context.Context, t *testing.T, p *promServer, start time.Time) {
+	t.Helper()
+	c, err := draincurves.Fetch(ctx, p.base, "shop", start, time.Now(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pods := c.Pods(); len(pods) != 1 || pods[0] != "web-1" {
+		t.Fatalf("drain curves of pods %v, want [web-1]", pods)
+	}
+	for i, s := range c.Series {
+		if len(s["web-1"]) == 0 {
+			t.Errorf("no %q samples of web-1", draincurves.Panels[i].Title)
+		}
+	}
+	var buf bytes.Buffer
+	if err := draincurves.Render(c, &buf, 8*vg.Inch, 6*vg.Inch); err != nil {
+		t.Fatal(err)
+	}
+	img, err := png.Decode(bytes.NewReader(buf.Bytes()))
+	if err != nil {
+		t.Fatalf("draincurves wrote no PNG: %v", err)
+	}
+	if b := img.Bounds(); b.Dx() != 8*96 || b.Dy() != 6*96 {
+		t.Errorf("PNG of %v, want 768x576", b)
+	}
+	if out := os.Getenv("DRAIND_DRAINCURVES_PNG"); out != "" {
+		if err := os.WriteFile(out, buf.Bytes(), 0o644); err != nil {
+			t.Error(err)
+		}
+	}
 }
