@@ -24,7 +24,9 @@ const (
 )
 
 func catSlice(fam k8s.Family, port uint16, proto bpf.Protocol, eps ...k8s.Endpoint) *k8s.Slice {
-	return withEndpoints(&k8s.Slice{Service: "web", Controller: true, Family: fam, Ports: []k8s.SlicePort{{Name: "http", Port: port, Protocol: proto}}}, eps...)
+	s := &k8s.Slice{Service: "web", Controller: true, Family: fam, Ports: []k8s.SlicePort{{Name: "http", Port: port, Protocol: proto}}}
+	s.SetServiceOwner(catServiceUID)
+	return withEndpoints(s, eps...)
 }
 
 func withEndpoints(s *k8s.Slice, eps ...k8s.Endpoint) *k8s.Slice {
@@ -32,10 +34,12 @@ func withEndpoints(s *k8s.Slice, eps ...k8s.Endpoint) *k8s.Slice {
 	return s
 }
 
+const catServiceUID = "uid-web"
+
 func catService(mod ...func(*k8s.Service)) *k8s.Service {
 	s := &k8s.Service{ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
 		Ports: []k8s.ServicePort{{Name: "http", Port: 80, Protocol: bpf.TCP}}, HasSelector: true}
-	s.Namespace, s.Name = "default", "web"
+	s.Namespace, s.Name, s.UID = "default", "web", catServiceUID
 	for _, m := range mod {
 		m(s)
 	}

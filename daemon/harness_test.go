@@ -168,6 +168,17 @@ func (h *harness) deleteService(ns, name string) {
 	})
 }
 
+// ownedBy gives s the controller's ownerReference to Service svc of its
+// namespace, as the EndpointSlice controller writes it.
+func ownedBy(s *discoveryv1.EndpointSlice, svc string) {
+	yes := true
+	s.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Service", Name: svc, UID: serviceUID(s.Namespace, svc), Controller: &yes}}
+}
+
+// serviceUID is the UID the harness gives a Service (the fake clientset
+// sets none).
+func serviceUID(ns, name string) types.UID { return types.UID("svc-" + ns + "-" + name) }
+
 func (h *harness) putSlice(s *discoveryv1.EndpointSlice) {
 	h.do(&h.d.events.slices, 1, func(ctx context.Context) error {
 		api := h.client.DiscoveryV1().EndpointSlices(s.Namespace)
@@ -247,6 +258,7 @@ func svc(name string, clusterIPs []string, ports []corev1.ServicePort, opts ...s
 	for _, o := range opts {
 		o(s)
 	}
+	s.UID = serviceUID(s.Namespace, s.Name) // as the API server would
 	return s
 }
 
@@ -286,6 +298,7 @@ func slice(name, service string, fam discoveryv1.AddressType, ports []slicePort,
 			discoveryv1.LabelManagedBy: k8s.ManagedByController}},
 		AddressType: fam,
 	}
+	ownedBy(s, service)
 	for _, p := range ports {
 		s.Ports = append(s.Ports, discoveryv1.EndpointPort{Name: &p.name, Port: &p.port, Protocol: &p.proto})
 	}

@@ -32,6 +32,7 @@ func handWritten(s *discoveryv1.EndpointSlice) *discoveryv1.EndpointSlice {
 
 func inNamespace(ns string, s *discoveryv1.EndpointSlice) *discoveryv1.EndpointSlice {
 	s.Namespace = ns
+	ownedBy(s, s.Labels[discoveryv1.LabelServiceName])
 	for i := range s.Endpoints {
 		if r := s.Endpoints[i].TargetRef; r != nil {
 			r.Namespace = ns

@@ -281,13 +281,24 @@ func (d *Daemon) serviceEvent(oldObj, newObj any, received time.Time) {
 	}
 	at := receivedAt(received, d.clock.Now())
 	key := s.Namespace + "/" + s.Name
-	if (old != nil && old.HasSelector) != (cur != nil && cur.HasSelector) {
+	// Which of its slices are trusted depends on its selector and its UID
+	// (a Service deleted and created again under the same name).
+	if trustOf(old) != trustOf(cur) {
 		for _, sl := range d.state.SlicesOf(key) {
 			d.tracker.markIPs(d.claims.setSlice(sl.Namespace+"/"+sl.Name, d.trusted(sl)))
 		}
 	}
 	d.tracker.markService(key, at)
 	d.runner.Run()
+}
+
+// trustOf is what the trust of a Service's slices depends on ("" for a
+// Service without a selector, or none).
+func trustOf(s *k8s.Service) types.UID {
+	if s == nil || !s.HasSelector {
+		return ""
+	}
+	return s.UID
 }
 
 // receivedAt is the instant event-to-datapath latencies count from: when

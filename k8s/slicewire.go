@@ -291,6 +291,11 @@ func decodeMetaField(p *wireParts, r *wireReader, field, typ int) error {
 			}
 			err = decodeTime(t, p.deletion)
 		}
+	case 13: // ownerReferences
+		var o []byte
+		if o, err = r.msg(field, typ); err == nil {
+			err = decodeOwnerRef(p, o)
+		}
 	case 11, 12: // labels, annotations: map entries
 		var e []byte
 		if e, err = r.msg(field, typ); err == nil {
@@ -457,6 +462,45 @@ func decodeConditionsField(e *endpointPart[[]byte], r *wireReader, field, typ in
 		*dst = condTrue
 	}
 	return err
+}
+
+// decodeOwnerRef reads one ownerReference and keeps it if it is a
+// controller reference to a v1 Service.
+func decodeOwnerRef(p *wireParts, b []byte) error {
+	var kind, name, uid, apiVersion []byte
+	controller := false
+	r := wireReader{b: b}
+	for len(r.b) > 0 {
+		field, typ, err := r.tag()
+		if err == nil {
+			switch field {
+			case 1:
+				kind, err = r.msg(field, typ)
+			case 3:
+				name, err = r.msg(field, typ)
+			case 4:
+				uid, err = r.msg(field, typ)
+			case 5:
+				apiVersion, err = r.msg(field, typ)
+			case 6:
+				var v uint64
+				if typ != 0 {
+					return errTruncated
+				}
+				v, err = r.varint()
+				controller = v != 0
+			default:
+				err = r.skip(typ)
+			}
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if controller && string(kind) == "Service" && string(apiVersion) == "v1" {
+		p.ownerName, p.ownerUID, p.hasOwner = name, uid, true
+	}
+	return nil
 }
 
 func decodeRef(e *endpointPart[[]byte], b []byte) error {

@@ -29,7 +29,7 @@ func fullSlice() *discoveryv1.EndpointSlice {
 			ResourceVersion: "4711", Generation: 3, CreationTimestamp: metav1.Now(),
 			Labels:          map[string]string{discoveryv1.LabelServiceName: "web", discoveryv1.LabelManagedBy: ManagedByController, "app": "web"},
 			Annotations:     map[string]string{"endpoints.kubernetes.io/last-change-trigger-time": "2026-01-01T00:00:00Z"},
-			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Service", Name: "web", UID: "5e4f", Controller: &yes}},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Service", Name: "web", UID: "5e4f0000-0000-0000-0000-000000000001", Controller: &yes}},
 			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kube-controller-manager", Operation: metav1.ManagedFieldsOperationUpdate,
 				FieldsV1: metav1.NewFieldsV1(`{"f:endpoints":{}}`)}}},
 		AddressType: discoveryv1.AddressTypeIPv4,
@@ -97,8 +97,11 @@ func TestTransformsKeepWhatDraindReads(t *testing.T) {
 			t.Errorf("endpoint %d: %+v, want %+v", i, got, want)
 		}
 	}
-	if !sl.Trusted(&Service{HasSelector: true}) {
+	if !sl.Trusted(&Service{Meta: Meta{UID: "5e4f0000-0000-0000-0000-000000000001"}, HasSelector: true}) {
 		t.Error("the controller's slice of a Service with a selector is not trusted")
+	}
+	if sl.Trusted(&Service{Meta: Meta{UID: "5e4f0000-0000-0000-0000-000000000002"}, HasSelector: true}) {
+		t.Error("a slice is trusted for a Service its ownerReference does not name")
 	}
 
 	svcSrc := fullService()
@@ -107,7 +110,7 @@ func TestTransformsKeepWhatDraindReads(t *testing.T) {
 		t.Fatal(err)
 	}
 	svc := obj.(*Service)
-	want := &Service{Meta: Meta{Name: "web", Namespace: "shop", ResourceVersion: "12"},
+	want := &Service{Meta: Meta{Name: "web", Namespace: "shop", UID: "5e4f0000-0000-0000-0000-000000000001", ResourceVersion: "12"},
 		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10"), netip.MustParseAddr("fd00:96::10")},
 		Ports:      []ServicePort{{"http", 80, bpf.TCP}, {"dns", 53, bpf.UDP}}, AffinityClientIP: true, InternalLocal: true,
 		PodIPSteering: "refuse", HasSelector: true, EndDeadConnections: "false"}

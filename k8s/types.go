@@ -117,10 +117,16 @@ type Slice struct {
 	// annotation (only SliceFromProto keeps it: see GetAnnotations).
 	initialEventsEnd bool
 	// trigger is the slice's last-change-trigger-time to the millisecond,
-	// as the low 32 bits of Unix milliseconds (0: none): four bytes beside
-	// the flags (see TestCachedSizes). TriggerTime reads it back.
+	// as the low 32 bits of Unix milliseconds (0: none). TriggerTime reads
+	// it back.
 	trigger uint32
-	Ports   []SlicePort
+	// owner is uidHash of the UID of the Service the slice's controller
+	// ownerReference names (0: none, or one naming anything but its own
+	// Service). The EndpointSlice controller always sets it; a look-alike
+	// slice it has not adopted lacks it. A hash, not the text: it fits
+	// beside the flags (a Slice is kept per slice of the cluster).
+	owner uint32
+	Ports []SlicePort
 
 	// The endpoints, packed (Len and Endpoint read them): the informer
 	// keeps every endpoint of the cluster, so they hold no pointer (the GC
@@ -509,11 +515,31 @@ func writeText[T bytestring](b *strings.Builder, v T) {
 }
 
 // Trusted reports whether the slice is the cluster's own record of svc's
-// pods: the EndpointSlice controller's, for a Service with a selector (the
-// controller lists only pods the selector picks, in the Service's
+// pods: the EndpointSlice controller's (its managed-by label, and its
+// controller ownerReference to svc with svc's UID), for a Service with a
+// selector (the controller lists only pods the selector picks, in the Service's
 // namespace, with their real addresses and nodes).
 func (s *Slice) Trusted(svc *Service) bool {
-	return s.Controller && svc != nil && svc.HasSelector
+	return s.Controller && svc != nil && svc.HasSelector && s.owner != 0 && s.owner == uidHash(string(svc.UID))
+}
+
+// SetServiceOwner records the controller ownerReference a slice built by
+// hand carries: the UID of its Service ("" for none).
+func (s *Slice) SetServiceOwner(uid types.UID) {
+	s.owner = 0
+	if uid != "" {
+		s.owner = uidHash(string(uid))
+	}
+}
+
+// uidHash is FNV-1a of a UID, never 0 (0 means no owner).
+func uidHash[T bytestring](uid T) uint32 {
+	h := uint32(2166136261)
+	for i := 0; i < len(uid); i++ {
+		h ^= uint32(uid[i])
+		h *= 16777619
+	}
+	return max(h, 1)
 }
 
 // SlicePort is one port of a slice (the resolved target port).
@@ -727,6 +753,11 @@ func SliceFrom(s *discoveryv1.EndpointSlice) (sl *Slice, skipped int) {
 			ep.podUID, ep.podName = string(r.UID), r.Name
 		}
 	}
+	for _, o := range s.OwnerReferences {
+		if o.Controller != nil && *o.Controller && o.Kind == "Service" && o.APIVersion == "v1" {
+			p.ownerName, p.ownerUID, p.hasOwner = o.Name, string(o.UID), true
+		}
+	}
 	return p.build()
 }
 
@@ -737,13 +768,17 @@ func SliceFrom(s *discoveryv1.EndpointSlice) (sl *Slice, skipped int) {
 type sliceParts[T bytestring] struct {
 	name, namespace, resourceVersion T
 	deletion                         *metav1.Time
-	service, managedBy               T    // the two labels
-	initialEventsEnd                 bool // the watch-list bookmark's annotation
-	triggerTime                      time.Time
-	addressType                      T
-	ports                            []portPart[T]
-	endpoints                        []endpointPart[T]
-	scratch                          []endpointIn[T] // build's, kept for the next build (SliceFromProto's parts are reused)
+	service, managedBy               T // the two labels
+	// ownerName and ownerUID: the slice's controller ownerReference, when
+	// it names a v1 Service (hasOwner).
+	ownerName, ownerUID T
+	hasOwner            bool
+	initialEventsEnd    bool // the watch-list bookmark's annotation
+	triggerTime         time.Time
+	addressType         T
+	ports               []portPart[T]
+	endpoints           []endpointPart[T]
+	scratch             []endpointIn[T] // build's, kept for the next build (SliceFromProto's parts are reused)
 }
 
 type portPart[T bytestring] struct {
@@ -801,6 +836,9 @@ func (p *sliceParts[T]) build() (sl *Slice, skipped int) {
 	out := &Slice{Meta: Meta{Name: keepText(k, p.name), Namespace: keepText(k, p.namespace), ResourceVersion: keepText(k, p.resourceVersion),
 		DeletionTimestamp: p.deletion}, Service: keepText(k, p.service), Controller: string(p.managedBy) == ManagedByController,
 		initialEventsEnd: p.initialEventsEnd, trigger: packTrigger(p.triggerTime)}
+	if p.hasOwner && len(p.ownerUID) > 0 && string(p.ownerName) == string(p.service) {
+		out.owner = uidHash(p.ownerUID)
+	}
 	switch string(p.addressType) {
 	case string(discoveryv1.AddressTypeIPv4):
 		out.Family = IPv4
@@ -860,10 +898,11 @@ func (p *sliceParts[T]) build() (sl *Slice, skipped int) {
 		if e.terminating == condTrue {
 			ep.conds |= CondTerminating
 		}
-		// A Pod of another namespace is no pod of this slice's Service:
-		// the endpoint is kept (kube-proxy routes to it), its identity
-		// is not.
-		if e.hasRef && e.refKind != refOther && (len(e.refNamespace) == 0 || string(e.refNamespace) == string(p.namespace)) {
+		// A Pod of another namespace is no pod of this slice's Service,
+		// and neither is a targetRef without kind or namespace (the
+		// controller always writes both): the endpoint is kept
+		// (kube-proxy routes to it), its identity is not.
+		if e.hasRef && e.refKind == refPod && len(e.refNamespace) > 0 && string(e.refNamespace) == string(p.namespace) {
 			ep.uid, ep.name = e.podUID, e.podName
 		}
 		eps = append(eps, ep)
@@ -926,13 +965,15 @@ func parseIPv4[T bytestring](v T) (netip.Addr, bool) {
 // ServiceFrom converts a Service. Unparseable cluster IPs are skipped.
 func ServiceFrom(s *corev1.Service) (*Service, int) {
 	steering, endDead := s.Annotations[AnnotationPodIPSteering], s.Annotations[AnnotationEndDeadConnections]
-	size := metaSize(&s.ObjectMeta, false) + len(steering) + len(endDead)
+	// The UID is kept: a slice is trusted only if its ownerReference
+	// names it.
+	size := metaSize(&s.ObjectMeta, true) + len(steering) + len(endDead)
 	for _, p := range s.Spec.Ports {
 		size += len(p.Name)
 	}
 	k := newKeeper(size)
 	out := &Service{
-		Meta:               metaOf(k, &s.ObjectMeta, false),
+		Meta:               metaOf(k, &s.ObjectMeta, true),
 		AffinityClientIP:   s.Spec.SessionAffinity == corev1.ServiceAffinityClientIP,
 		InternalLocal:      s.Spec.InternalTrafficPolicy != nil && *s.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal,
 		PodIPSteering:      k.keep(steering),

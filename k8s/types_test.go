@@ -31,7 +31,7 @@ func TestSliceFrom(t *testing.T) {
 		},
 		Endpoints: []discoveryv1.Endpoint{
 			// nil conditions: ready and serving (API semantics).
-			{Addresses: []string{"10.0.0.1"}, NodeName: ptr("node-a"), TargetRef: &corev1.ObjectReference{Kind: "Pod", Name: "p1", UID: "u1"}},
+			{Addresses: []string{"10.0.0.1"}, NodeName: ptr("node-a"), TargetRef: &corev1.ObjectReference{Kind: "Pod", Namespace: "shop", Name: "p1", UID: "u1"}},
 			{Addresses: []string{"10.0.0.2"}, Conditions: discoveryv1.EndpointConditions{Ready: ptr(false), Serving: ptr(true), Terminating: ptr(true)}},
 			{Addresses: []string{"fd00::1"}}, // wrong family: skipped
 			{Addresses: []string{"bogus"}},   // skipped
@@ -254,10 +254,13 @@ func TestNodeNumbersConcurrent(t *testing.T) {
 // TestCachedSizes: the informers keep a Slice and a Service per slice and
 // Service of the cluster (10,000 of each in BenchmarkClusterScale). A field
 // that pushes one into a larger allocation size class costs 160 KB of heap
-// per 10,000 and about twice that in RSS: place flags beside flags.
+// per 10,000 and about twice that in RSS: place flags beside flags. A
+// Slice is 200 bytes (the 208-byte class): its flags' word holds the
+// change-trigger time, and the owner's UID hash, which trust needs, takes
+// one more word.
 func TestCachedSizes(t *testing.T) {
 	for name, got := range map[string]uintptr{"Slice": unsafe.Sizeof(Slice{}), "Service": unsafe.Sizeof(Service{})} {
-		if want := map[string]uintptr{"Slice": 192, "Service": 176}[name]; got > want {
+		if want := map[string]uintptr{"Slice": 208, "Service": 176}[name]; got > want {
 			t.Errorf("a %s takes %d bytes, more than the %d-byte size class it had", name, got, want)
 		}
 	}
@@ -295,9 +298,9 @@ func TestNodeNamesBounded(t *testing.T) {
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Ports:       []discoveryv1.EndpointPort{{Port: ptr(int32(80))}},
 		Endpoints: []discoveryv1.Endpoint{
-			{Addresses: []string{"10.0.0.1"}, NodeName: ptr("late-node-a"), TargetRef: &corev1.ObjectReference{Kind: "Pod", Name: "web-7d4-a", UID: "not-a-uuid"}},
-			{Addresses: []string{"10.0.0.2"}, NodeName: ptr(known), TargetRef: &corev1.ObjectReference{Kind: "Pod", Name: "web-7d4-b", UID: "0b7e6a5c-3f52-4d4a-9a39-1d2a2f6c9e01"}},
-			{Addresses: []string{"10.0.0.3"}, NodeName: ptr("late-node-b"), TargetRef: &corev1.ObjectReference{Kind: "Pod", Name: "web-7d4-c", UID: "also-text"}},
+			{Addresses: []string{"10.0.0.1"}, NodeName: ptr("late-node-a"), TargetRef: &corev1.ObjectReference{Kind: "Pod", Namespace: "shop", Name: "web-7d4-a", UID: "not-a-uuid"}},
+			{Addresses: []string{"10.0.0.2"}, NodeName: ptr(known), TargetRef: &corev1.ObjectReference{Kind: "Pod", Namespace: "shop", Name: "web-7d4-b", UID: "0b7e6a5c-3f52-4d4a-9a39-1d2a2f6c9e01"}},
+			{Addresses: []string{"10.0.0.3"}, NodeName: ptr("late-node-b"), TargetRef: &corev1.ObjectReference{Kind: "Pod", Namespace: "shop", Name: "web-7d4-c", UID: "also-text"}},
 			{Addresses: []string{"10.0.0.4"}, NodeName: ptr("late-node-a")},
 			{Addresses: []string{"10.0.0.5"}, NodeName: ptr(long)},
 		},
@@ -336,5 +339,63 @@ func TestNodeNamesBounded(t *testing.T) {
 	}
 	if n := nodeNames.len(); n != maxNodeNames {
 		t.Errorf("the table numbers %d names after the late slice, want %d", n, maxNodeNames)
+	}
+}
+
+// TestHostileForgedSliceTrust: a slice is the cluster's record of a
+// Service's pods only with the controller's label, a controller
+// ownerReference naming that Service with its UID, and Pod targetRefs in
+// the slice's namespace; every forgery, decoded from the API's object and
+// from protobuf alike, is not trusted or names no pod.
+func TestHostileForgedSliceTrust(t *testing.T) {
+	const svcUID = "0b7e6a5c-3f52-4d4a-9a39-1d2a2f6c9e77"
+	svc := &Service{Meta: Meta{Name: "web", Namespace: "shop", UID: svcUID}, HasSelector: true}
+	yes, no := true, false
+	base := func() *discoveryv1.EndpointSlice {
+		return &discoveryv1.EndpointSlice{
+			ObjectMeta: metav1.ObjectMeta{Name: "web-1", Namespace: "shop",
+				Labels:          map[string]string{discoveryv1.LabelServiceName: "web", discoveryv1.LabelManagedBy: ManagedByController},
+				OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Service", Name: "web", UID: svcUID, Controller: &yes}}},
+			AddressType: discoveryv1.AddressTypeIPv4,
+			Ports:       []discoveryv1.EndpointPort{{Port: ptr(int32(80))}},
+			Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"10.0.0.1"},
+				TargetRef: &corev1.ObjectReference{Kind: "Pod", Namespace: "shop", Name: "p", UID: "u1"}}},
+		}
+	}
+	for _, tc := range []struct {
+		name         string
+		mod          func(*discoveryv1.EndpointSlice)
+		trusted, pod bool
+	}{
+		{"the controller's slice", func(*discoveryv1.EndpointSlice) {}, true, true},
+		{"no managed-by label", func(s *discoveryv1.EndpointSlice) { delete(s.Labels, discoveryv1.LabelManagedBy) }, false, true},
+		{"no ownerReference", func(s *discoveryv1.EndpointSlice) { s.OwnerReferences = nil }, false, true},
+		{"a made-up Service UID", func(s *discoveryv1.EndpointSlice) { s.OwnerReferences[0].UID = "0b7e6a5c-3f52-4d4a-9a39-1d2a2f6c9e78" }, false, true},
+		{"an owner that is not the controller", func(s *discoveryv1.EndpointSlice) { s.OwnerReferences[0].Controller = &no }, false, true},
+		{"an owner of another kind", func(s *discoveryv1.EndpointSlice) { s.OwnerReferences[0].Kind = "Deployment" }, false, true},
+		{"an owner naming another Service", func(s *discoveryv1.EndpointSlice) { s.OwnerReferences[0].Name = "other" }, false, true},
+		{"a targetRef without kind", func(s *discoveryv1.EndpointSlice) { s.Endpoints[0].TargetRef.Kind = "" }, true, false},
+		{"a targetRef without namespace", func(s *discoveryv1.EndpointSlice) { s.Endpoints[0].TargetRef.Namespace = "" }, true, false},
+		{"a targetRef into another namespace", func(s *discoveryv1.EndpointSlice) { s.Endpoints[0].TargetRef.Namespace = "bank" }, true, false},
+	} {
+		es := base()
+		tc.mod(es)
+		wire, err := es.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		fromProto, _, err := SliceFromProto(wire)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fromAPI, _ := SliceFrom(es)
+		for path, sl := range map[string]*Slice{"SliceFrom": fromAPI, "SliceFromProto": fromProto} {
+			if got := sl.Trusted(svc); got != tc.trusted {
+				t.Errorf("%s, %s: trusted %v, want %v", tc.name, path, got, tc.trusted)
+			}
+			if got := sl.HasPod(0); got != tc.pod {
+				t.Errorf("%s, %s: names a pod %v, want %v", tc.name, path, got, tc.pod)
+			}
+		}
 	}
 }

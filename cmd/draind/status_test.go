@@ -67,7 +67,7 @@ func realStatusWith(t *testing.T, withCT bool) daemon.Status {
 	pn, pp, pr := "http", int32(8080), corev1.ProtocolTCP
 	objs := []func() error{
 		func() error {
-			_, err := client.CoreV1().Services("shop").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "cart", Namespace: "shop"},
+			_, err := client.CoreV1().Services("shop").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "cart", Namespace: "shop", UID: "uid-svc-cart"},
 				Spec: corev1.ServiceSpec{ClusterIP: "10.96.0.10", ClusterIPs: []string{"10.96.0.10"}, Selector: map[string]string{"app": "cart"},
 					Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: pr}}}}, metav1.CreateOptions{})
 			return err
@@ -75,7 +75,8 @@ func realStatusWith(t *testing.T, withCT bool) daemon.Status {
 		func() error {
 			_, err := client.DiscoveryV1().EndpointSlices("shop").Create(ctx, &discoveryv1.EndpointSlice{
 				ObjectMeta: metav1.ObjectMeta{Name: "cart-x1", Namespace: "shop", Labels: map[string]string{discoveryv1.LabelServiceName: "cart",
-					discoveryv1.LabelManagedBy: k8s.ManagedByController}},
+					discoveryv1.LabelManagedBy: k8s.ManagedByController},
+					OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Service", Name: "cart", UID: "uid-svc-cart", Controller: &tr}}},
 				AddressType: discoveryv1.AddressTypeIPv4, Ports: []discoveryv1.EndpointPort{{Name: &pn, Port: &pp, Protocol: &pr}},
 				Endpoints: []discoveryv1.Endpoint{mk("10.244.0.11", true, "a", "cart-a", node), mk("10.244.1.12", false, "b", "cart-b", other), mk("10.244.1.13", true, "c", "cart-c", other)},
 			}, metav1.CreateOptions{})

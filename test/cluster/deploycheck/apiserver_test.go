@@ -314,6 +314,7 @@ func testRBAC(ctx context.Context, t *testing.T, c *kube.Cluster, dyn dynamic.In
 	})
 
 	t.Run("drain Leases are bound to the writer's node", func(t *testing.T) { testLeasePolicy(ctx, t, c) })
+	t.Run("the EndpointSlice controller's label is reserved", func(t *testing.T) { testSlicePolicy(ctx, t, c) })
 
 	t.Run("daemon drains a pod with exactly these rights", func(t *testing.T) {
 		testDaemonWithRBAC(ctx, t, c, sa)

@@ -160,6 +160,9 @@ func desiredSlice(svc *corev1.Service, pods []*corev1.Pod) *discoveryv1.Endpoint
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace: svc.Namespace, Name: svc.Name + "-standin",
 			Labels: map[string]string{discoveryv1.LabelServiceName: svc.Name, discoveryv1.LabelManagedBy: sliceManagedBy},
+			// The controller's reference to its Service: draind trusts a
+			// slice only with it.
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Service", Name: svc.Name, UID: svc.UID, Controller: ptr(true)}},
 		},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Endpoints:   eps,
