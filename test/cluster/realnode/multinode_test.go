@@ -324,7 +324,8 @@ type multiRow struct {
 // without draind and with the shipped DaemonSet and the README's preStop:
 // the HTTP rollout (ClusterIP, stale pod-IP and keep-alive clients) and
 // the DNS rollout (Go resolver and sendto clients). With draind no request
-// or lookup may fail in either mode.
+// or lookup may fail in either mode. DRAIND_MULTINODE_MODES (a comma-
+// separated list; both by default) limits the modes run.
 func TestMultiNode(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
@@ -354,7 +355,11 @@ func TestMultiNode(t *testing.T) {
 		{realnode.ProxyIPTables, false}, {realnode.ProxyNFTables, false},
 		{realnode.ProxyNFTables, true}, {realnode.ProxyIPTables, true},
 	}
+	modes := strings.Split(os.Getenv("DRAIND_MULTINODE_MODES"), ",")
 	for _, step := range plan {
+		if modes[0] != "" && !slices.Contains(modes, step.mode) {
+			continue
+		}
 		variant := "without-draind"
 		http, dns := realnode.SleepPodSpec(5), realnode.DNSSleepPodSpec(dnsSleepSeconds)
 		if step.draind {
