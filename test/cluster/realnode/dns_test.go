@@ -409,7 +409,20 @@ func watchDeletions(ctx context.Context, t *testing.T, n *realnode.Node, namespa
 			for ev := range w.ResultChan() {
 				p, ok := ev.Object.(*corev1.Pod)
 				if !ok {
-					continue
+					// An error (after an apiserver restart: the resource
+					// version is too old): list again, and note the
+					// deletions the list shows from now.
+					if list, err := n.Cluster.Admin.CoreV1().Pods(namespace).List(wctx, metav1.ListOptions{LabelSelector: "app=" + app}); err == nil {
+						rv = list.ResourceVersion
+						mu.Lock()
+						for _, p := range list.Items {
+							if _, ok := seen[p.Name]; !ok && p.DeletionTimestamp != nil {
+								seen[p.Name] = time.Now()
+							}
+						}
+						mu.Unlock()
+					}
+					break
 				}
 				rv = p.ResourceVersion
 				if p.DeletionTimestamp != nil {
