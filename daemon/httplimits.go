@@ -85,13 +85,15 @@ func (l *capListener) Accept() (net.Conn, error) {
 		}
 		// A fresh socket's send buffer takes the answer without waiting;
 		// the deadline only guards against the unexpected.
+		// Counted before the answer: a client that reads the 503 then
+		// finds it counted.
+		if l.refused != nil {
+			l.refused()
+		}
 		// Best effort: the connection is closed either way.
 		_ = c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
 		_, _ = c.Write(overCapAnswer)
 		c.Close()
-		if l.refused != nil {
-			l.refused()
-		}
 	}
 }
 
