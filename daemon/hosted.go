@@ -459,9 +459,13 @@ func (l *hostedDrains) cleanStaleLeases(leases map[types.UID]*k8s.DrainLease, po
 		if pods[uid] != nil {
 			continue
 		}
-		stale := dl.Holder == l.cfg.Node && l.pods[uid] == nil && !dl.Expires().After(now)
+		mine := dl.Holder == l.cfg.Node
+		stale := mine && l.pods[uid] == nil && !dl.Expires().After(now)
 		for _, ip := range dl.IPs {
-			if owner, ok := l.cfg.Claims.localOwner(ip); ok && owner != uid {
+			// Only the holder deletes a Lease (the shipped Lease policy
+			// denies any other node): a local pod at the IP of another
+			// node's Lease is left to the slices that list it.
+			if owner, ok := l.cfg.Claims.localOwner(ip); ok && owner != uid && mine {
 				stale = true
 				if ld := l.pods[uid]; ld != nil {
 					ld.goneAt = now.Add(-l.cfg.Linger) // forget at once
@@ -499,8 +503,15 @@ func (l *hostedDrains) request(ld *hostedDrain) k8s.DrainRequest {
 // goroutine).
 func (l *hostedDrains) leaseWritten(r leaseResult) {
 	op := r.kind.String()
-	l.cfg.Metrics.LeaseOps.WithLabelValues(op, result(r.err)).Inc()
-	if r.err != nil {
+	switch {
+	case r.err == nil:
+		l.cfg.Metrics.LeaseOps.WithLabelValues(op, "ok").Inc()
+	case permanentLeaseError(r.kind, r.err):
+		l.cfg.Metrics.LeaseOps.WithLabelValues(op, "refused").Inc()
+		l.cfg.Log.Warn("drain lease write refused, not retried before "+leaseRefusedRetry.String(),
+			"lease", r.name, "op", op, logKeyErr, r.err)
+	default:
+		l.cfg.Metrics.LeaseOps.WithLabelValues(op, "error").Inc()
 		l.cfg.Log.Error("writing drain lease, will retry", "lease", r.name, "op", op, logKeyErr, r.err)
 	}
 	if r.kind == leaseDelete {

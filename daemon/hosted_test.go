@@ -3,11 +3,14 @@ package daemon
 import (
 	"fmt"
 	"net/netip"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/conntrack"
@@ -420,6 +423,28 @@ func TestIPReuseDeletesStaleLease(t *testing.T) {
 	h.putPod(pod("pod-new", "new", "10.0.0.7"))
 	h.tick(0)
 	h.waitLeases(0)
+}
+
+// TestIPReuseLeavesOtherNodesLease: a local pod at the IP of a Lease
+// another node holds does not make this node delete it (the shipped Lease
+// policy denies that; only the holder deletes its Leases).
+func TestIPReuseLeavesOtherNodesLease(t *testing.T) {
+	h := newHarness(t)
+	var deletes atomic.Int32
+	h.client.PrependReactor("delete", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
+		deletes.Add(1)
+		return false, nil, nil
+	})
+	h.lease("old", "default", "pod-old", "node-b", k8s.ReasonPodDeleting, time.Minute, "10.0.0.7")
+	h.putPod(pod("pod-new", "new", "10.0.0.7"))
+	h.tick(0)
+	h.tick(time.Second)
+	if n := deletes.Load(); n != 0 {
+		t.Fatalf("%d deletes of node-b's Lease from %s", n, testNode)
+	}
+	if n := len(h.d.state.DrainLeases()); n != 1 {
+		t.Fatalf("%d leases, want node-b's one", n)
+	}
 }
 
 func TestOfflineAPIUnreachable(t *testing.T) {

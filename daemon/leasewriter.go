@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/utils/clock"
 
 	"github.com/draind/draind/k8s"
@@ -56,7 +57,20 @@ const (
 	// leaseCallTimeout bounds one API call: a hung API server delays Lease
 	// writes, never this node's drains or offline answers.
 	leaseCallTimeout = 5 * time.Second
+	// leaseRefusedRetry spaces the retries of a write the API server
+	// refused for good (see permanentLeaseError): an admission policy
+	// denying it, an invalid object, a Lease gone under a renewal. Such a
+	// write is not retried hot; the next pass may want another one.
+	leaseRefusedRetry = 30 * time.Second
 )
+
+// permanentLeaseError says whether retrying the same write soon cannot
+// help: 403 (an admission policy or RBAC denies it), 422 (invalid), and a
+// renewal of a Lease that no longer exists.
+func permanentLeaseError(kind leaseWriteKind, err error) bool {
+	return apierrors.IsForbidden(err) || apierrors.IsInvalid(err) ||
+		(kind == leaseRenew && apierrors.IsNotFound(err))
+}
 
 // leaseWriter performs the drain Lease writes of this node, off the loop
 // that measures drains and answers offline calls. It keeps only the latest
@@ -153,13 +167,20 @@ func (lw *leaseWriter) flush(ctx context.Context) {
 			continue
 		}
 		at, err := lw.do(ctx, name, w)
+		if w.kind == leaseDelete && apierrors.IsNotFound(err) {
+			err = nil // already deleted: what the write wanted
+		}
 		lw.mu.Lock()
 		if cur := lw.pending[name]; cur == p {
-			if err == nil {
+			switch {
+			case err == nil:
 				if cur.w.kind == w.kind {
 					delete(lw.pending, name)
 				}
-			} else {
+			case permanentLeaseError(w.kind, err):
+				cur.failures++
+				cur.next = lw.clock.Now().Add(leaseRefusedRetry)
+			default:
 				cur.failures++
 				cur.next = lw.clock.Now().Add(min(leaseRetryMin<<min(cur.failures-1, 8), leaseRetryMax))
 			}

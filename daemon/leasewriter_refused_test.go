@@ -1,0 +1,86 @@
+package daemon
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	testingclock "k8s.io/utils/clock/testing"
+
+	"github.com/draind/draind/k8s"
+)
+
+// TestLeaseWriterRefusedNotRetriedHot: a write the API server refuses for
+// good (an admission policy's 403, a 422, a renewal of a deleted Lease) is
+// retried after leaseRefusedRetry, not every retry step; a transient error
+// is retried within leaseRetryMax; deleting a Lease already gone is done.
+func TestLeaseWriterRefusedNotRetriedHot(t *testing.T) {
+	gr := schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}
+	for _, tc := range []struct {
+		name      string
+		kind      leaseWriteKind
+		err       error
+		wantRetry time.Duration // 0: the write is done
+	}{
+		{"delete denied by the Lease policy", leaseDelete, apierrors.NewForbidden(gr, "x", nil), leaseRefusedRetry},
+		{"renew of a deleted Lease", leaseRenew, apierrors.NewNotFound(gr, "x"), leaseRefusedRetry},
+		{"renew invalid", leaseRenew, apierrors.NewInvalid(schema.GroupKind{Group: gr.Group, Kind: "Lease"}, "x", nil), leaseRefusedRetry},
+		{"delete of a Lease already gone", leaseDelete, apierrors.NewNotFound(gr, "x"), 0},
+		{"API server unavailable", leaseDelete, apierrors.NewServiceUnavailable("down"), leaseRetryMin},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			client := fake.NewClientset()
+			var calls atomic.Int32
+			client.PrependReactor("*", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
+				calls.Add(1)
+				return true, nil, tc.err
+			})
+			clk := testingclock.NewFakeClock(time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC))
+			var results []leaseResult
+			lw := newLeaseWriter(&k8s.Leases{Client: client, Namespace: testNS}, 30*time.Second, clk,
+				slog.New(slog.NewTextHandler(io.Discard, nil)), func(r leaseResult) { results = append(results, r) })
+			lw.want("drain-x", leaseWrite{kind: tc.kind})
+			lw.flush(context.Background())
+			if calls.Load() != 1 || len(results) != 1 {
+				t.Fatalf("first flush: %d API calls, %d results; want 1 and 1", calls.Load(), len(results))
+			}
+			lw.mu.Lock()
+			p := lw.pending["drain-x"]
+			lw.mu.Unlock()
+			if tc.wantRetry == 0 {
+				if p != nil || results[0].err != nil {
+					t.Fatalf("pending %v, result error %v: want the write done", p, results[0].err)
+				}
+				return
+			}
+			if p == nil {
+				t.Fatal("the write was dropped: want it kept for a later retry")
+			}
+			if got := p.next.Sub(clk.Now()); got != tc.wantRetry {
+				t.Fatalf("next try in %v, want %v", got, tc.wantRetry)
+			}
+			if permanentLeaseError(tc.kind, results[0].err) != (tc.wantRetry == leaseRefusedRetry) {
+				t.Fatalf("result error %v classified wrongly", results[0].err)
+			}
+			// Flushing before the retry is due makes no call.
+			clk.Step(tc.wantRetry - time.Millisecond)
+			lw.flush(context.Background())
+			if calls.Load() != 1 {
+				t.Fatalf("%d API calls before the retry was due, want 1", calls.Load())
+			}
+			clk.Step(time.Millisecond)
+			lw.flush(context.Background())
+			if calls.Load() != 2 {
+				t.Fatalf("%d API calls once the retry was due, want 2", calls.Load())
+			}
+		})
+	}
+}
