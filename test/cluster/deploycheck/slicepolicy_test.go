@@ -85,6 +85,26 @@ func testSlicePolicy(ctx context.Context, t *testing.T, c *kube.Cluster) {
 		return err == nil && len(l.Items) > 0, nil
 	})
 	if err != nil {
-		t.Errorf("the EndpointSlice controller's slice never appeared under the policy: %v", err)
+		t.Fatalf("the EndpointSlice controller's slice never appeared under the policy: %v", err)
+	}
+	// The tenant may not change the endpoints of the controller's slice in
+	// its namespace; an update that leaves what the slice says alone (the
+	// garbage collector orphaning it, an annotation) is not the policy's.
+	l, err := c.Admin.DiscoveryV1().EndpointSlices(ns).List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelManagedBy + "=endpointslice-controller.k8s.io"})
+	if err != nil || len(l.Items) == 0 {
+		t.Fatalf("listing the controller's slices: %v", err)
+	}
+	ctl := l.Items[0].DeepCopy()
+	ctl.Endpoints = append(ctl.Endpoints, discoveryv1.Endpoint{Addresses: []string{"10.244.9.9"}})
+	if _, err := api.Update(ctx, ctl, metav1.UpdateOptions{}); err == nil || !strings.Contains(err.Error(), "reserved for the EndpointSlice controller") {
+		t.Errorf("a tenant added an endpoint to the controller's slice: %v", err)
+	}
+	ann := l.Items[0].DeepCopy()
+	if ann.Annotations == nil {
+		ann.Annotations = map[string]string{}
+	}
+	ann.Annotations["example.com/note"] = "x"
+	if _, err := api.Update(ctx, ann, metav1.UpdateOptions{}); err != nil && !apierrors.IsConflict(err) {
+		t.Errorf("an annotation on the controller's slice was refused: %v", err)
 	}
 }
