@@ -158,7 +158,7 @@ func TestHelmValues(t *testing.T) {
 	vals := map[string]any{
 		"image":       map[string]any{"repository": "registry.example/draind", "tag": "v9.9.9"},
 		"resources":   map[string]any{"requests": map[string]any{"cpu": "200m", "memory": "256Mi"}, "limits": map[string]any{"memory": "1Gi"}},
-		"runFlags":    map[string]any{"log-format": "text", "entry-ttl": "90s", "conntrack": false, "procs": 2},
+		"runFlags":    map[string]any{"log-format": "text", "entry-ttl": "90s", "conntrack": false, "procs": 2, "max-connections": float64(1000000)}, // a values file's numbers are float64
 		"ports":       map[string]any{"offline": 19460, "metrics": 19461},
 		"namespace":   map[string]any{"create": false},
 		"leasePolicy": map[string]any{"validationActions": []any{"Warn", "Audit"}},
@@ -199,7 +199,7 @@ func TestHelmValues(t *testing.T) {
 	if c.Image != "registry.example/draind:v9.9.9" {
 		t.Errorf("image %s", c.Image)
 	}
-	wantArgs := []string{"run", "--conntrack=false", "--entry-ttl=90s", "--log-format=text", "--procs=2"}
+	wantArgs := []string{"run", "--conntrack=false", "--entry-ttl=90s", "--log-format=text", "--max-connections=1000000", "--procs=2"}
 	if !slices.Equal(c.Args, wantArgs) {
 		t.Errorf("args %q, want %q", c.Args, wantArgs)
 	}
