@@ -91,7 +91,7 @@ func newE2EWith(t *testing.T, o e2eOptions) *e2e {
 				TargetRef: &corev1.ObjectReference{Kind: "Pod", Namespace: "default", Name: name, UID: uid}})
 		}
 	}
-	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "default"},
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "default", UID: serviceUID("default", "web")},
 		Spec: corev1.ServiceSpec{ClusterIP: e.vip4.Addr().String(), ClusterIPs: []string{e.vip4.Addr().String(), e.vip6.Addr().String()},
 			Selector: map[string]string{"app": "web"}, Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}}}}
 	_, err = e.client.CoreV1().Services("default").Create(ctx, svc, metav1.CreateOptions{})
@@ -147,12 +147,14 @@ func newE2EWith(t *testing.T, o e2eOptions) *e2e {
 
 func (e *e2e) slice(fam discoveryv1.AddressType, eps []discoveryv1.Endpoint) *discoveryv1.EndpointSlice {
 	name, port, proto := "http", int32(e2ePort), corev1.ProtocolTCP
-	return &discoveryv1.EndpointSlice{
+	s := &discoveryv1.EndpointSlice{
 		ObjectMeta: metav1.ObjectMeta{Name: "web-" + string(fam), Namespace: "default", Labels: map[string]string{discoveryv1.LabelServiceName: "web",
 			discoveryv1.LabelManagedBy: k8s.ManagedByController}},
 		AddressType: fam, Endpoints: eps,
 		Ports: []discoveryv1.EndpointPort{{Name: &name, Port: &port, Protocol: &proto}},
 	}
+	ownedBy(s, "web") // as the EndpointSlice controller writes it: trusted
+	return s
 }
 
 // waitFor polls a condition (the datapath reaching a state): a signal, not

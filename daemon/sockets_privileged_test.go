@@ -282,7 +282,7 @@ func (e *e2e) addVIP(vip netip.AddrPort) error {
 		return err
 	}
 	svc := s.DeepCopy()
-	svc.Name, svc.ResourceVersion = "web2", ""
+	svc.Name, svc.ResourceVersion, svc.UID = "web2", "", serviceUID("default", "web2")
 	svc.Spec.ClusterIP, svc.Spec.ClusterIPs = vip.Addr().String(), []string{vip.Addr().String()}
 	if _, err := e.client.CoreV1().Services("default").Create(ctx, svc, metav1.CreateOptions{}); err != nil {
 		return err
@@ -297,6 +297,7 @@ func (e *e2e) addVIP(vip netip.AddrPort) error {
 		// The EndpointSlice controller's, as web's: draind steers a
 		// vanished endpoint only for the slices it trusts.
 		n.Labels = map[string]string{discoveryv1.LabelServiceName: "web2", discoveryv1.LabelManagedBy: k8s.ManagedByController}
+		ownedBy(n, "web2")
 		if _, err := e.client.DiscoveryV1().EndpointSlices("default").Create(ctx, n, metav1.CreateOptions{}); err != nil {
 			return err
 		}
