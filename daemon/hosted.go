@@ -508,7 +508,7 @@ func (l *hostedDrains) leaseWritten(r leaseResult) {
 		l.cfg.Metrics.LeaseOps.WithLabelValues(op, "ok").Inc()
 	case permanentLeaseError(r.kind, r.err):
 		l.cfg.Metrics.LeaseOps.WithLabelValues(op, "refused").Inc()
-		l.cfg.Log.Warn("drain lease write refused, not retried before "+leaseRefusedRetry.String(),
+		l.cfg.Log.Warn("drain lease write refused, retried with backoff up to "+leaseRefusedMax.String(),
 			"lease", r.name, "op", op, logKeyErr, r.err)
 	default:
 		l.cfg.Metrics.LeaseOps.WithLabelValues(op, "error").Inc()

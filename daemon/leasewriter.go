@@ -57,11 +57,13 @@ const (
 	// leaseCallTimeout bounds one API call: a hung API server delays Lease
 	// writes, never this node's drains or offline answers.
 	leaseCallTimeout = 5 * time.Second
-	// leaseRefusedRetry spaces the retries of a write the API server
-	// refused for good (see permanentLeaseError): an admission policy
-	// denying it, an invalid object, a Lease gone under a renewal. Such a
-	// write is not retried hot; the next pass may want another one.
-	leaseRefusedRetry = 30 * time.Second
+	// A write the API server refused (see permanentLeaseError: an
+	// admission policy denying it, an invalid object, a Lease gone under a
+	// renewal) is retried after leaseRefusedMin, doubling up to
+	// leaseRefusedMax: not hot, yet soon enough when the refusal was an
+	// API server still starting (its authorizer answers 403 until synced).
+	leaseRefusedMin = time.Second
+	leaseRefusedMax = 30 * time.Second
 )
 
 // permanentLeaseError says whether retrying the same write soon cannot
@@ -179,7 +181,7 @@ func (lw *leaseWriter) flush(ctx context.Context) {
 				}
 			case permanentLeaseError(w.kind, err):
 				cur.failures++
-				cur.next = lw.clock.Now().Add(leaseRefusedRetry)
+				cur.next = lw.clock.Now().Add(min(leaseRefusedMin<<min(cur.failures-1, 8), leaseRefusedMax))
 			default:
 				cur.failures++
 				cur.next = lw.clock.Now().Add(min(leaseRetryMin<<min(cur.failures-1, 8), leaseRetryMax))

@@ -20,7 +20,7 @@ import (
 
 // TestLeaseWriterRefusedNotRetriedHot: a write the API server refuses for
 // good (an admission policy's 403, a 422, a renewal of a deleted Lease) is
-// retried after leaseRefusedRetry, not every retry step; a transient error
+// retried after leaseRefusedMin (then doubling), not every retry step; a transient error
 // is retried within leaseRetryMax; deleting a Lease already gone is done.
 func TestLeaseWriterRefusedNotRetriedHot(t *testing.T) {
 	gr := schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}
@@ -30,9 +30,9 @@ func TestLeaseWriterRefusedNotRetriedHot(t *testing.T) {
 		err       error
 		wantRetry time.Duration // 0: the write is done
 	}{
-		{"delete denied by the Lease policy", leaseDelete, apierrors.NewForbidden(gr, "x", nil), leaseRefusedRetry},
-		{"renew of a deleted Lease", leaseRenew, apierrors.NewNotFound(gr, "x"), leaseRefusedRetry},
-		{"renew invalid", leaseRenew, apierrors.NewInvalid(schema.GroupKind{Group: gr.Group, Kind: "Lease"}, "x", nil), leaseRefusedRetry},
+		{"delete denied by the Lease policy", leaseDelete, apierrors.NewForbidden(gr, "x", nil), leaseRefusedMin},
+		{"renew of a deleted Lease", leaseRenew, apierrors.NewNotFound(gr, "x"), leaseRefusedMin},
+		{"renew invalid", leaseRenew, apierrors.NewInvalid(schema.GroupKind{Group: gr.Group, Kind: "Lease"}, "x", nil), leaseRefusedMin},
 		{"delete of a Lease already gone", leaseDelete, apierrors.NewNotFound(gr, "x"), 0},
 		{"API server unavailable", leaseDelete, apierrors.NewServiceUnavailable("down"), leaseRetryMin},
 	} {
@@ -67,7 +67,7 @@ func TestLeaseWriterRefusedNotRetriedHot(t *testing.T) {
 			if got := p.next.Sub(clk.Now()); got != tc.wantRetry {
 				t.Fatalf("next try in %v, want %v", got, tc.wantRetry)
 			}
-			if permanentLeaseError(tc.kind, results[0].err) != (tc.wantRetry == leaseRefusedRetry) {
+			if permanentLeaseError(tc.kind, results[0].err) != (tc.wantRetry == leaseRefusedMin) {
 				t.Fatalf("result error %v classified wrongly", results[0].err)
 			}
 			// Flushing before the retry is due makes no call.

@@ -92,7 +92,7 @@ func NewMetrics(version string, dp Datapath, inf *k8s.Informers, pods func() []P
 		InformerSynced: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "informer_synced",
 			Help: "1 when the informer has synced its cache."}, []string{"informer"}),
 		LeaseOps: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "lease_operations_total",
-			Help: "Drain Lease API calls, by operation and result (error: retried within a second; refused: denied or invalid, retried after 30 s)."}, []string{"op", "result"}),
+			Help: "Drain Lease API calls, by operation and result (error: retried within a second; refused: denied or invalid, retried after 1 s doubling to 30 s)."}, []string{"op", "result"}),
 		PolicyInvalid: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "policy_annotation_invalid_total",
 			Help: "Services whose draind.io/pod-ip-steering annotation has an unknown value (the default is used)."}),
 		SteeringReady: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "steering_ready",
