@@ -93,7 +93,10 @@ type leaseWriter struct {
 
 type pendingWrite struct {
 	w        leaseWrite
-	failures int
+	failures int // in a row, of any kind: the transient backoff
+	// refusals in a row: the refused backoff, which starts over after an
+	// outage's transient failures (see leaseRefusedMin)
+	refusals int
 	next     time.Time
 }
 
@@ -181,9 +184,11 @@ func (lw *leaseWriter) flush(ctx context.Context) {
 				}
 			case permanentLeaseError(w.kind, err):
 				cur.failures++
-				cur.next = lw.clock.Now().Add(min(leaseRefusedMin<<min(cur.failures-1, 8), leaseRefusedMax))
+				cur.refusals++
+				cur.next = lw.clock.Now().Add(min(leaseRefusedMin<<min(cur.refusals-1, 8), leaseRefusedMax))
 			default:
 				cur.failures++
+				cur.refusals = 0
 				cur.next = lw.clock.Now().Add(min(leaseRetryMin<<min(cur.failures-1, 8), leaseRetryMax))
 			}
 		}

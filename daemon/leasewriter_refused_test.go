@@ -18,6 +18,35 @@ import (
 	"github.com/draind/draind/k8s"
 )
 
+// TestLeaseWriterRefusedAfterOutage: the refused backoff starts at
+// leaseRefusedMin after an outage's transient failures (an API server
+// that has just started answers 403 until its authorizer has synced).
+func TestLeaseWriterRefusedAfterOutage(t *testing.T) {
+	gr := schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}
+	client := fake.NewClientset()
+	var calls atomic.Int32
+	client.PrependReactor("*", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if calls.Add(1) <= 20 {
+			return true, nil, apierrors.NewServiceUnavailable("down")
+		}
+		return true, nil, apierrors.NewForbidden(gr, "x", nil)
+	})
+	clk := testingclock.NewFakeClock(time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC))
+	lw := newLeaseWriter(&k8s.Leases{Client: client, Namespace: testNS}, 30*time.Second, clk,
+		slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+	lw.want("drain-x", leaseWrite{kind: leaseDelete})
+	for calls.Load() < 21 {
+		lw.flush(context.Background())
+		clk.Step(leaseRetryMax)
+	}
+	lw.mu.Lock()
+	next := lw.pending["drain-x"].next
+	lw.mu.Unlock()
+	if got := next.Sub(clk.Now()); got > leaseRefusedMin {
+		t.Fatalf("first refusal after 20 transient failures retried in %v, want at most %v", got, leaseRefusedMin)
+	}
+}
+
 // TestLeaseWriterRefusedNotRetriedHot: a write the API server refuses for
 // good (an admission policy's 403, a 422, a renewal of a deleted Lease) is
 // retried after leaseRefusedMin (then doubling), not every retry step; a transient error
