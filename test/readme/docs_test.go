@@ -116,7 +116,7 @@ func narrated(line string) string {
 func TestNarrated(t *testing.T) {
 	for line, want := range map[string]bool{
 		"measured " + "this " + "session":       true,
-		"two " + "sessions ago":                 true,
+		"two " + "sessions " + "ago":            true,
 		"see " + "issue 12":                     true,
 		"at `" + "4c88b06" + "`, p99 0.3 ms":    true,
 		"SessionAffinity: ClientIP":             false,
