@@ -3,14 +3,12 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -18,22 +16,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
-	admissionv1 "k8s.io/api/admission/v1"
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
 	"github.com/draind/draind/daemon"
 	"github.com/draind/draind/k8s/inject"
 	"github.com/draind/draind/k8s/inject/selfcert"
-)
-
-// Paths of the two entries of the MutatingWebhookConfiguration: the API
-// server cannot tell the webhook the namespace's labels, so each entry
-// selects namespaces one way and calls its own path.
-const (
-	webhookPathNamespace = "/inject/namespace" // the namespace carries draind.io/inject=true
-	webhookPathPod       = "/inject/pod"       // the namespace has no draind.io/inject label
+	"github.com/draind/draind/k8s/inject/webhook"
 )
 
 type webhookOptions struct {
@@ -126,13 +115,6 @@ func (o *webhookOptions) certConfig() selfcert.Config {
 	return c
 }
 
-// certSource hands the TLS server its current certificate.
-type certSource interface {
-	// run keeps the certificate current until ctx ends.
-	run(ctx context.Context) error
-	current() *tls.Certificate
-}
-
 func runWebhook(ctx context.Context, o *webhookOptions) error {
 	log, err := newLogger(o.logFormat, o.logLevel)
 	if err != nil {
@@ -143,9 +125,9 @@ func runWebhook(ctx context.Context, o *webhookOptions) error {
 	if err := o.inject.Validate(); err != nil {
 		return fmt.Errorf("--image/--wait: %w", err)
 	}
-	var certs certSource
+	var certs webhook.CertSource
 	if o.certDir != "" {
-		certs = &fileCerts{dir: o.certDir, interval: o.certInterval, log: log}
+		certs = &webhook.FileCerts{Dir: o.certDir, Interval: o.certInterval, Log: log}
 	} else {
 		cc := o.certConfig()
 		if err := cc.Validate(); err != nil {
@@ -160,12 +142,13 @@ func runWebhook(ctx context.Context, o *webhookOptions) error {
 		if err != nil {
 			return fmt.Errorf("creating the API client: %w", err)
 		}
-		certs = &certReconciler{
-			client: client, namespace: o.namespace, secret: o.secret, webhookConfig: o.webhookConfig,
-			cfg: cc, interval: o.certInterval, now: time.Now, log: log,
+		certs = &webhook.CertReconciler{
+			Client: client, Namespace: o.namespace, Secret: o.secret, WebhookConfig: o.webhookConfig,
+			Config: cc, Interval: o.certInterval, Now: time.Now, Log: log,
 		}
 	}
-	wh := newWebhookHandler(o.inject, log, prometheus.NewRegistry())
+	reg := prometheus.NewRegistry()
+	wh := webhook.NewHandler(o.inject, log, reg)
 
 	// Listeners first: a port in use is an error before anything runs.
 	l, err := net.Listen("tcp", o.listen)
@@ -181,7 +164,7 @@ func runWebhook(ctx context.Context, o *webhookOptions) error {
 	}
 	var stopping atomic.Bool
 	srv := &http.Server{
-		Handler:           wh.mux(),
+		Handler:           wh.Mux(),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       15 * time.Second,
 		WriteTimeout:      15 * time.Second,
@@ -190,7 +173,7 @@ func runWebhook(ctx context.Context, o *webhookOptions) error {
 		TLSConfig: &tls.Config{
 			MinVersion: tls.VersionTLS12,
 			GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-				if c := certs.current(); c != nil {
+				if c := certs.Current(); c != nil {
 					return c, nil
 				}
 				return nil, errors.New("no serving certificate yet")
@@ -204,13 +187,13 @@ func runWebhook(ctx context.Context, o *webhookOptions) error {
 		switch {
 		case stopping.Load():
 			http.Error(w, "stopping", http.StatusServiceUnavailable)
-		case certs.current() == nil:
+		case certs.Current() == nil:
 			http.Error(w, "no serving certificate yet", http.StatusServiceUnavailable)
 		default:
 			io.WriteString(w, "ok")
 		}
 	})
-	health.Handle("/metrics", promhttp.HandlerFor(wh.registry, promhttp.HandlerOpts{}))
+	health.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	hsrv := daemon.BoundedServer(health)
 
 	log.Info("webhook starting", "listen", l.Addr().String(), "health", o.healthListen, "image", o.inject.Image,
@@ -218,7 +201,7 @@ func runWebhook(ctx context.Context, o *webhookOptions) error {
 	g, gctx := errgroup.WithContext(ctx)
 	runCtx, stopCerts := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopCerts()
-	g.Go(func() error { return certs.run(runCtx) })
+	g.Go(func() error { return certs.Run(runCtx) })
 	g.Go(func() error {
 		if err := srv.ServeTLS(l, "", ""); !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("serving the webhook: %w", err)
@@ -255,126 +238,4 @@ func runWebhook(ctx context.Context, o *webhookOptions) error {
 	}
 	log.Info("webhook stopped")
 	return nil
-}
-
-// webhookHandler answers AdmissionReviews with inject.Mutate's patch. It
-// never refuses a pod: whatever goes wrong, the answer is "allowed" (and
-// the configuration's failurePolicy is Ignore for the cases where no
-// answer comes at all).
-type webhookHandler struct {
-	opts       inject.Options
-	log        *slog.Logger
-	registry   *prometheus.Registry
-	admissions *prometheus.CounterVec
-	duration   prometheus.Histogram
-}
-
-// Results of an admission, the values of the result label.
-const (
-	admissionInjected = "injected"
-	admissionSkipped  = "skipped"
-	admissionError    = "error"
-)
-
-func newWebhookHandler(opts inject.Options, log *slog.Logger, reg *prometheus.Registry) *webhookHandler {
-	h := &webhookHandler{
-		opts: opts, log: log, registry: reg,
-		admissions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "draind_webhook_admissions_total",
-			Help: "Pod admissions the webhook answered, by result: injected, skipped (not opted in, host network, already injected, nothing injectable) or error (an unreadable request: allowed unchanged).",
-		}, []string{"result"}),
-		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "draind_webhook_admission_duration_seconds",
-			Help:    "Time to answer one admission request.",
-			Buckets: []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1},
-		}),
-	}
-	for _, r := range []string{admissionInjected, admissionSkipped, admissionError} {
-		h.admissions.WithLabelValues(r)
-	}
-	reg.MustRegister(h.admissions, h.duration)
-	return h
-}
-
-func (h *webhookHandler) mux() *http.ServeMux {
-	m := http.NewServeMux()
-	m.HandleFunc("POST "+webhookPathNamespace, func(w http.ResponseWriter, r *http.Request) { h.serve(w, r, true) })
-	m.HandleFunc("POST "+webhookPathPod, func(w http.ResponseWriter, r *http.Request) { h.serve(w, r, false) })
-	return m
-}
-
-// maxReviewBytes bounds a request body: the API server's own request limit
-// is 3 MiB, and a review carries the object once more.
-const maxReviewBytes = 8 << 20
-
-func (h *webhookHandler) serve(w http.ResponseWriter, r *http.Request, namespaceOptedIn bool) {
-	start := time.Now()
-	defer func() { h.duration.Observe(time.Since(start).Seconds()) }()
-	if ct := r.Header.Get("Content-Type"); !strings.HasPrefix(ct, "application/json") {
-		h.admissions.WithLabelValues(admissionError).Inc()
-		http.Error(w, "content type must be application/json", http.StatusUnsupportedMediaType)
-		return
-	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxReviewBytes+1))
-	if err != nil || len(body) > maxReviewBytes {
-		h.admissions.WithLabelValues(admissionError).Inc()
-		http.Error(w, "reading the review: too large or broken", http.StatusBadRequest)
-		return
-	}
-	var review admissionv1.AdmissionReview
-	if err := json.Unmarshal(body, &review); err != nil || review.Request == nil {
-		h.admissions.WithLabelValues(admissionError).Inc()
-		http.Error(w, fmt.Sprintf("decoding the AdmissionReview: %v", err), http.StatusBadRequest)
-		return
-	}
-	resp, result := h.review(review.Request, namespaceOptedIn)
-	h.admissions.WithLabelValues(result).Inc()
-	out := admissionv1.AdmissionReview{TypeMeta: review.TypeMeta, Response: resp}
-	if out.APIVersion == "" {
-		out.APIVersion, out.Kind = "admission.k8s.io/v1", "AdmissionReview"
-	}
-	w.Header().Set("Content-Type", "application/json")
-	if err := json.NewEncoder(w).Encode(out); err != nil {
-		h.log.Warn("writing the admission response", "err", err)
-	}
-}
-
-// review decides one request. Anything but the creation of a pod is
-// allowed unchanged.
-func (h *webhookHandler) review(req *admissionv1.AdmissionRequest, namespaceOptedIn bool) (*admissionv1.AdmissionResponse, string) {
-	resp := &admissionv1.AdmissionResponse{UID: req.UID, Allowed: true}
-	if req.Kind.Kind != "Pod" || req.Kind.Group != "" || req.Operation != admissionv1.Create || req.SubResource != "" {
-		return resp, admissionSkipped
-	}
-	var pod corev1.Pod
-	if err := json.Unmarshal(req.Object.Raw, &pod); err != nil {
-		h.log.Warn("decoding a pod under admission: allowed unchanged", "namespace", req.Namespace, "err", err)
-		return resp, admissionError
-	}
-	if pod.Namespace == "" {
-		pod.Namespace = req.Namespace // a pod being created may not say
-	}
-	name := pod.Name
-	if name == "" {
-		name = pod.GenerateName + "*"
-	}
-	res, err := inject.Mutate(&pod, namespaceOptedIn, h.opts)
-	if err != nil {
-		h.log.Error("computing the injection: allowed unchanged", "pod", req.Namespace+"/"+name, "err", err)
-		return resp, admissionError
-	}
-	resp.Warnings = res.Warnings
-	if len(res.Patch) == 0 {
-		h.log.Debug("not injected", "pod", req.Namespace+"/"+name, "reason", res.Skipped[""], "containers", res.Skipped, "warnings", res.Warnings)
-		return resp, admissionSkipped
-	}
-	patch, err := res.PatchJSON()
-	if err != nil {
-		h.log.Error("encoding the patch: allowed unchanged", "pod", req.Namespace+"/"+name, "err", err)
-		return resp, admissionError
-	}
-	pt := admissionv1.PatchTypeJSONPatch
-	resp.Patch, resp.PatchType = patch, &pt
-	h.log.Info("injected", "pod", req.Namespace+"/"+name, "containers", res.Injected, "dry_run", req.DryRun != nil && *req.DryRun, "warnings", res.Warnings)
-	return resp, admissionInjected
 }

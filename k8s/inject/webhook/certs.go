@@ -1,4 +1,4 @@
-package main
+package webhook
 
 import (
 	"bytes"
@@ -22,48 +22,56 @@ import (
 	"github.com/draind/draind/k8s/inject/selfcert"
 )
 
-// certReconciler keeps the self-managed TLS material: it reads the Secret
+// CertSource hands the TLS server its current certificate.
+type CertSource interface {
+	// Run keeps the certificate current until ctx ends.
+	Run(ctx context.Context) error
+	// Current is the certificate to serve; nil until one is loaded.
+	Current() *tls.Certificate
+}
+
+// CertReconciler keeps the self-managed TLS material: it reads the Secret
 // and the webhook configuration, lets selfcert.Plan decide, writes the
 // Secret (optimistic concurrency: a replica that loses the race reads the
 // winner's result next pass), publishes the CA bundle into every entry of
 // the webhook configuration, and serves the Secret's certificate. Its RBAC
 // is exactly that: get/update of one Secret, get/patch of one
 // MutatingWebhookConfiguration.
-type certReconciler struct {
-	client        kubernetes.Interface
-	namespace     string
-	secret        string
-	webhookConfig string
-	cfg           selfcert.Config
-	interval      time.Duration
-	now           func() time.Time
-	log           *slog.Logger
+type CertReconciler struct {
+	Client        kubernetes.Interface
+	Namespace     string // of the Secret
+	Secret        string // holds the CA and the serving certificate; it must exist
+	WebhookConfig string // the MutatingWebhookConfiguration whose caBundle is kept
+	Config        selfcert.Config
+	Interval      time.Duration // between passes
+	Now           func() time.Time
+	Log           *slog.Logger
 
 	cert   atomic.Pointer[tls.Certificate]
 	loaded []byte // PEM of the loaded certificate; only run's goroutine touches it
 }
 
-var _ certSource = (*certReconciler)(nil)
+var _ CertSource = (*CertReconciler)(nil)
 
-func (r *certReconciler) current() *tls.Certificate { return r.cert.Load() }
+func (r *CertReconciler) Current() *tls.Certificate { return r.cert.Load() }
 
-// run reconciles every interval, and after a failure again within a
+// Run reconciles every interval, and after a failure again within a
 // second or two (growing to the interval), until ctx ends.
-func (r *certReconciler) run(ctx context.Context) error {
+func (r *CertReconciler) Run(ctx context.Context) error {
 	retry := time.Second
 	for {
-		wait := r.interval
+		wait := r.Interval
 		if err := r.reconcile(ctx); err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
 			if apierrors.IsConflict(err) {
-				r.log.Info("another replica changed the TLS material first; reading it again", "err", err)
+				r.Log.Info("another replica changed the TLS material first; reading it again", "err", err)
 				wait = 0
 			} else {
-				r.log.Warn("keeping the webhook's TLS material", "err", err, "retry_in", retry.String())
+				r.Log.Warn("keeping the webhook's TLS material", "err", err, "retry_in", retry.String())
 				wait = retry
-				retry = min(2*retry, r.interval)
+				retry = min(2*retry, r.Interval)
 			}
 		} else {
 			retry = time.Second
@@ -80,20 +88,20 @@ func (r *certReconciler) run(ctx context.Context) error {
 // published, and Plan signs with a new CA only once it is published, so
 // the certificate served is always one the API server already trusts
 // (except the very first, which nothing trusted before).
-func (r *certReconciler) reconcile(ctx context.Context) error {
-	s, err := r.client.CoreV1().Secrets(r.namespace).Get(ctx, r.secret, metav1.GetOptions{})
+func (r *CertReconciler) reconcile(ctx context.Context) error {
+	s, err := r.Client.CoreV1().Secrets(r.Namespace).Get(ctx, r.Secret, metav1.GetOptions{})
 	if err != nil {
 		if apierrors.IsNotFound(err) {
-			return fmt.Errorf("reading Secret %s/%s: it must exist (deploy/webhook creates it empty): %w", r.namespace, r.secret, err)
+			return fmt.Errorf("reading Secret %s/%s: it must exist (deploy/webhook creates it empty): %w", r.Namespace, r.Secret, err)
 		}
-		return fmt.Errorf("reading Secret %s/%s: %w", r.namespace, r.secret, err)
+		return fmt.Errorf("reading Secret %s/%s: %w", r.Namespace, r.Secret, err)
 	}
 	var published [][]byte
 	var names []string
-	mwc, err := r.client.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, r.webhookConfig, metav1.GetOptions{})
+	mwc, err := r.Client.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, r.WebhookConfig, metav1.GetOptions{})
 	if err != nil {
 		// Serve anyway: the configuration may be installed after us.
-		r.log.Warn("reading the webhook configuration; its caBundle is not kept until it can be read", "name", r.webhookConfig, "err", err)
+		r.Log.Warn("reading the webhook configuration; its caBundle is not kept until it can be read", "name", r.WebhookConfig, "err", err)
 		mwc = nil
 	} else {
 		for _, w := range mwc.Webhooks {
@@ -101,16 +109,16 @@ func (r *certReconciler) reconcile(ctx context.Context) error {
 			names = append(names, w.Name)
 		}
 	}
-	data, changes, err := selfcert.Plan(s.Data, published, r.now(), r.cfg)
+	data, changes, err := selfcert.Plan(s.Data, published, r.Now(), r.Config)
 	if err != nil {
 		return fmt.Errorf("planning the TLS material: %w", err)
 	}
 	if len(changes) > 0 {
 		s.Data = data
-		if _, err := r.client.CoreV1().Secrets(r.namespace).Update(ctx, s, metav1.UpdateOptions{}); err != nil {
-			return fmt.Errorf("writing Secret %s/%s: %w", r.namespace, r.secret, err)
+		if _, err := r.Client.CoreV1().Secrets(r.Namespace).Update(ctx, s, metav1.UpdateOptions{}); err != nil {
+			return fmt.Errorf("writing Secret %s/%s: %w", r.Namespace, r.Secret, err)
 		}
-		r.log.Info("TLS material updated", "secret", r.namespace+"/"+r.secret, "changes", changes)
+		r.Log.Info("TLS material updated", "secret", r.Namespace+"/"+r.Secret, "changes", changes)
 	}
 	if mwc != nil {
 		if err := r.publish(ctx, mwc.ResourceVersion, names, published, data[selfcert.KeyBundle]); err != nil {
@@ -124,7 +132,7 @@ func (r *certReconciler) reconcile(ctx context.Context) error {
 // JSON patch: a test of each entry's name at its index guards against a
 // concurrent edit of the list (the patch then fails and the next pass
 // reads again).
-func (r *certReconciler) publish(ctx context.Context, rv string, names []string, published [][]byte, bundle []byte) error {
+func (r *CertReconciler) publish(ctx context.Context, rv string, names []string, published [][]byte, bundle []byte) error {
 	type op struct {
 		Op    string `json:"op"`
 		Path  string `json:"path"`
@@ -146,14 +154,14 @@ func (r *certReconciler) publish(ctx context.Context, rv string, names []string,
 	if err != nil {
 		return err
 	}
-	if _, err := r.client.AdmissionregistrationV1().MutatingWebhookConfigurations().Patch(ctx, r.webhookConfig, types.JSONPatchType, patch, metav1.PatchOptions{}); err != nil {
-		return fmt.Errorf("publishing the CA bundle in MutatingWebhookConfiguration %s (seen at version %s): %w", r.webhookConfig, rv, err)
+	if _, err := r.Client.AdmissionregistrationV1().MutatingWebhookConfigurations().Patch(ctx, r.WebhookConfig, types.JSONPatchType, patch, metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("publishing the CA bundle in MutatingWebhookConfiguration %s (seen at version %s): %w", r.WebhookConfig, rv, err)
 	}
-	r.log.Info("CA bundle published", "webhook_config", r.webhookConfig, "entries", len(ops)/2, "cas", len(selfcert.Certificates(bundle)))
+	r.Log.Info("CA bundle published", "webhook_config", r.WebhookConfig, "entries", len(ops)/2, "cas", len(selfcert.Certificates(bundle)))
 	return nil
 }
 
-func (r *certReconciler) load(certPEM, keyPEM []byte) error {
+func (r *CertReconciler) load(certPEM, keyPEM []byte) error {
 	if r.cert.Load() != nil && bytes.Equal(certPEM, r.loaded) {
 		return nil
 	}
@@ -163,32 +171,33 @@ func (r *certReconciler) load(certPEM, keyPEM []byte) error {
 	}
 	r.cert.Store(&c)
 	r.loaded = certPEM
-	r.log.Info("serving certificate loaded", "certificate", selfcert.Describe(certPEM))
+	r.Log.Info("serving certificate loaded", "certificate", selfcert.Describe(certPEM))
 	return nil
 }
 
-// fileCerts serves tls.crt and tls.key of a directory (a mounted
+// FileCerts serves tls.crt and tls.key of a directory (a mounted
 // cert-manager Secret), reloading them when they change. The kubelet
 // replaces a Secret volume's files atomically (a symlink swap).
-type fileCerts struct {
-	dir      string
-	interval time.Duration
-	log      *slog.Logger
+type FileCerts struct {
+	Dir      string // holds tls.crt and tls.key
+	Interval time.Duration
+	Log      *slog.Logger
 
 	cert   atomic.Pointer[tls.Certificate]
 	mu     sync.Mutex
 	loaded []byte
 }
 
-var _ certSource = (*fileCerts)(nil)
+var _ CertSource = (*FileCerts)(nil)
 
-func (f *fileCerts) current() *tls.Certificate { return f.cert.Load() }
+func (f *FileCerts) Current() *tls.Certificate { return f.cert.Load() }
 
-func (f *fileCerts) run(ctx context.Context) error {
-	interval := min(f.interval, 10*time.Second)
+// Run reloads the files every interval (at most 10 s) until ctx ends.
+func (f *FileCerts) Run(ctx context.Context) error {
+	interval := min(f.Interval, 10*time.Second)
 	for {
 		if err := f.reload(); err != nil {
-			f.log.Warn("loading the serving certificate", "dir", f.dir, "err", err)
+			f.Log.Warn("loading the serving certificate", "dir", f.Dir, "err", err)
 		}
 		select {
 		case <-ctx.Done():
@@ -198,12 +207,12 @@ func (f *fileCerts) run(ctx context.Context) error {
 	}
 }
 
-func (f *fileCerts) reload() error {
-	certPEM, err := os.ReadFile(filepath.Join(f.dir, selfcert.KeyCert))
+func (f *FileCerts) reload() error {
+	certPEM, err := os.ReadFile(filepath.Join(f.Dir, selfcert.KeyCert))
 	if err != nil {
 		return fmt.Errorf("reading %s: %w", selfcert.KeyCert, err)
 	}
-	keyPEM, err := os.ReadFile(filepath.Join(f.dir, selfcert.KeyKey))
+	keyPEM, err := os.ReadFile(filepath.Join(f.Dir, selfcert.KeyKey))
 	if err != nil {
 		return fmt.Errorf("reading %s: %w", selfcert.KeyKey, err)
 	}
@@ -220,6 +229,6 @@ func (f *fileCerts) reload() error {
 	}
 	f.cert.Store(&c)
 	f.loaded = certPEM
-	f.log.Info("serving certificate loaded", "dir", f.dir, "certificate", selfcert.Describe(certPEM))
+	f.Log.Info("serving certificate loaded", "dir", f.Dir, "certificate", selfcert.Describe(certPEM))
 	return nil
 }
