@@ -194,90 +194,113 @@ func (l *drainLister) podSince(ctx context.Context, d *clusterDrain) time.Time {
 // Malformed Leases are skipped, as every draind skips them.
 func mergeDrains(leases []coordinationv1.Lease, sls []discoveryv1.EndpointSlice, now time.Time) []clusterDrain {
 	byKey := map[string]*clusterDrain{}
-	key := func(uid, ns, name string) string {
-		if uid != "" {
-			return "uid/" + uid
-		}
-		return "pod/" + ns + "/" + name
-	}
 	for i := range leases {
-		l, err := k8s.ParseLease(&leases[i])
-		if err != nil {
-			continue
-		}
-		d := &clusterDrain{Namespace: l.PodNamespace, Name: l.PodName, UID: string(l.PodUID), Node: l.Holder,
-			Reason: l.Reason, State: l.State, Since: l.Acquired, Lease: l.Name, Expires: l.Expires()}
-		for _, ip := range l.IPs {
-			d.IPs = append(d.IPs, ip.String())
-		}
-		if d.State == "" {
-			d.State = "waiting"
-		}
-		if now.After(l.Expires()) {
-			d.State = "expired"
-		}
-		if l.Progress != "" {
-			if p, err := k8s.ParseProgress(l.Progress); err == nil {
-				dp := &drainProgress{SYNs: p.SYNs, Live: p.Live, Steered: p.Steered}
-				if p.HasLast10s {
-					v := p.SYNsLast10s
-					dp.SYNsLast10s = &v
-				}
-				d.Progress = dp
-			}
-		}
-		byKey[key(d.UID, d.Namespace, d.Name)] = d
-	}
-	for _, sl := range sls {
-		svc := sl.Namespace + "/" + sl.Labels[discoveryv1.LabelServiceName]
-		for _, ep := range sl.Endpoints {
-			c := ep.Conditions
-			terminating := c.Terminating != nil && *c.Terminating
-			ready := c.Ready == nil || *c.Ready
-			cond := "ready"
-			switch {
-			case terminating:
-				cond = reasonTerminating
-			case !ready:
-				cond = reasonNotReady
-			}
-			var uid, ns, name string
-			if ep.TargetRef != nil && ep.TargetRef.Kind == "Pod" {
-				uid, ns, name = string(ep.TargetRef.UID), ep.TargetRef.Namespace, ep.TargetRef.Name
-				if ns == "" {
-					ns = sl.Namespace
-				}
-			}
-			if name == "" {
-				continue // not a pod: nothing draind drains
-			}
-			k := key(uid, ns, name)
-			d, ok := byKey[k]
-			if !ok {
-				if cond == "ready" {
-					continue
-				}
-				d = &clusterDrain{Namespace: ns, Name: name, UID: uid, Reason: cond, State: daemon.StateDraining}
-				byKey[k] = d
-			}
-			if d.Endpoint == "" || d.Endpoint == "ready" {
-				d.Endpoint = cond
-			}
-			if d.Node == "" && ep.NodeName != nil {
-				d.Node = *ep.NodeName
-			}
-			if d.Lease == "" {
-				for _, a := range ep.Addresses {
-					if !slices.Contains(d.IPs, a) {
-						d.IPs = append(d.IPs, a)
-					}
-				}
-			}
-			if !slices.Contains(d.Services, svc) {
-				d.Services = append(d.Services, svc)
-			}
+		if d := leaseDrain(&leases[i], now); d != nil {
+			byKey[drainKey(d.UID, d.Namespace, d.Name)] = d
 		}
 	}
+	for i := range sls {
+		addSliceDrains(byKey, &sls[i])
+	}
+	return sortedDrains(byKey)
+}
+
+// drainKey identifies a pod: by UID, or by name where a slice names no UID.
+func drainKey(uid, ns, name string) string {
+	if uid != "" {
+		return "uid/" + uid
+	}
+	return "pod/" + ns + "/" + name
+}
+
+// leaseDrain is the drain a Lease publishes; nil if it is not a drain Lease.
+func leaseDrain(lease *coordinationv1.Lease, now time.Time) *clusterDrain {
+	l, err := k8s.ParseLease(lease)
+	if err != nil {
+		return nil
+	}
+	d := &clusterDrain{Namespace: l.PodNamespace, Name: l.PodName, UID: string(l.PodUID), Node: l.Holder,
+		Reason: l.Reason, State: l.State, Since: l.Acquired, Lease: l.Name, Expires: l.Expires()}
+	for _, ip := range l.IPs {
+		d.IPs = append(d.IPs, ip.String())
+	}
+	if d.State == "" {
+		d.State = "waiting"
+	}
+	if now.After(l.Expires()) {
+		d.State = "expired"
+	}
+	if l.Progress != "" {
+		if p, err := k8s.ParseProgress(l.Progress); err == nil {
+			dp := &drainProgress{SYNs: p.SYNs, Live: p.Live, Steered: p.Steered}
+			if p.HasLast10s {
+				v := p.SYNsLast10s
+				dp.SYNsLast10s = &v
+			}
+			d.Progress = dp
+		}
+	}
+	return d
+}
+
+// endpointCondition names an endpoint's condition as the drains table does.
+func endpointCondition(c discoveryv1.EndpointConditions) string {
+	switch {
+	case c.Terminating != nil && *c.Terminating:
+		return reasonTerminating
+	case c.Ready != nil && !*c.Ready:
+		return reasonNotReady
+	}
+	return "ready"
+}
+
+// addSliceDrains adds a slice's pods that are not ready to byKey, and its
+// Service, node and addresses to the drains byKey already has.
+func addSliceDrains(byKey map[string]*clusterDrain, sl *discoveryv1.EndpointSlice) {
+	svc := sl.Namespace + "/" + sl.Labels[discoveryv1.LabelServiceName]
+	for _, ep := range sl.Endpoints {
+		cond := endpointCondition(ep.Conditions)
+		var uid, ns, name string
+		if ep.TargetRef != nil && ep.TargetRef.Kind == "Pod" {
+			uid, ns, name = string(ep.TargetRef.UID), ep.TargetRef.Namespace, ep.TargetRef.Name
+			if ns == "" {
+				ns = sl.Namespace
+			}
+		}
+		if name == "" {
+			continue // not a pod: nothing draind drains
+		}
+		k := drainKey(uid, ns, name)
+		d, ok := byKey[k]
+		if !ok {
+			if cond == "ready" {
+				continue
+			}
+			d = &clusterDrain{Namespace: ns, Name: name, UID: uid, Reason: cond, State: daemon.StateDraining}
+			byKey[k] = d
+		}
+		if d.Endpoint == "" || d.Endpoint == "ready" {
+			d.Endpoint = cond
+		}
+		if d.Node == "" && ep.NodeName != nil {
+			d.Node = *ep.NodeName
+		}
+		if d.Lease == "" {
+			for _, a := range ep.Addresses {
+				if !slices.Contains(d.IPs, a) {
+					d.IPs = append(d.IPs, a)
+				}
+			}
+		}
+		if !slices.Contains(d.Services, svc) {
+			d.Services = append(d.Services, svc)
+		}
+	}
+}
+
+// sortedDrains lists byKey by namespace, name and UID, each drain's
+// Services and IPs sorted.
+func sortedDrains(byKey map[string]*clusterDrain) []clusterDrain {
 	out := make([]clusterDrain, 0, len(byKey))
 	for _, d := range byKey {
 		slices.Sort(d.Services)

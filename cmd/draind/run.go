@@ -213,16 +213,7 @@ func runDaemon(ctx context.Context, o *runOptions) error {
 		return err
 	}
 	defer ls.close()
-	sockets := o.socketHooks && features.Sockets
-	if o.socketHooks && !features.Sockets {
-		log.Warn("socket hooks unavailable: live connections from conntrack only, sockets to gone pods are not ended", "missing", features.SocketsMissing)
-	}
-	for _, f := range features.KernelFeatures {
-		if !f.On {
-			log.Warn("kernel feature off", "feature", f.Name, "kernel", features.Kernel, "reason", f.Reason)
-		}
-	}
-	dp, err := bpf.Load(bpf.Options{PinDir: o.pinDir, Sockets: sockets})
+	dp, err := bpf.Load(bpf.Options{PinDir: o.pinDir, Sockets: socketHooks(o, features, log)})
 	if err != nil {
 		return err
 	}
@@ -234,18 +225,8 @@ func runDaemon(ctx context.Context, o *runOptions) error {
 		log.Info("pruned orphaned map entries", "entries", n)
 	}
 	ct, ctStatus := openConntrack(o, log)
-	var flows conntrack.FlowLister
-	if ct != nil {
-		defer ct.Close()
-		// A handle of its own for listing a gone pod's client flows: an
-		// expiry pass on the shared one never delays ending their sockets.
-		if fl, err := conntrack.Open(conntrack.Options{Zone: o.conntrackZone}); err == nil {
-			defer fl.Close()
-			flows = fl
-		} else {
-			log.Warn("a second conntrack handle for gone pods' client flows: sharing the first", "err", err)
-		}
-	}
+	flows, closeConntrack := flowLister(o, ct, log)
+	defer closeConntrack()
 	cfg := o.cfg
 	cfg.Node, cfg.Namespace, cfg.Version = o.node, o.namespace, version
 	cfg.RegistryOnlyPolicy, cfg.Logger, cfg.FlowLister, cfg.REST = regPolicy, log, flows, restCfg
@@ -263,6 +244,35 @@ func runDaemon(ctx context.Context, o *runOptions) error {
 	}
 	log.Info("stopped; pinned steering stays until its entries expire", "entry_ttl", o.cfg.EntryTTL.String())
 	return nil
+}
+
+// socketHooks says whether the socket hooks load, and logs each kernel
+// feature that is off.
+func socketHooks(o *runOptions, features bpf.Features, log *slog.Logger) bool {
+	if o.socketHooks && !features.Sockets {
+		log.Warn("socket hooks unavailable: live connections from conntrack only, sockets to gone pods are not ended", "missing", features.SocketsMissing)
+	}
+	for _, f := range features.KernelFeatures {
+		if !f.On {
+			log.Warn("kernel feature off", "feature", f.Name, "kernel", features.Kernel, "reason", f.Reason)
+		}
+	}
+	return o.socketHooks && features.Sockets
+}
+
+// flowLister opens a conntrack handle of its own for listing a gone pod's
+// client flows, so an expiry pass on ct never delays ending their sockets;
+// closeAll closes it and ct. Without ct there is none.
+func flowLister(o *runOptions, ct conntrack.Interface, log *slog.Logger) (flows conntrack.FlowLister, closeAll func()) {
+	if ct == nil {
+		return nil, func() {}
+	}
+	fl, err := conntrack.Open(conntrack.Options{Zone: o.conntrackZone})
+	if err != nil {
+		log.Warn("a second conntrack handle for gone pods' client flows: sharing the first", "err", err)
+		return nil, func() { ct.Close() }
+	}
+	return fl, func() { fl.Close(); ct.Close() }
 }
 
 // apiClient builds the API client from the kubeconfig or the pod's

@@ -135,6 +135,19 @@ func printStatus(w io.Writer, st *daemon.Status, output string) error {
 	}
 	wide := output == "wide"
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	printHeader(tw, st, wide)
+	tw.Flush()
+
+	fmt.Fprintf(w, "\nDraining endpoints: %d\n", len(st.Pods))
+	if len(st.Pods) == 0 {
+		return nil
+	}
+	return printPods(w, st, wide)
+}
+
+// printHeader writes the node's lines of the status: health, kernel,
+// programs, conntrack, sockets, then printState's.
+func printHeader(tw io.Writer, st *daemon.Status, wide bool) {
 	health := "yes"
 	switch {
 	case !st.Healthy:
@@ -170,6 +183,11 @@ func printStatus(w io.Writer, st *daemon.Status, output string) error {
 	fmt.Fprintf(tw, "Programs:\t%s\n", attached)
 	fmt.Fprintf(tw, "Conntrack:\t%s\n", conntrackLine(st.Conntrack, st.Sockets.Loaded))
 	fmt.Fprintf(tw, "Sockets:\t%s\n", socketsLine(st.Sockets, st.Time))
+	printState(tw, st, wide)
+}
+
+// printState writes the informers, maps, counters and configuration lines.
+func printState(tw io.Writer, st *daemon.Status, wide bool) {
 	names := make([]string, 0, len(st.Informers))
 	for n := range st.Informers {
 		names = append(names, n)
@@ -210,13 +228,11 @@ func printStatus(w io.Writer, st *daemon.Status, output string) error {
 		}
 		fmt.Fprintf(tw, "%s\t%s\n", label, line)
 	}
-	tw.Flush()
+}
 
-	fmt.Fprintf(w, "\nDraining endpoints: %d\n", len(st.Pods))
-	if len(st.Pods) == 0 {
-		return nil
-	}
-	tw = tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+// printPods writes the table of draining endpoints' pods.
+func printPods(w io.Writer, st *daemon.Status, wide bool) error {
+	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
 	hdr := "POD\tIPS\tREASON\tSINCE\tDEADLINE\tSYNS(10s)\tLIVE\tSTEERED\tSTATE"
 	if wide {
 		hdr += "\tSYNS\tUID\tENTRIES"

@@ -125,27 +125,9 @@ func runWebhook(ctx context.Context, o *webhookOptions) error {
 	if err := o.inject.Validate(); err != nil {
 		return fmt.Errorf("--image/--wait: %w", err)
 	}
-	var certs webhook.CertSource
-	if o.certDir != "" {
-		certs = &webhook.FileCerts{Dir: o.certDir, Interval: o.certInterval, Log: log}
-	} else {
-		cc := o.certConfig()
-		if err := cc.Validate(); err != nil {
-			return fmt.Errorf("certificate flags: %w", err)
-		}
-		cfg, err := restConfig(o.kubeconfig)
-		if err != nil {
-			return fmt.Errorf("loading the API client configuration: %w", err)
-		}
-		cfg.UserAgent = "draind-webhook/" + version
-		client, err := kubernetes.NewForConfig(cfg)
-		if err != nil {
-			return fmt.Errorf("creating the API client: %w", err)
-		}
-		certs = &webhook.CertReconciler{
-			Client: client, Namespace: o.namespace, Secret: o.secret, WebhookConfig: o.webhookConfig,
-			Config: cc, Interval: o.certInterval, Now: time.Now, Log: log,
-		}
+	certs, err := o.certSource(log)
+	if err != nil {
+		return err
 	}
 	reg := prometheus.NewRegistry()
 	wh := webhook.NewHandler(o.inject, log, reg)
@@ -163,38 +145,7 @@ func runWebhook(ctx context.Context, o *webhookOptions) error {
 		}
 	}
 	var stopping atomic.Bool
-	srv := &http.Server{
-		Handler:           wh.Mux(),
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       15 * time.Second,
-		WriteTimeout:      15 * time.Second,
-		IdleTimeout:       90 * time.Second,
-		MaxHeaderBytes:    64 << 10,
-		TLSConfig: &tls.Config{
-			MinVersion: tls.VersionTLS12,
-			GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-				if c := certs.Current(); c != nil {
-					return c, nil
-				}
-				return nil, errors.New("no serving certificate yet")
-			},
-		},
-		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug),
-	}
-	health := http.NewServeMux()
-	health.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })
-	health.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		switch {
-		case stopping.Load():
-			http.Error(w, "stopping", http.StatusServiceUnavailable)
-		case certs.Current() == nil:
-			http.Error(w, "no serving certificate yet", http.StatusServiceUnavailable)
-		default:
-			io.WriteString(w, "ok")
-		}
-	})
-	health.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	hsrv := daemon.BoundedServer(health)
+	srv, hsrv := webhookServers(wh, reg, certs, &stopping, log)
 
 	log.Info("webhook starting", "listen", l.Addr().String(), "health", o.healthListen, "image", o.inject.Image,
 		"wait", o.inject.Wait.String(), "fallback_sleep", o.inject.FallbackSleep.String(), "self_managed_tls", o.certDir == "")
@@ -238,4 +189,67 @@ func runWebhook(ctx context.Context, o *webhookOptions) error {
 	}
 	log.Info("webhook stopped")
 	return nil
+}
+
+// certSource is where the serving certificate comes from: the files of
+// --cert-dir, or the self-managed Secret.
+func (o *webhookOptions) certSource(log *slog.Logger) (webhook.CertSource, error) {
+	if o.certDir != "" {
+		return &webhook.FileCerts{Dir: o.certDir, Interval: o.certInterval, Log: log}, nil
+	}
+	cc := o.certConfig()
+	if err := cc.Validate(); err != nil {
+		return nil, fmt.Errorf("certificate flags: %w", err)
+	}
+	cfg, err := restConfig(o.kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("loading the API client configuration: %w", err)
+	}
+	cfg.UserAgent = "draind-webhook/" + version
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("creating the API client: %w", err)
+	}
+	return &webhook.CertReconciler{
+		Client: client, Namespace: o.namespace, Secret: o.secret, WebhookConfig: o.webhookConfig,
+		Config: cc, Interval: o.certInterval, Now: time.Now, Log: log,
+	}, nil
+}
+
+// webhookServers are the TLS server of the admission handler and the plain
+// HTTP server of /healthz, /readyz (not ready while stopping or without a
+// certificate) and /metrics.
+func webhookServers(wh *webhook.Handler, reg *prometheus.Registry, certs webhook.CertSource, stopping *atomic.Bool, log *slog.Logger) (srv, hsrv *http.Server) {
+	srv = &http.Server{
+		Handler:           wh.Mux(),
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       15 * time.Second,
+		WriteTimeout:      15 * time.Second,
+		IdleTimeout:       90 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		TLSConfig: &tls.Config{
+			MinVersion: tls.VersionTLS12,
+			GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+				if c := certs.Current(); c != nil {
+					return c, nil
+				}
+				return nil, errors.New("no serving certificate yet")
+			},
+		},
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+	}
+	health := http.NewServeMux()
+	health.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })
+	health.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		switch {
+		case stopping.Load():
+			http.Error(w, "stopping", http.StatusServiceUnavailable)
+		case certs.Current() == nil:
+			http.Error(w, "no serving certificate yet", http.StatusServiceUnavailable)
+		default:
+			io.WriteString(w, "ok")
+		}
+	})
+	health.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	return srv, daemon.BoundedServer(health)
 }

@@ -140,19 +140,10 @@ func Plan(cur map[string][]byte, published [][]byte, now time.Time, cfg Config) 
 		changes = append(changes, "next CA created (the signing CA has a third of its lifetime left)")
 	}
 	if next != nil {
-		switch {
-		case !publishedEverywhere(published, next.cert):
-			nextSince = nil
-		case nextSince == nil:
-			nextSince = []byte(now.UTC().Format(time.RFC3339))
-		default:
-			since, err := time.Parse(time.RFC3339, string(nextSince))
-			if err != nil {
-				nextSince = []byte(now.UTC().Format(time.RFC3339))
-			} else if !now.Before(since.Add(cfg.PublishDelay)) {
-				signing, next, nextSince = next, nil, nil
-				changes = append(changes, "next CA promoted to signing CA (published since "+since.UTC().Format(time.RFC3339)+")")
-			}
+		var promoted string
+		if nextSince, promoted = nextCAPublication(next, nextSince, published, now, cfg); promoted != "" {
+			signing, next, nextSince = next, nil, nil
+			changes = append(changes, promoted)
 		}
 	}
 
@@ -177,16 +168,40 @@ func Plan(cur map[string][]byte, published [][]byte, now time.Time, cfg Config) 
 
 	// Values that changed without a decision above are changes too.
 	if len(changes) == 0 && !sameData(cur, out) {
-		switch {
-		case !bytes.Equal(cur[KeyNextSince], out[KeyNextSince]):
-			changes = append(changes, "next CA published in every webhook entry (noted)")
-		case !bytes.Equal(cur[KeyBundle], out[KeyBundle]):
-			changes = append(changes, "CA bundle updated (expired CAs removed)")
-		default:
-			changes = append(changes, "unknown keys removed")
-		}
+		changes = append(changes, unnotedChange(cur, out))
 	}
 	return out, changes, nil
+}
+
+// nextCAPublication notes since when the next CA is in every webhook
+// entry's bundle (nil: not yet everywhere), and says why it is promoted to
+// signing CA once it has been there for the publish delay ("": not yet).
+func nextCAPublication(next *ca, nextSince []byte, published [][]byte, now time.Time, cfg Config) ([]byte, string) {
+	switch {
+	case !publishedEverywhere(published, next.cert):
+		return nil, ""
+	case nextSince == nil:
+		return []byte(now.UTC().Format(time.RFC3339)), ""
+	}
+	since, err := time.Parse(time.RFC3339, string(nextSince))
+	if err != nil {
+		return []byte(now.UTC().Format(time.RFC3339)), ""
+	}
+	if now.Before(since.Add(cfg.PublishDelay)) {
+		return nextSince, ""
+	}
+	return nextSince, "next CA promoted to signing CA (published since " + since.UTC().Format(time.RFC3339) + ")"
+}
+
+// unnotedChange names a change of the data no step of Plan decided.
+func unnotedChange(cur, out map[string][]byte) string {
+	switch {
+	case !bytes.Equal(cur[KeyNextSince], out[KeyNextSince]):
+		return "next CA published in every webhook entry (noted)"
+	case !bytes.Equal(cur[KeyBundle], out[KeyBundle]):
+		return "CA bundle updated (expired CAs removed)"
+	}
+	return "unknown keys removed"
 }
 
 // parseCA reads a CA that can still sign at now, or says why not.
