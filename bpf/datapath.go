@@ -141,6 +141,24 @@ type Datapath struct {
 	updateErrors map[MapName]*atomic.Uint64
 }
 
+// pinDirs makes the map directory of this ABI version under dir, which
+// must be on a bpf filesystem, and returns it.
+func pinDirs(dir string) (string, error) {
+	mapDir := filepath.Join(dir, abiVersion)
+	if err := os.MkdirAll(mapDir, 0o700); err != nil {
+		return "", fmt.Errorf("creating pin directory: %w", err)
+	}
+	var fs unix.Statfs_t
+	if err := unix.Statfs(dir, &fs); err != nil {
+		return "", fmt.Errorf("checking pin directory %s: %w", dir, err)
+	}
+	if fs.Type != unix.BPF_FS_MAGIC {
+		return "", fmt.Errorf("pin directory %s is not on a bpf filesystem (mount -t bpf bpf %s): %w",
+			dir, filepath.Dir(dir), ebpf.ErrNotSupported)
+	}
+	return mapDir, nil
+}
+
 // Load loads the programs, adopting the pinned maps under opts.PinDir (or
 // creating and pinning them). It does not attach anything.
 func Load(opts Options) (*Datapath, error) {
@@ -148,19 +166,10 @@ func Load(opts Options) (*Datapath, error) {
 	if dir == "" {
 		dir = DefaultPinDir
 	}
-	mapDir := filepath.Join(dir, abiVersion)
-	if err := os.MkdirAll(mapDir, 0o700); err != nil {
-		return nil, fmt.Errorf("creating pin directory: %w", err)
+	mapDir, err := pinDirs(dir)
+	if err != nil {
+		return nil, err
 	}
-	var fs unix.Statfs_t
-	if err := unix.Statfs(dir, &fs); err != nil {
-		return nil, fmt.Errorf("checking pin directory %s: %w", dir, err)
-	}
-	if fs.Type != unix.BPF_FS_MAGIC {
-		return nil, fmt.Errorf("pin directory %s is not on a bpf filesystem (mount -t bpf bpf %s): %w",
-			dir, filepath.Dir(dir), ebpf.ErrNotSupported)
-	}
-
 	d := &Datapath{pinDir: dir, updateErrors: map[MapName]*atomic.Uint64{}}
 	for _, n := range MapNames {
 		d.updateErrors[n] = new(atomic.Uint64)

@@ -4,8 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -85,27 +83,5 @@ func printDump(w io.Writer, d *bpf.Dump, output string, now time.Time) error {
 	default:
 		return fmt.Errorf("unknown output format %q (want json)", output)
 	}
-	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
-	fmt.Fprintf(tw, "FRONTEND\tSERVICE-PORT\tSTEER\tEXPIRES\n")
-	for _, f := range d.Frontends {
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", f.Key, f.Service, yesNo(!f.NoSteer), age(now, f.Expires))
-	}
-	fmt.Fprintf(tw, "\nSERVICE-PORT\tBACKENDS\tEXPIRES\n")
-	for _, b := range d.Backends {
-		var s []string
-		for _, ap := range b.Backends {
-			s = append(s, ap.String())
-		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\n", b.Service, strings.Join(s, ","), age(now, b.Expires))
-	}
-	fmt.Fprintf(tw, "\nDRAINING\tPOLICY\tSERVICE-PORT\tEXPIRES\tSYNS\tSTEERED\tREFUSED\tPASSED\n")
-	for _, dr := range d.Drains {
-		st := d.Stats[dr.Key]
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%d\t%d\t%d\n", dr.Key, dr.Policy, dr.Service, age(now, dr.Expires), st.SYNs, st.Steered, st.Refused, st.Passed)
-	}
-	fmt.Fprintf(tw, "\nCOUNTER\tIPV4\tIPV6\n")
-	for o := bpf.Outcome(0); int(o) < bpf.NumOutcomes; o++ {
-		fmt.Fprintf(tw, "%s\t%d\t%d\n", o, d.Counters.Get(o, bpf.IPv4), d.Counters.Get(o, bpf.IPv6))
-	}
-	return tw.Flush()
+	return d.WriteText(w, now)
 }

@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/daemon"
 	"github.com/draind/draind/k8s"
 )
@@ -359,15 +360,15 @@ func printDrains(w io.Writer, ds []clusterDrain, now time.Time, output string) e
 			}
 		}
 		line := fmt.Sprintf("%s/%s\t%s\t%s\t%s\t%s\t%s\t%s", d.Namespace, d.Name, orDash(d.Node), d.Reason, d.State,
-			age(now, d.Since), syns10, live)
+			bpf.Age(now, d.Since), syns10, live)
 		if wide {
 			expires := "-"
 			switch {
 			case d.Expires.IsZero():
 			case d.Expires.After(now):
-				expires = age(now, d.Expires)
+				expires = bpf.Age(now, d.Expires)
 			default:
-				expires = age(now, d.Expires) + " ago"
+				expires = bpf.Age(now, d.Expires) + " ago"
 			}
 			line += fmt.Sprintf("\t%s\t%s\t%s\t%s\t%s\t%s", orDash(strings.Join(d.IPs, ",")), orDash(d.Endpoint),
 				orDash(strings.Join(d.Services, ",")), syns, steered, expires)

@@ -100,29 +100,6 @@ func configLines(cfg []daemon.ConfigEntry, width int) []string {
 	return lines
 }
 
-func age(now, t time.Time) string {
-	if t.IsZero() {
-		return "-"
-	}
-	d := now.Sub(t)
-	if d < 0 {
-		return "in " + shortDur(-d)
-	}
-	return shortDur(d)
-}
-
-func shortDur(d time.Duration) string {
-	switch {
-	case d < time.Second:
-		return fmt.Sprintf("%dms", d.Milliseconds())
-	case d < time.Minute:
-		return fmt.Sprintf("%.1fs", d.Seconds())
-	case d < time.Hour:
-		return fmt.Sprintf("%dm%02ds", int(d.Minutes()), int(d.Seconds())%60)
-	}
-	return d.Round(time.Minute).String()
-}
-
 func printStatus(w io.Writer, st *daemon.Status, output string) error {
 	switch output {
 	case "json":
@@ -163,12 +140,12 @@ func printHeader(tw io.Writer, st *daemon.Status, wide bool) {
 	}
 	uptime := "-"
 	if !st.Started.IsZero() {
-		uptime = fmt.Sprintf("%s (started %s)", shortDur(st.Time.Sub(st.Started)), st.Started.UTC().Format(time.RFC3339))
+		uptime = fmt.Sprintf("%s (started %s)", bpf.ShortDuration(st.Time.Sub(st.Started)), st.Started.UTC().Format(time.RFC3339))
 	}
 	fmt.Fprintf(tw, "Uptime:\t%s\n", uptime)
 	lastSync := "never"
 	if !st.LastSync.IsZero() {
-		lastSync = age(st.Time, st.LastSync) + " ago"
+		lastSync = bpf.Age(st.Time, st.LastSync) + " ago"
 	}
 	fmt.Fprintf(tw, "Last sync:\t%s\n", lastSync)
 	f := st.Features
@@ -244,7 +221,7 @@ func printPods(w io.Writer, st *daemon.Status, wide bool) error {
 			syns, live = fmt.Sprint(p.SYNsLast10s), liveCell(p)
 		}
 		line := fmt.Sprintf("%s/%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s", p.Namespace, p.Name, strings.Join(p.IPs, ","), p.Reason,
-			age(st.Time, p.Since), age(st.Time, p.Deadline), syns, live, p.Steered, p.State)
+			bpf.Age(st.Time, p.Since), bpf.Age(st.Time, p.Deadline), syns, live, p.Steered, p.State)
 		if wide {
 			line += fmt.Sprintf("\t%d\t%s\t%s", p.SYNs, p.UID, strings.Join(p.Entries, ","))
 		}
@@ -260,7 +237,7 @@ func socketsLine(s daemon.SocketStatus, now time.Time) string {
 		return fmt.Sprintf("OFF (%s): %s; client sockets to gone pods are not ended", s.Reason, live)
 	}
 	if !s.CountingSince.IsZero() {
-		live += fmt.Sprintf(" (sockets counted since %s ago)", age(now, s.CountingSince))
+		live += fmt.Sprintf(" (sockets counted since %s ago)", bpf.Age(now, s.CountingSince))
 	}
 	var ends []string
 	if s.EndTCP {
