@@ -1,0 +1,252 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
+)
+
+// The golden scenarios: Kubernetes objects in, `draind bpf dump` of the
+// fake datapath out. Each file of testdata/golden is a txtar archive: its
+// comment says what the scenario shows, its files are steps run in order:
+//
+//	-- apply --           YAML documents (Service, EndpointSlice, Pod,
+//	                      Lease), each created or updated
+//	-- delete --          YAML documents naming objects to delete
+//	-- advance 30s --     the clock steps (a Go duration)
+//	-- offline 10.0.0.1 --  the pod at that IP calls /v1/offline?wait=2m
+//	-- dump --            a pass runs; the datapath must print as written
+//
+// go test -run TestGolden ./daemon -update rewrites the dump steps from
+// what the daemon writes; read the diff before committing it.
+
+var updateGolden = flag.Bool("update", false, "rewrite the dump steps of testdata/golden from the daemon's output")
+
+// txtarFile is one file of a txtar archive.
+type txtarFile struct {
+	name string
+	data []byte
+}
+
+// parseTxtar splits a txtar archive into its comment and files ("-- name --"
+// lines start a file).
+func parseTxtar(b []byte) (comment []byte, files []txtarFile) {
+	lines := strings.SplitAfter(string(b), "\n")
+	cur := -1
+	for _, l := range lines {
+		t := strings.TrimRight(l, "\n")
+		if strings.HasPrefix(t, "-- ") && strings.HasSuffix(t, " --") && len(t) > 6 {
+			files = append(files, txtarFile{name: strings.TrimSpace(t[3 : len(t)-3])})
+			cur++
+			continue
+		}
+		if cur < 0 {
+			comment = append(comment, l...)
+		} else {
+			files[cur].data = append(files[cur].data, l...)
+		}
+	}
+	return comment, files
+}
+
+// formatTxtar is parseTxtar's inverse.
+func formatTxtar(comment []byte, files []txtarFile) []byte {
+	var b bytes.Buffer
+	b.Write(comment)
+	for _, f := range files {
+		fmt.Fprintf(&b, "-- %s --\n", f.name)
+		b.Write(f.data)
+		if len(f.data) > 0 && !bytes.HasSuffix(f.data, []byte("\n")) {
+			b.WriteByte('\n')
+		}
+	}
+	return b.Bytes()
+}
+
+func TestGolden(t *testing.T) {
+	paths, err := filepath.Glob("testdata/golden/*.txtar")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(paths) == 0 {
+		t.Fatal("no scenarios in testdata/golden")
+	}
+	for _, p := range paths {
+		t.Run(strings.TrimSuffix(filepath.Base(p), ".txtar"), func(t *testing.T) { runGolden(t, p) })
+	}
+}
+
+func runGolden(t *testing.T, path string) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	comment, files := parseTxtar(b)
+	h := newHarness(t)
+	dumps := 0
+	for i := range files {
+		f := &files[i]
+		verb, arg, _ := strings.Cut(f.name, " ")
+		switch verb {
+		case "apply", "delete":
+			for _, doc := range splitYAML(f.data) {
+				h.goldenObject(verb, doc)
+			}
+		case "advance":
+			d, err := time.ParseDuration(arg)
+			if err != nil {
+				t.Fatalf("%s: step %q: %v", path, f.name, err)
+			}
+			h.clock.Step(d)
+		case "offline":
+			h.offline(netip.MustParseAddr(arg), 2*time.Minute, 2*time.Second)
+		case "dump":
+			dumps++
+			got := h.goldenDump()
+			if *updateGolden {
+				f.data = got
+				continue
+			}
+			if !bytes.Equal(got, f.data) {
+				t.Errorf("%s: dump %d (step %d):\n--- want\n%s--- got\n%s", path, dumps, i+1, f.data, got)
+			}
+		default:
+			t.Fatalf("%s: unknown step %q (want apply, delete, advance D, offline IP or dump)", path, f.name)
+		}
+	}
+	if dumps == 0 {
+		t.Fatalf("%s: no dump step: the scenario checks nothing", path)
+	}
+	if *updateGolden {
+		if err := os.WriteFile(path, formatTxtar(comment, files), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// goldenDump runs the daemon's rounds (a model pass, a pass over this
+// node's drains, the Lease writes they want) until a round writes nothing
+// to the datapath, and prints it as `draind bpf dump` does.
+func (h *harness) goldenDump() []byte {
+	h.t.Helper()
+	for i := 0; ; i++ {
+		n := h.pass()
+		h.d.hosted.reconcile(h.ctx)
+		h.d.hosted.writer.flush(h.ctx)
+		h.d.leaseTrust.flush(h.ctx)
+		h.syncLeases()
+		if n+h.pass() == 0 {
+			break
+		}
+		if i > 10 {
+			h.t.Fatal("rounds keep writing the datapath")
+		}
+	}
+	d, err := h.dp.Dump()
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	var b bytes.Buffer
+	if err := d.WriteText(&b, h.clock.Now()); err != nil {
+		h.t.Fatal(err)
+	}
+	return b.Bytes()
+}
+
+// splitYAML splits YAML documents at "---" lines.
+func splitYAML(b []byte) [][]byte {
+	var out [][]byte
+	for _, doc := range strings.Split(string(b), "\n---\n") {
+		if strings.TrimSpace(doc) != "" {
+			out = append(out, []byte(doc))
+		}
+	}
+	return out
+}
+
+// goldenObject applies or deletes one YAML document through the fake API
+// and waits for the daemon's informer to see it.
+func (h *harness) goldenObject(verb string, doc []byte) {
+	h.t.Helper()
+	var meta metav1.TypeMeta
+	if err := yaml.Unmarshal(doc, &meta); err != nil {
+		h.t.Fatalf("%v in:\n%s", err, doc)
+	}
+	decode := func(into any) {
+		if err := yaml.UnmarshalStrict(doc, into); err != nil {
+			h.t.Fatalf("%s: %v in:\n%s", meta.Kind, err, doc)
+		}
+	}
+	switch meta.Kind {
+	case "Service":
+		s := &corev1.Service{}
+		decode(s)
+		h.goldenService(verb, s)
+	case "EndpointSlice":
+		s := &discoveryv1.EndpointSlice{}
+		decode(s)
+		if verb == "delete" {
+			h.deleteSlice(s.Namespace, s.Name)
+		} else {
+			h.putSlice(s)
+		}
+	case "Pod":
+		p := &corev1.Pod{}
+		decode(p)
+		if verb == "delete" {
+			h.deletePod(p.Namespace, p.Name)
+		} else {
+			h.putPod(p)
+		}
+	case "Lease":
+		l := &coordinationv1.Lease{}
+		decode(l)
+		h.goldenLease(verb, l)
+	default:
+		h.t.Fatalf("unknown kind %q in:\n%s", meta.Kind, doc)
+	}
+}
+
+func (h *harness) goldenService(verb string, s *corev1.Service) {
+	if verb == "delete" {
+		h.deleteService(s.Namespace, s.Name)
+		return
+	}
+	h.do(&h.d.events.services, 1, func(ctx context.Context) error {
+		api := h.client.CoreV1().Services(s.Namespace)
+		if _, err := api.Get(ctx, s.Name, metav1.GetOptions{}); err == nil {
+			_, err = api.Update(ctx, s, metav1.UpdateOptions{})
+			return err
+		}
+		_, err := api.Create(ctx, s, metav1.CreateOptions{})
+		return err
+	})
+}
+
+func (h *harness) goldenLease(verb string, l *coordinationv1.Lease) {
+	h.do(&h.d.events.leases, 1, func(ctx context.Context) error {
+		api := h.client.CoordinationV1().Leases(l.Namespace)
+		if verb == "delete" {
+			return api.Delete(ctx, l.Name, metav1.DeleteOptions{})
+		}
+		if _, err := api.Get(ctx, l.Name, metav1.GetOptions{}); err == nil {
+			_, err = api.Update(ctx, l, metav1.UpdateOptions{})
+			return err
+		}
+		_, err := api.Create(ctx, l, metav1.CreateOptions{})
+		return err
+	})
+}
