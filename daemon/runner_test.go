@@ -1,76 +1,60 @@
 package daemon
 
 import (
-	"context"
+	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
+	"k8s.io/utils/clock"
 	testingclock "k8s.io/utils/clock/testing"
 )
 
 // TestRunnerSignalsAndDeadlines: a pass runs on a signal at once, and
 // otherwise at the deadline the last pass returned (or maxInterval); a
-// signal moves the next deadline to the one its pass returns.
+// signal moves the next deadline to the one its pass returns. It runs in a
+// synctest bubble: time moves only when every goroutine waits, so each
+// step checks exactly which passes ran by then, with no polling.
 func TestRunnerSignalsAndDeadlines(t *testing.T) {
-	t0 := time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC)
-	clk := testingclock.NewFakeClock(t0)
-	runs := make(chan time.Time, 16)
-	r := newRunner(clk, 0, time.Minute, func() time.Time {
-		runs <- clk.Now()
-		return clk.Now().Add(5 * time.Second)
+	synctest.Test(t, func(t *testing.T) {
+		t0 := time.Now()
+		var mu sync.Mutex
+		var runs []time.Duration // when each pass ran, since t0
+		r := newRunner(clock.RealClock{}, 0, time.Minute, func() time.Time {
+			mu.Lock()
+			runs = append(runs, time.Since(t0))
+			mu.Unlock()
+			return time.Now().Add(5 * time.Second)
+		})
+		r.Start(t.Context())
+		defer r.Stop()
+		// after lets d pass, waits for the loop to settle and checks the
+		// passes that ran so far.
+		after := func(d time.Duration, what string, want ...time.Duration) {
+			t.Helper()
+			time.Sleep(d)
+			synctest.Wait()
+			mu.Lock()
+			defer mu.Unlock()
+			if !slices.Equal(runs, want) {
+				t.Fatalf("%s: passes ran at %v, want %v", what, runs, want)
+			}
+		}
+		after(time.Minute-time.Second, "before maxInterval")
+		after(time.Second, "at maxInterval", time.Minute)
+		after(4*time.Second, "before the deadline the last pass returned", time.Minute)
+		after(time.Second, "at that deadline", time.Minute, time.Minute+5*time.Second)
+
+		// A signal runs a pass at once; the deadline is then its pass's.
+		time.Sleep(2 * time.Second)
+		r.Run()
+		after(0, "on a signal", time.Minute, time.Minute+5*time.Second, time.Minute+7*time.Second)
+		after(4*time.Second, "at a deadline the signal replaced", time.Minute, time.Minute+5*time.Second, time.Minute+7*time.Second)
+		after(time.Second, "at the signalled pass's deadline",
+			time.Minute, time.Minute+5*time.Second, time.Minute+7*time.Second, time.Minute+12*time.Second)
 	})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	r.Start(ctx)
-	defer r.Stop()
-	next := func(what string) time.Time {
-		t.Helper()
-		select {
-		case at := <-runs:
-			return at
-		case <-time.After(10 * time.Second):
-			t.Fatalf("no pass %s", what)
-			return time.Time{}
-		}
-	}
-	waiting := func() {
-		t.Helper()
-		eventually(t, 10*time.Second, "the loop to wait", clk.HasWaiters)
-	}
-	// none: the timer has not fired (a fired timer has no waiter until the
-	// loop has run its pass and reset it, so one of the two shows).
-	none := func(what string) {
-		t.Helper()
-		if !clk.HasWaiters() || len(runs) != 0 {
-			t.Fatalf("a pass %s", what)
-		}
-	}
-
-	waiting()
-	clk.Step(time.Minute - time.Second)
-	none("before maxInterval")
-	clk.Step(time.Second)
-	if at := next("at maxInterval"); !at.Equal(t0.Add(time.Minute)) {
-		t.Errorf("the first pass ran at %v, want maxInterval after the start", at.Sub(t0))
-	}
-	waiting()
-	clk.Step(4 * time.Second)
-	none("before the deadline the last pass returned")
-	clk.Step(time.Second)
-	next("at the deadline the last pass returned")
-
-	// A signal runs a pass at once; the deadline is then its pass's.
-	waiting()
-	clk.Step(2 * time.Second)
-	r.Run()
-	signalled := next("on a signal")
-	waiting()
-	clk.Step(4 * time.Second) // 6 s after the pass before: its deadline passed
-	none("at a deadline a signal replaced")
-	clk.Step(time.Second)
-	if at := next("at the signalled pass's deadline"); at.Sub(signalled) != 5*time.Second {
-		t.Errorf("the pass after a signal's ran %v after it, want 5s", at.Sub(signalled))
-	}
 }
 
 // TestRunnerSchedule: a pass that ran outside the loop and wants the next
@@ -92,33 +76,24 @@ func TestRunnerSchedule(t *testing.T) {
 		t.Fatal("an earlier deadline did not wake the loop")
 	}
 
-	runs := make(chan int, 16)
-	var r *runner
-	n := 0
-	r = newRunner(clk, 0, time.Minute, func() time.Time {
-		n++
-		if n == 1 {
-			// Another pass reports a deadline later than this pass's
-			// (maxInterval): the loop must still learn of it.
-			r.Schedule(clk.Now().Add(2 * time.Minute))
-		}
-		runs <- n
-		return time.Time{}
-	})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	r.Start(ctx)
-	defer r.Stop()
-	eventually(t, 10*time.Second, "the loop to wait", clk.HasWaiters)
-	r.Run()
-	for want := 1; want <= 2; want++ {
-		select {
-		case got := <-runs:
-			if got != want {
-				t.Fatalf("run %d, want %d", got, want)
+	// While the loop's own pass runs, a deadline another pass reports
+	// later than this pass's (maxInterval) must still reach the loop.
+	synctest.Test(t, func(t *testing.T) {
+		var r *runner
+		var n atomic.Int32
+		r = newRunner(clock.RealClock{}, 0, time.Minute, func() time.Time {
+			if n.Add(1) == 1 {
+				r.Schedule(time.Now().Add(2 * time.Minute))
 			}
-		case <-time.After(10 * time.Second):
-			t.Fatalf("no run %d: a deadline reported during the loop's pass was lost", want)
+			return time.Time{}
+		})
+		r.Start(t.Context())
+		defer r.Stop()
+		synctest.Wait()
+		r.Run()
+		synctest.Wait()
+		if got := n.Load(); got != 2 {
+			t.Fatalf("%d passes without time passing, want 2: a deadline reported during the loop's pass was lost", got)
 		}
-	}
+	})
 }
