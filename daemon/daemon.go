@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/conntrack"
+	"github.com/draind/draind/daemon/nodeapi"
 	"github.com/draind/draind/k8s"
 )
 
@@ -135,10 +135,10 @@ type Daemon struct {
 	synced    atomic.Bool
 	attached  atomic.Bool
 	firstDone atomic.Bool
-	startErr  error         // what New could not set up (Run returns it)
-	lastSync  atomic.Int64  // unix nanoseconds of the last pass
-	passes    atomic.Uint64 // passes run (the loop's and the slice watch's)
-	conns     atomic.Int64  // open connections of the offline API
+	startErr  error           // what New could not set up (Run returns it)
+	lastSync  atomic.Int64    // unix nanoseconds of the last pass
+	passes    atomic.Uint64   // passes run (the loop's and the slice watch's)
+	api       *nodeapi.Server // the node-local HTTP API
 	// informer events handled, per kind (tests wait on them)
 	events struct{ slices, services, leases, pods atomic.Uint64 }
 }
@@ -175,6 +175,9 @@ func New(cfg Config, client kubernetes.Interface, dp Datapath, ct conntrack.Inte
 		RequestPass: d.runner.Run,
 	})
 	d.leaseTrust = newLeaseTrust(client.CoreV1(), cfg.Clock, cfg.Logger, d.runner.Run)
+	d.api = nodeapi.New(d, nodeapi.Config{Quiet: cfg.Quiet, MaxWait: cfg.MaxWait, BodyTimeout: cfg.BodyTimeout,
+		HeaderTimeout: cfg.HeaderTimeout, MaxConnections: cfg.MaxConnections,
+		Requests: d.Metrics.OfflineRequests, ConnsRefused: d.Metrics.OfflineConnsRefused.Inc})
 	d.gone = d.newGonePeers()
 	d.startErr = d.registerHandlers()
 	return d
@@ -307,5 +310,3 @@ func splitPod(s string) (string, string) {
 	}
 	return ns, name
 }
-
-var errNotReady = errors.New("draind is not ready")

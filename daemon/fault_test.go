@@ -319,7 +319,7 @@ func TestFaultAPIOutageHostingNode(t *testing.T) {
 	// It still ends as a drain should.
 	h.closeConns()
 	h.tick(3 * time.Second)
-	if r, ok := call.result(t); !ok || r.code != 200 || !r.Drained {
+	if r, ok := call.result(t); !ok || r.Code != 200 || !r.Drained {
 		t.Fatalf("after the outage: %+v answered=%v", r, ok)
 	}
 }

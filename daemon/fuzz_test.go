@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"encoding/json"
-	"net/url"
 	"slices"
 	"testing"
 	"time"
@@ -16,29 +15,6 @@ import (
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/k8s"
 )
-
-// FuzzParseOfflineQuery: any query either fails or yields durations within
-// their bounds (never NaN, negative or beyond the caps).
-func FuzzParseOfflineQuery(f *testing.F) {
-	for _, seed := range []string{"", "wait=60s", "wait=30&quiet=1.5", "wait=NaN", "quiet=Inf", "wait=-1s",
-		"wait=1e300", "wait=9999999999h", "wait=1s&wait=2s", "wiat=1", "quiet=6m", "wait=%zz", "quiet=0x10", "wait=1_0"} {
-		f.Add(seed)
-	}
-	const maxWait = 10 * time.Minute
-	f.Fuzz(func(t *testing.T, raw string) {
-		q, err := url.ParseQuery(raw)
-		if err != nil {
-			return
-		}
-		req, err := parseOfflineQuery(q, 2*time.Second, maxWait)
-		if err != nil {
-			return
-		}
-		if req.wait < 0 || req.wait > maxWait || req.quiet < 0 || req.quiet > maxQuiet {
-			t.Fatalf("%q gave wait %v quiet %v", raw, req.wait, req.quiet)
-		}
-	})
-}
 
 // fuzzState is an in-memory State for the model fuzzer.
 type fuzzState struct {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/conntrack"
+	"github.com/draind/draind/daemon/nodeapi"
 	"github.com/draind/draind/k8s"
 )
 
@@ -89,25 +90,8 @@ type waiter struct {
 	done     chan OfflineResult
 }
 
-// OfflineResult answers /v1/offline.
-type OfflineResult struct {
-	Pod             string  `json:"pod"`
-	State           string  `json:"state"`
-	Drained         bool    `json:"drained"`
-	WaitedSeconds   float64 `json:"waited_seconds"`
-	SYNs            uint64  `json:"syns"`
-	LiveConnections int     `json:"live_connections"`
-	Steered         uint64  `json:"steered"`
-	// LiveSockets and LiveConntrack are each source's count of live
-	// connections, LiveSource the one LiveConnections came from
-	// (sockets.go); LiveSocketsPartial: the pod predates socket counting.
-	LiveSockets        *int   `json:"live_sockets,omitempty"`
-	LiveConntrack      *int   `json:"live_conntrack,omitempty"`
-	LiveSource         string `json:"live_source,omitempty"`
-	LiveSocketsPartial bool   `json:"live_sockets_partial,omitempty"`
-	Error              string `json:"error,omitempty"`
-	code               int
-}
+// OfflineResult is the answer of the offline API (nodeapi.Result).
+type OfflineResult = nodeapi.Result
 
 // hostedDrainsConfig is what the hosted drains depend on.
 type hostedDrainsConfig struct {
@@ -710,7 +694,7 @@ func ago(now, t time.Time) string {
 
 func (l *hostedDrains) resultOf(ld *hostedDrain, now time.Time, w *waiter, state string, code int) OfflineResult {
 	r := OfflineResult{Pod: ld.namespace + "/" + ld.name, State: state, Drained: state == StateDrained,
-		SYNs: ld.syns, LiveConnections: ld.live, Steered: ld.steered, code: code}
+		SYNs: ld.syns, LiveConnections: ld.live, Steered: ld.steered, Code: code}
 	ld.liveBy.fillOffline(&r)
 	if w != nil {
 		r.WaitedSeconds = now.Sub(w.started).Seconds()

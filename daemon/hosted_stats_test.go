@@ -27,7 +27,7 @@ func TestUnreadableSYNCountBlocksDrained(t *testing.T) {
 	h.dp.mu.Unlock()
 	h.tick(time.Second)
 	r, ok := call.result(t)
-	if !ok || r.code != 200 || r.State != StateDrained {
+	if !ok || r.Code != 200 || r.State != StateDrained {
 		t.Fatalf("want 200 drained once the count reads again, got %+v (answered %v)", r, ok)
 	}
 }

@@ -191,7 +191,7 @@ func TestOfflineReturnsWhenDrained(t *testing.T) {
 	h.closeConns() // the in-flight request finished
 	h.tick(200 * time.Millisecond)
 	r, ok := call.result(t)
-	if !ok || r.code != 200 || !r.Drained || r.State != StateDrained || r.SYNs != 5 || r.LiveConnections != 0 {
+	if !ok || r.Code != 200 || !r.Drained || r.State != StateDrained || r.SYNs != 5 || r.LiveConnections != 0 {
 		t.Fatalf("want 200 drained with 5 SYNs, got %+v (answered %v)", r, ok)
 	}
 	if r.WaitedSeconds < 5 || r.WaitedSeconds > 6 {
@@ -225,7 +225,7 @@ func TestOfflineTimesOutWithLiveConnection(t *testing.T) {
 	}
 	h.tick(time.Second)
 	r, ok := call.result(t)
-	if !ok || r.code != 504 || r.Drained || r.State != StateTimedOut || r.LiveConnections != 1 {
+	if !ok || r.Code != 504 || r.Drained || r.State != StateTimedOut || r.LiveConnections != 1 {
 		t.Fatalf("want 504 timed-out with live_connections 1, got %+v (answered %v)", r, ok)
 	}
 	if ev := h.events(EventDrainTimedOut, 1); len(ev) != 1 || ev[0].Type != corev1.EventTypeWarning {
@@ -242,7 +242,7 @@ func TestOfflineBeforeReady(t *testing.T) {
 	h.putPod(pod("pod-p0", "p0", "10.0.0.1"))
 	h.pass()
 	call := h.offline(podIP, 0, 0)
-	if r, _ := call.result(t); r.code != 200 || r.State != StateDraining {
+	if r, _ := call.result(t); r.Code != 200 || r.State != StateDraining {
 		t.Fatalf("offline without wait: %+v", r)
 	}
 	h.waitLeases(1)
@@ -269,7 +269,7 @@ func TestConcurrentOfflineCalls(t *testing.T) {
 	h.tick(0)
 	h.tick(3 * time.Second)
 	for _, c := range []*offlineCall{a, b} {
-		if r, ok := c.result(t); !ok || r.code != 200 || !r.Drained {
+		if r, ok := c.result(t); !ok || r.Code != 200 || !r.Drained {
 			t.Errorf("call: %+v answered=%v", r, ok)
 		}
 	}
@@ -289,7 +289,7 @@ func TestOfflineFromForeignCaller(t *testing.T) {
 	for _, ip := range []string{"10.0.0.2" /* a pod on another node */, "10.0.0.50" /* host network */, "192.0.2.1"} {
 		call := h.offline(netip.MustParseAddr(ip), 30*time.Second, 0)
 		r, ok := call.result(t)
-		if !ok || r.code != 403 {
+		if !ok || r.Code != 403 {
 			t.Errorf("caller %s: want 403 at once, got %+v", ip, r)
 		}
 	}
@@ -351,7 +351,7 @@ func TestRestartDuringDrain(t *testing.T) {
 	// The pod's retried preStop joins the drain and returns when drained.
 	again := h2.offline(podIP, 30*time.Second, 2*time.Second)
 	h2.tick(3 * time.Second)
-	if r, ok := again.result(t); !ok || r.code != 200 || !r.Drained {
+	if r, ok := again.result(t); !ok || r.Code != 200 || !r.Drained {
 		t.Fatalf("after restart: %+v answered=%v", r, ok)
 	}
 	if n := len(h2.events(EventDrainStarted, 1)); n != 1 {
@@ -370,17 +370,17 @@ func TestOnlineUndoesOffline(t *testing.T) {
 	call := h.offline(podIP, time.Minute, 2*time.Second)
 	h.openConn()
 	h.tick(0)
-	if r := h.d.hosted.online(h.ctx, podIP); r.code != 200 {
+	if r := h.d.hosted.online(h.ctx, podIP); r.Code != 200 {
 		t.Fatalf("online: %+v", r)
 	}
 	r, ok := call.result(t)
-	if !ok || r.code != 409 || r.State != StateCancelled {
+	if !ok || r.Code != 409 || r.State != StateCancelled {
 		t.Fatalf("waiter after online: %+v answered=%v", r, ok)
 	}
 	h.waitLeases(0)
 	h.tick(0)
 	h.check(expect{})
-	if r := h.d.hosted.online(h.ctx, netip.MustParseAddr("192.0.2.1")); r.code != 403 {
+	if r := h.d.hosted.online(h.ctx, netip.MustParseAddr("192.0.2.1")); r.Code != 403 {
 		t.Errorf("online from a foreign caller: %+v", r)
 	}
 }
@@ -452,7 +452,7 @@ func TestOfflineAPIUnreachable(t *testing.T) {
 	h.failLeaseCreate.Store(true)
 	call := h.offline(podIP, 30*time.Second, 0)
 	r, ok := call.result(t)
-	if !ok || r.code != 503 || r.Error == "" {
+	if !ok || r.Code != 503 || r.Error == "" {
 		t.Fatalf("want 503 with an error, got %+v", r)
 	}
 	h.d.hosted.mu.Lock()

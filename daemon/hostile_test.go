@@ -425,30 +425,6 @@ func TestHostileSlowBodyAnyPath(t *testing.T) {
 	t.Logf("offline call answered in %s beside %d slow bodies", time.Since(start).Round(time.Millisecond), slow)
 }
 
-// TestHostileWaitParser: wait and quiet take plain decimal seconds or Go
-// durations, nothing else.
-func TestHostileWaitParser(t *testing.T) {
-	for _, tc := range []struct {
-		in   string
-		want time.Duration
-		ok   bool
-	}{
-		{"", 0, true}, {"0", 0, true}, {"30", 30 * time.Second, true}, {"2.5", 2500 * time.Millisecond, true},
-		{"30s", 30 * time.Second, true}, {"1m30s", 90 * time.Second, true}, {"500ms", 500 * time.Millisecond, true},
-		{"0s", 0, true}, {"1.5h", 90 * time.Minute, true}, {"86400", 24 * time.Hour, true},
-		{"0x1p3", 0, false}, {"0x10", 0, false}, {"1_0", 0, false}, {"1_0s", 0, false}, {"-0", 0, false},
-		{"-0s", 0, false}, {"-1", 0, false}, {"+5", 0, false}, {"+5s", 0, false}, {"1e3", 0, false},
-		{"NaN", 0, false}, {"Inf", 0, false}, {"infinity", 0, false}, {".5", 0, false}, {"5.", 0, false},
-		{" 5", 0, false}, {"5 ", 0, false}, {"5 s", 0, false}, {"s", 0, false}, {"1d", 0, false},
-		{"86401", 0, false}, {"25h", 0, false}, {"99999999999999999999s", 0, false},
-	} {
-		got, err := parseDuration(tc.in)
-		if (err == nil) != tc.ok || (tc.ok && got != tc.want) {
-			t.Errorf("parseDuration(%q) = %v, %v; want %v, ok %v", tc.in, got, err, tc.want, tc.ok)
-		}
-	}
-}
-
 // TestHostileOfflineWaitsPerPod: one pod cannot take every wait slot: a
 // second pod's preStop still gets its drain and its wait.
 func TestHostileOfflineWaitsPerPod(t *testing.T) {

@@ -37,7 +37,7 @@ func newHTTPFixture(t *testing.T, mod ...func(*Config)) *httpFixture {
 	}
 	ctx, cancel := context.WithCancel(h.ctx)
 	done := make(chan struct{})
-	go func() { h.d.ServeOffline(ctx, l); close(done) }()
+	go func() { h.d.API().Serve(ctx, l); close(done) }()
 	t.Cleanup(func() {
 		h.d.hosted.cancelAll("the test is over") // pending waits answer, as at a stop
 		cancel()

@@ -140,7 +140,7 @@ func newE2EWith(t *testing.T, o e2eOptions) *e2e {
 		l, err = net.Listen("tcp", fmt.Sprintf(":%d", offlinePrt))
 		return err
 	}))
-	go e.d.ServeOffline(ctx, l)
+	go e.d.API().Serve(ctx, l)
 	e.waitFor("the daemon to be ready", func() bool { return e.d.Ready() })
 	return e
 }

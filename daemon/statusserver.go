@@ -10,6 +10,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/draind/draind/daemon/nodeapi"
 )
 
 // ServeStatus serves GET /status on a unix socket that only root can use
@@ -46,9 +48,9 @@ func ServeStatus(ctx context.Context, path string, status func() Status) error {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(status()) // the reader hung up
 	})
-	srv := BoundedServer(mux)
+	srv := nodeapi.BoundedServer(mux)
 	defer os.Remove(path)
-	return Serve(ctx, srv, l)
+	return nodeapi.Serve(ctx, srv, l)
 }
 
 // FetchStatus asks a daemon for its status over its unix socket.

@@ -20,4 +20,4 @@ func (t *leaseTrust) hasPending() bool {
 }
 
 // openConnections is how many connections the offline API holds open.
-func (d *Daemon) openConnections() int { return int(d.conns.Load()) }
+func (d *Daemon) openConnections() int { return d.api.OpenConnections() }

@@ -24,6 +24,7 @@ import (
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/conntrack"
 	"github.com/draind/draind/daemon"
+	"github.com/draind/draind/daemon/nodeapi"
 )
 
 // DefaultStatusSocket is where the daemon serves status.
@@ -346,12 +347,12 @@ func serve(ctx context.Context, o *runOptions, d *daemon.Daemon, ls *listeners, 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return d.Run(gctx) })
 	if ls.offline != nil {
-		g.Go(func() error { return d.ServeOffline(gctx, ls.offline) })
+		g.Go(func() error { return d.API().Serve(gctx, ls.offline) })
 	}
 	if ls.metrics != nil {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(d.Metrics.Registry, promhttp.HandlerOpts{}))
-		g.Go(func() error { return daemon.Serve(gctx, daemon.BoundedServer(mux), ls.metrics) })
+		g.Go(func() error { return nodeapi.Serve(gctx, nodeapi.BoundedServer(mux), ls.metrics) })
 	}
 	if o.statusSocket != "" {
 		g.Go(func() error {

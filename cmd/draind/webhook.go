@@ -19,7 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
-	"github.com/draind/draind/daemon"
+	"github.com/draind/draind/daemon/nodeapi"
 	"github.com/draind/draind/k8s/inject"
 	"github.com/draind/draind/k8s/inject/selfcert"
 	"github.com/draind/draind/k8s/inject/webhook"
@@ -251,5 +251,5 @@ func webhookServers(wh *webhook.Handler, reg *prometheus.Registry, certs webhook
 		}
 	})
 	health.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	return srv, daemon.BoundedServer(health)
+	return srv, nodeapi.BoundedServer(health)
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/conntrack"
 	"github.com/draind/draind/daemon"
+	"github.com/draind/draind/daemon/nodeapi"
 	"github.com/draind/draind/test/bed"
 )
 
@@ -74,7 +75,7 @@ func startDaemon(ctx context.Context, api *fake.Clientset, node *bed.Node, offli
 	n.cancel = cancel
 	runDone, serveDone := make(chan error, 1), make(chan error, 1)
 	go func() { runDone <- n.d.Run(rctx) }()
-	go func() { serveDone <- daemon.Serve(rctx, n.d.NewHTTPServer(addr), l) }()
+	go func() { serveDone <- nodeapi.Serve(rctx, n.d.API().HTTPServer(addr), l) }()
 	go func() {
 		defer close(n.done)
 		if err := errors.Join(<-runDone, <-serveDone); err != nil {

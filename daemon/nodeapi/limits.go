@@ -1,6 +1,8 @@
-package daemon
+package nodeapi
 
 import (
+	"context"
+	"errors"
 	"net"
 	"net/http"
 	"sync"
@@ -108,4 +110,25 @@ func (c *capConn) Close() error {
 	err := c.Conn.Close()
 	c.once.Do(c.release)
 	return err
+}
+
+// ErrServerClosed is returned by Serve after Shutdown.
+var ErrServerClosed = http.ErrServerClosed
+
+// Serve runs srv on l until ctx ends.
+func Serve(ctx context.Context, srv *http.Server, l net.Listener) error {
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(l) }()
+	select {
+	case <-ctx.Done():
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(sctx)
+		return nil
+	case err := <-errc:
+		if errors.Is(err, http.ErrServerClosed) {
+			return nil
+		}
+		return err
+	}
 }
