@@ -85,7 +85,9 @@ const forgeSettle = 6 * time.Second
 // only entries with policy off), no new connection to pa — direct or
 // through A's ClusterIP — or to lone fails or reaches another pod, no
 // conntrack flow is expired, and a keep-alive connection to pa through A's
-// ClusterIP stays on its first connection.
+// ClusterIP stays on its first connection. One more case, lone listed not
+// ready with the ownerReference, runs only with the policy: without it the
+// other node takes lone for gone (docs/trust.md).
 func TestHostileForgedSlice(t *testing.T) {
 	bed.RequirePrivileged(t)
 	f := newFixture(t, "forged", "a", "b")
