@@ -21,8 +21,9 @@ import (
 
 // testSlicePolicy: with the base's slice policy, a tenant allowed to write
 // EndpointSlices in its namespace cannot write one with the EndpointSlice
-// controller's managed-by value (TestHostileForgedSliceLabel), may write
-// others, and the controller still publishes its own slices.
+// controller's managed-by value, may write others, and the controller
+// still publishes its own slices. fault's TestHostileForgedSlice shows what
+// draind does with a tenant's slices, with the policy and without it.
 func testSlicePolicy(ctx context.Context, t *testing.T, c *kube.Cluster) {
 	const ns = "tenant-slices"
 	if _, err := c.Admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {

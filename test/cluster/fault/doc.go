@@ -2,7 +2,8 @@
 // real cluster has: its own restart at any instant (kill -9 in a
 // loop), an API server outage longer than the drain Lease, and the reuse of
 // a departed pod's IP by a pod in no Service; plus a headless Service's gone
-// pod, whose IP must not be refused.
+// pod, whose IP must not be refused, and a tenant's forged EndpointSlices,
+// which must not move another namespace's traffic.
 //
 // Everything is real except the kubelet: kube-apiserver with embedded etcd,
 // the EndpointSlice controller, kube-proxy in iptables mode per node
