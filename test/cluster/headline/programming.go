@@ -19,29 +19,30 @@ import (
 // endpoints.kubernetes.io/last-change-trigger-time) to the data path
 // applying it. Both use the same buckets.
 const (
-	proxyProgramming  = "kubeproxy_network_programming_duration_seconds_bucket"
-	draindProgramming = "draind_network_programming_duration_seconds_bucket"
+	proxyProgramming  = "kubeproxy_network_programming_duration_seconds"
+	draindProgramming = "draind_network_programming_duration_seconds"
 )
 
 // buckets is a cumulative histogram: upper bound → observations at or
 // below it (+Inf included).
 type buckets map[float64]float64
 
-// histogramOf sums the buckets of metric in a flattened exposition (series
-// with labels → value) over the series that carry every label of only.
-func histogramOf(series map[string]float64, metric string, only ...string) buckets {
-	out := buckets{}
+// histogramOf sums the buckets and the _sum of histogram in a flattened
+// exposition (series with labels → value) over the series that carry
+// every label of only.
+func histogramOf(series map[string]float64, histogram string, only ...string) (buckets, float64) {
+	out, total := buckets{}, 0.0
 	for s, v := range series {
 		name, labels, _ := strings.Cut(s, "{")
-		if name != metric {
-			continue
-		}
 		keep := true
 		for _, l := range only {
 			keep = keep && strings.Contains(labels, l)
 		}
+		if name == histogram+"_sum" && keep {
+			total += v
+		}
 		_, le, ok := strings.Cut(labels, `le="`)
-		if !keep || !ok {
+		if name != histogram+"_bucket" || !keep || !ok {
 			continue
 		}
 		le, _, _ = strings.Cut(le, `"`)
@@ -51,7 +52,7 @@ func histogramOf(series map[string]float64, metric string, only ...string) bucke
 		}
 		out[bound] += v
 	}
-	return out
+	return out, total
 }
 
 func (b buckets) add(o buckets, sign float64) {
@@ -98,14 +99,17 @@ func (b buckets) quantile(q float64) float64 {
 type Programming struct {
 	Variant           string
 	Draind, KubeProxy buckets
+	// DraindSum and KubeProxySum are the histograms' _sum: seconds in all.
+	DraindSum, KubeProxySum float64
 }
 
 // String is one line: p50 and p99 of both, and the ratio draind/kube-proxy.
 func (p Programming) String() string {
 	d50, d99 := p.Draind.quantile(0.5), p.Draind.quantile(0.99)
 	k50, k99 := p.KubeProxy.quantile(0.5), p.KubeProxy.quantile(0.99)
-	return fmt.Sprintf("%s: draind p50 %s p99 %s (%.0f observations); kube-proxy p50 %s p99 %s (%.0f); draind/kube-proxy p50 %.2f, p99 %.2f",
-		p.Variant, msec(d50), msec(d99), p.Draind.count(), msec(k50), msec(k99), p.KubeProxy.count(), d50/k50, d99/k99)
+	dm, km := p.DraindSum/p.Draind.count(), p.KubeProxySum/p.KubeProxy.count()
+	return fmt.Sprintf("%s: draind p50 %s p99 %s mean %s (%.0f observations); kube-proxy p50 %s p99 %s mean %s (%.0f); draind/kube-proxy p50 %.2f, p99 %.2f, mean %.2f",
+		p.Variant, msec(d50), msec(d99), msec(dm), p.Draind.count(), msec(k50), msec(k99), msec(km), p.KubeProxy.count(), d50/k50, d99/k99, dm/km)
 }
 
 func msec(s float64) string {
@@ -115,37 +119,39 @@ func msec(s float64) string {
 	return fmt.Sprintf("%.1fms", s*1000)
 }
 
-// proxyHistograms reads kube-proxy's network-programming buckets on every
-// node, summed.
-func proxyHistograms(ctx context.Context, nodes []*e2e.Node) (buckets, error) {
-	sum := buckets{}
+// proxyHistograms reads kube-proxy's network-programming histogram on
+// every node, summed.
+func proxyHistograms(ctx context.Context, nodes []*e2e.Node) (buckets, float64, error) {
+	all, total := buckets{}, 0.0
 	for _, n := range nodes {
 		m, err := n.Kube.ProxyMetrics(ctx)
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
-		sum.add(histogramOf(m, proxyProgramming), 1)
+		b, s := histogramOf(m, proxyProgramming)
+		all.add(b, 1)
+		total += s
 	}
-	return sum, nil
+	return all, total, nil
 }
 
-// draindHistogram reads draind's network-programming buckets (EndpointSlice
-// trigger) from its metrics endpoint on p's node.
-func (p *draindProc) draindHistogram(ctx context.Context) (buckets, error) {
+// draindHistogram reads draind's network-programming histogram
+// (EndpointSlice trigger) from its metrics endpoint on p's node.
+func (p *draindProc) draindHistogram(ctx context.Context) (buckets, float64, error) {
 	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
 		DialContext: netnsDialer{p.node.NS.Do}.DialContext, DisableKeepAlives: true}}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:9461/metrics", nil)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("reading draind's metrics on %s: %w", p.node.Name, err)
+		return nil, 0, fmt.Errorf("reading draind's metrics on %s: %w", p.node.Name, err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	series := map[string]float64{}
 	for line := range strings.Lines(string(body)) {
@@ -158,32 +164,34 @@ func (p *draindProc) draindHistogram(ctx context.Context) (buckets, error) {
 			series[line[:i]] = v
 		}
 	}
-	return histogramOf(series, draindProgramming, `trigger="endpointslice"`), nil
+	b, total := histogramOf(series, draindProgramming, `trigger="endpointslice"`)
+	return b, total, nil
 }
 
 // measureProgramming starts measuring a draind variant: it returns what
 // to call, with draind still running, when the variant ends; that records
 // the variant's Programming (kube-proxy's counted from now on).
 func (c *Cluster) measureProgramming(ctx context.Context, variant string, procs *[]*draindProc) (func() error, error) {
-	before, err := proxyHistograms(ctx, c.nodes)
+	before, beforeSum, err := proxyHistograms(ctx, c.nodes)
 	if err != nil {
 		return nil, err
 	}
 	return func() error {
 		p := Programming{Variant: variant, Draind: buckets{}}
 		for _, d := range *procs {
-			b, err := d.draindHistogram(context.Background())
+			b, s, err := d.draindHistogram(context.Background())
 			if err != nil {
 				return err
 			}
 			p.Draind.add(b, 1)
+			p.DraindSum += s
 		}
-		after, err := proxyHistograms(context.Background(), c.nodes)
+		after, afterSum, err := proxyHistograms(context.Background(), c.nodes)
 		if err != nil {
 			return err
 		}
 		after.add(before, -1)
-		p.KubeProxy = after
+		p.KubeProxy, p.KubeProxySum = after, afterSum-beforeSum
 		c.mu.Lock()
 		c.programming = append(c.programming, p)
 		c.mu.Unlock()

@@ -17,10 +17,12 @@ func TestHistogramQuantile(t *testing.T) {
 		`draind_network_programming_duration_seconds_bucket{trigger="lease",le="0.001"}`:         100,
 		`draind_network_programming_duration_seconds_bucket{trigger="lease",le="+Inf"}`:          100,
 		`draind_network_programming_duration_seconds_count{trigger="endpointslice"}`:             10,
+		`draind_network_programming_duration_seconds_sum{trigger="endpointslice"}`:               0.02,
+		`draind_network_programming_duration_seconds_sum{trigger="lease"}`:                       0.05,
 	}
-	b := histogramOf(series, draindProgramming, `trigger="endpointslice"`)
-	if b.count() != 10 || len(b) != 4 {
-		t.Fatalf("buckets %v, want the endpointslice trigger's 4 with 10 observations", b)
+	b, total := histogramOf(series, draindProgramming, `trigger="endpointslice"`)
+	if b.count() != 10 || len(b) != 4 || total != 0.02 {
+		t.Fatalf("buckets %v (sum %v), want the endpointslice trigger's 4 with 10 observations, 0.02 s in all", b, total)
 	}
 	for _, c := range []struct{ q, want float64 }{
 		{0.1, 0.0005},   // rank 1 of 2 in (0, 1ms]
@@ -34,7 +36,7 @@ func TestHistogramQuantile(t *testing.T) {
 	if got := (buckets{}).quantile(0.5); !math.IsNaN(got) {
 		t.Errorf("quantile of no observations = %v, want NaN", got)
 	}
-	all := histogramOf(series, draindProgramming)
+	all, _ := histogramOf(series, draindProgramming)
 	all.add(b, -1)
 	if all.count() != 100 {
 		t.Errorf("all triggers minus endpointslice: %v observations, want the lease's 100", all.count())

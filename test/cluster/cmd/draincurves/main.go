@@ -30,6 +30,7 @@ func run(ctx context.Context) error {
 	prom := flag.String("prometheus", "http://127.0.0.1:9090", "Prometheus base URL")
 	ns := flag.String("namespace", "", "namespace of the rolled-out pods (required)")
 	since := flag.Duration("since", 15*time.Minute, "start this long before -end")
+	startFlag := flag.String("start", "", "start of the range, RFC 3339 (overrides -since)")
 	endFlag := flag.String("end", "", "end of the range, RFC 3339 (default: now)")
 	step := flag.Duration("step", time.Second, "resolution")
 	out := flag.String("o", "drain-curves.png", "PNG file to write")
@@ -47,7 +48,15 @@ func run(ctx context.Context) error {
 		}
 		end = t
 	}
-	c, err := draincurves.Fetch(ctx, *prom, *ns, end.Add(-*since), end, *step)
+	start := end.Add(-*since)
+	if *startFlag != "" {
+		t, err := time.Parse(time.RFC3339, *startFlag)
+		if err != nil {
+			return fmt.Errorf("parsing -start: %w", err)
+		}
+		start = t
+	}
+	c, err := draincurves.Fetch(ctx, *prom, *ns, start, end, *step)
 	if err != nil {
 		return err
 	}
