@@ -259,15 +259,19 @@ func checkDashboard(ctx context.Context, t *testing.T, p *nodeProm, n *realnode.
 }
 
 // checkPodSeries asserts that each old pod's drain shows in its per-pod
-// series: present while it drained, gone at the end (drained and removed).
-func checkPodSeries(ctx context.Context, t *testing.T, p *nodeProm, res *rolloutResult, from, to time.Time) {
+// series: absent before the restart, present from the pod's drain on
+// (draind exports them only for pods it drains), its live connections
+// ending at zero (drained); and the stale client's pod, whose IP that
+// client keeps dialing, shows connections steered away. The series go on
+// past the pod's removal while draind steers the departed IP (--linger).
+func checkPodSeries(ctx context.Context, t *testing.T, p *nodeProm, res *rolloutResult, restarted, to time.Time) {
 	t.Helper()
 	var rows []string
-	for _, pod := range res.oldPods {
+	for i, pod := range res.oldPods {
 		sel := fmt.Sprintf(`{job="draind", namespace=%q, pod=%q}`, res.namespace, pod.Name)
 		row := "| " + pod.Name
 		for _, m := range []string{"draind_draining_pod_live_connections", "draind_draining_pod_syns_total", "draind_draining_pod_steered_total"} {
-			s, err := p.queryRange(ctx, m+sel, from, to, scrapeInterval)
+			s, err := p.queryRange(ctx, m+sel, restarted.Add(-10*time.Second), to, scrapeInterval)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -276,20 +280,27 @@ func checkPodSeries(ctx context.Context, t *testing.T, p *nodeProm, res *rollout
 				row += " | -"
 				continue
 			}
-			first, last := s[0].Values[0][0].(float64), s[0].Values[len(s[0].Values)-1][0].(float64)
-			peak := 0.0
-			for _, v := range s[0].Values {
-				f, _ := strconv.ParseFloat(fmt.Sprint(v[1]), 64)
-				peak = max(peak, f)
+			vs := s[0].Values
+			first, _ := vs[0][0].(float64)
+			if first <= float64(restarted.UnixNano())/1e9 {
+				t.Errorf("%s%s exported before the rollout restarted (at %.3f): it should exist only while the pod drains", m, sel, first)
 			}
-			row += fmt.Sprintf(" | %.0f (%.1fs)", peak, last-first)
-			if last >= float64(to.UnixNano())/1e9-2*scrapeInterval.Seconds() {
-				t.Errorf("%s%s still exported at the end of the rollout: the drain never ended in the series", m, sel)
+			var v []float64
+			for _, x := range vs {
+				f, _ := strconv.ParseFloat(fmt.Sprint(x[1]), 64)
+				v = append(v, f)
+			}
+			row += fmt.Sprintf(" | %.0f → %.0f", v[0], v[len(v)-1])
+			switch {
+			case strings.HasSuffix(m, "live_connections") && v[len(v)-1] != 0:
+				t.Errorf("%s%s ends at %v live connections: the pod never drained in the series", m, sel, v[len(v)-1])
+			case strings.HasSuffix(m, "steered_total") && i == 0 && !(v[len(v)-1] > v[0]):
+				t.Errorf("%s%s went from %v to %v: the stale client dials this pod's IP, draind steered none of it", m, sel, v[0], v[len(v)-1])
 			}
 		}
 		rows = append(rows, row+" |")
 	}
-	t.Logf("per-pod drain series in Prometheus (peak, and how long the series existed):\n| pod | live connections | syns | steered |\n|---|---|---|---|\n%s", strings.Join(rows, "\n"))
+	t.Logf("per-pod drain series in Prometheus (first → last sample during the rollout):\n| pod | live connections | syns | steered |\n|---|---|---|---|\n%s", strings.Join(rows, "\n"))
 }
 
 // reportProgramming prints draind's and kube-proxy's network-programming
@@ -348,13 +359,16 @@ func instant(ctx context.Context, t *testing.T, p *nodeProm, expr string, at tim
 // it to $DRAIND_ROLLOUT_PNG if set.
 func renderCurves(ctx context.Context, t *testing.T, p *nodeProm, res *rolloutResult, from, to time.Time) {
 	t.Helper()
-	c, err := draincurves.Fetch(ctx, p.base, res.namespace, from, to, scrapeInterval)
+	c, err := draincurves.FetchRate(ctx, p.base, res.namespace, from, to, scrapeInterval, 4*scrapeInterval)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, pod := range res.oldPods {
 		if len(c.Series[0][pod.Name]) == 0 {
 			t.Errorf("the drain curves have no %q samples of %s", draincurves.Panels[0].Title, pod.Name)
+		}
+		if first, _ := c.Span(pod.Name); c.Drained(pod.Name).Before(first) {
+			t.Errorf("the drain curves show no drained moment of %s after its drain began (%v)", pod.Name, first)
 		}
 	}
 	var buf bytes.Buffer
@@ -406,7 +420,7 @@ func checkPrometheus(ctx context.Context, t *testing.T, p *nodeProm, n *realnode
 	to := p.waitScraped(ctx, t, time.Now())
 	from := restarted.Add(-2 * time.Second)
 	checkDashboard(ctx, t, p, n, res.namespace, from, to)
-	checkPodSeries(ctx, t, p, res, from, to)
+	checkPodSeries(ctx, t, p, res, restarted, to)
 	reportProgramming(ctx, t, p, restarted, to)
 	renderCurves(ctx, t, p, res, from, to)
 }

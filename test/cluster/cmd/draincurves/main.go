@@ -2,7 +2,7 @@
 // Prometheus to a PNG: for each pod of a namespace that draind drained,
 // its live connections, the new connections still reaching it and the
 // connections steered away from it, with dashed lines where its drain
-// began and where it was drained and removed.
+// began and where it was drained (no live connection left).
 //
 //	go run ./cmd/draincurves -prometheus http://127.0.0.1:9090 -namespace shop -since 15m -o rollout.png
 package main
@@ -33,6 +33,7 @@ func run(ctx context.Context) error {
 	startFlag := flag.String("start", "", "start of the range, RFC 3339 (overrides -since)")
 	endFlag := flag.String("end", "", "end of the range, RFC 3339 (default: now)")
 	step := flag.Duration("step", time.Second, "resolution")
+	rate := flag.Duration("rate", 0, "window of the rates, at least two scrape intervals (default: 4 steps, 10s at least)")
 	out := flag.String("o", "drain-curves.png", "PNG file to write")
 	width := flag.Float64("width", 10, "width in inches (96 dpi)")
 	height := flag.Float64("height", 9, "height in inches")
@@ -56,7 +57,10 @@ func run(ctx context.Context) error {
 		}
 		start = t
 	}
-	c, err := draincurves.Fetch(ctx, *prom, *ns, start, end, *step)
+	if *rate == 0 {
+		*rate = max(4**step, 10*time.Second)
+	}
+	c, err := draincurves.FetchRate(ctx, *prom, *ns, start, end, *step, *rate)
 	if err != nil {
 		return err
 	}
