@@ -47,8 +47,8 @@ type nodeProm struct {
 	log  string
 }
 
-// startNodeProm starts Prometheus in n's namespace and waits until it has
-// scraped both jobs. It is stopped when the test ends.
+// startNodeProm starts Prometheus in n's namespace (waitUp waits for its
+// first scrapes). It is stopped when the test ends.
 func startNodeProm(ctx context.Context, t *testing.T, n *realnode.Node) *nodeProm {
 	t.Helper()
 	bin, err := exec.LookPath("prometheus")
@@ -102,8 +102,16 @@ scrape_configs:
 			tailLog(t, p.log, 40)
 		}
 	})
-	// Both targets up, twice each: rate() has two samples from then on.
-	deadline := time.Now().Add(time.Minute)
+	t.Logf("Prometheus %s started in the node's namespace in %v, scraping draind and kube-proxy every %v", p.base, time.Since(began).Round(time.Millisecond), scrapeInterval)
+	return p
+}
+
+// waitUp waits until Prometheus has scraped both targets up twice: rate()
+// has two samples from then on.
+func (p *nodeProm) waitUp(ctx context.Context, t *testing.T) {
+	t.Helper()
+	began := time.Now()
+	deadline := began.Add(time.Minute)
 	for {
 		s, err := p.query(ctx, `count_over_time(up[1m]) >= 2 and up == 1`, time.Time{})
 		if err == nil && len(s) == 2 {
@@ -115,8 +123,7 @@ scrape_configs:
 		}
 		sleepCtx(ctx, 250*time.Millisecond)
 	}
-	t.Logf("Prometheus %s in the node's namespace scraping draind and kube-proxy every %v, up in %v", p.base, scrapeInterval, time.Since(began).Round(time.Millisecond))
-	return p
+	t.Logf("Prometheus scrapes draind and kube-proxy (waited %v)", time.Since(began).Round(time.Millisecond))
 }
 
 // promSeries is one series of an answer: an instant query's has one value.

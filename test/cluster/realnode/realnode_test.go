@@ -74,6 +74,11 @@ func TestRealNode(t *testing.T) {
 			t.FailNow()
 		}
 	}
+	// The rollout with draind is checked through a real Prometheus: it
+	// starts now, while the first rollout runs.
+	promStart := time.Now()
+	prom := startNodeProm(ctx, t, n)
+	promCost := time.Since(promStart)
 	must("WithoutDraind", func(t *testing.T) {
 		res := runRollout(ctx, t, n, "without-draind", realnode.SleepPodSpec(5), nil)
 		results = append(results, res)
@@ -84,8 +89,8 @@ func TestRealNode(t *testing.T) {
 	must("Install", func(t *testing.T) { install(ctx, t, n, root, overlay) })
 	must("WithDraind", func(t *testing.T) {
 		promStart := time.Now()
-		prom := startNodeProm(ctx, t, n)
-		promCost := time.Since(promStart)
+		prom.waitUp(ctx, t)
+		promCost += time.Since(promStart)
 		obs := &drainObserver{n: n, namespace: "with-draind"}
 		var restarted time.Time
 		res := runRollout(ctx, t, n, "with-draind", offlineSpec, func(ctx context.Context, t *testing.T, res *rolloutResult) {
