@@ -3,7 +3,9 @@
 // node hosting it) and renders them as a PNG: live connections, new
 // connections still reaching the pod, connections steered away from it,
 // and for each pod when its drain series began (the drain started) and
-// ended (the pod was drained and removed).
+// when its live connections reached zero for good (it was drained). The
+// series go on while draind still steers the departed pod's IP (its
+// --linger) and end after that.
 package draincurves
 
 import (
@@ -64,7 +66,8 @@ func (c *Curves) Pods() []string {
 }
 
 // Span is when pod's drain series existed: its drain started at the
-// first sample, and it was drained and removed after the last.
+// first sample; the last is the end of draind's steering around it (or
+// of the range).
 func (c *Curves) Span(pod string) (first, last time.Time) {
 	for _, s := range c.Series {
 		for _, p := range s[pod] {
@@ -79,13 +82,33 @@ func (c *Curves) Span(pod string) (first, last time.Time) {
 	return first, last
 }
 
-// Fetch reads the panels' series of namespace's pods between start and
-// end from the Prometheus at base (its HTTP API, /api/v1/query_range).
-func Fetch(ctx context.Context, base, namespace string, start, end time.Time, step time.Duration) (*Curves, error) {
-	window := (4 * step).String()
-	if 4*step < 10*time.Second {
-		window = "10s"
+// Drained is when pod's live connections reached zero for good: the
+// first sample of its live-connections series from which every later one
+// is zero (zero if the series does not end at zero).
+func (c *Curves) Drained(pod string) time.Time {
+	var at time.Time
+	for _, p := range c.Series[0][pod] {
+		switch {
+		case p.V != 0:
+			at = time.Time{}
+		case at.IsZero():
+			at = p.T
+		}
 	}
+	return at
+}
+
+// Fetch reads the panels' series of namespace's pods between start and
+// end from the Prometheus at base (its HTTP API, /api/v1/query_range),
+// with rates over 4 steps (10 s at least, for the usual scrape intervals).
+func Fetch(ctx context.Context, base, namespace string, start, end time.Time, step time.Duration) (*Curves, error) {
+	return FetchRate(ctx, base, namespace, start, end, step, max(4*step, 10*time.Second))
+}
+
+// FetchRate is Fetch with the rates' window: at least two scrape
+// intervals of the Prometheus at base.
+func FetchRate(ctx context.Context, base, namespace string, start, end time.Time, step, rate time.Duration) (*Curves, error) {
+	window := rate.String()
 	c := &Curves{Namespace: namespace, Start: start, End: end}
 	for _, p := range Panels {
 		q := fmt.Sprintf(p.Query, namespace)

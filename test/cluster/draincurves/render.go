@@ -15,7 +15,8 @@ import (
 
 // Render draws c as a PNG of width x height: one panel per query, a line
 // per pod over the seconds since c.Start, and dashed lines where each
-// pod's drain series began and ended.
+// pod's drain started (its series began) and where it was drained (its
+// live connections reached zero for good).
 func Render(c *Curves, w io.Writer, width, height vg.Length) error {
 	pods := c.Pods()
 	if len(pods) == 0 {
@@ -68,8 +69,12 @@ func panelPlot(c *Curves, i int, panel Panel, pods []string) (*plot.Plot, error)
 			p.Add(l)
 			p.Legend.Add(pod, l)
 		}
-		first, last := c.Span(pod)
-		for _, at := range []float64{first.Sub(c.Start).Seconds(), last.Sub(c.Start).Seconds()} {
+		first, _ := c.Span(pod)
+		marks := []float64{first.Sub(c.Start).Seconds()}
+		if d := c.Drained(pod); !d.IsZero() {
+			marks = append(marks, d.Sub(c.Start).Seconds())
+		}
+		for _, at := range marks {
 			m, err := plotter.NewLine(plotter.XYs{{X: at, Y: 0}, {X: at, Y: p.Y.Max}})
 			if err != nil {
 				return nil, err

@@ -85,6 +85,8 @@ type Cluster struct {
 	hooks     map[string]scenario.PodHooks // namespace/name
 	load      *load
 	draindLog []string // log files of every draind started
+	// programming: each draind variant's network-programming latency.
+	programming []Programming
 }
 
 var _ scenario.ControlPlane = (*Cluster)(nil)
@@ -189,8 +191,12 @@ func (c *Cluster) Prepare(ctx context.Context, v scenario.Variant) (func() error
 		return nil, errors.Join(err, undo())
 	}
 	var procs []*draindProc
+	measured, err := c.measureProgramming(ctx, v.Label(), &procs)
+	if err != nil {
+		return nil, errors.Join(err, undo())
+	}
 	stopAll := func() error {
-		errs := []error{undo()}
+		errs := []error{measured(), undo()}
 		for _, p := range procs {
 			errs = append(errs, p.stop())
 		}

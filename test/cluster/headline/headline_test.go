@@ -78,6 +78,12 @@ func TestPrivilegedHeadline(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	for _, p := range c.Programming() {
+		t.Logf("headline figures: network-programming latency (trigger time → data path, summed over the nodes), %s", p)
+		if p.Draind.count() == 0 || p.KubeProxy.count() == 0 {
+			t.Errorf("%s: network programming observed by draind %.0f times, by kube-proxy %.0f times: want both", p.Variant, p.Draind.count(), p.KubeProxy.count())
+		}
+	}
 	for _, p := range Check(results) {
 		t.Error(p)
 	}

@@ -74,6 +74,11 @@ func TestRealNode(t *testing.T) {
 			t.FailNow()
 		}
 	}
+	// The rollout with draind is checked through a real Prometheus: it
+	// starts now, while the first rollout runs.
+	promStart := time.Now()
+	prom := startNodeProm(ctx, t, n)
+	promCost := time.Since(promStart)
 	must("WithoutDraind", func(t *testing.T) {
 		res := runRollout(ctx, t, n, "without-draind", realnode.SleepPodSpec(5), nil)
 		results = append(results, res)
@@ -83,8 +88,15 @@ func TestRealNode(t *testing.T) {
 	})
 	must("Install", func(t *testing.T) { install(ctx, t, n, root, overlay) })
 	must("WithDraind", func(t *testing.T) {
+		promStart := time.Now()
+		prom.waitUp(ctx, t)
+		promCost += time.Since(promStart)
 		obs := &drainObserver{n: n, namespace: "with-draind"}
-		res := runRollout(ctx, t, n, "with-draind", offlineSpec, obs.run)
+		var restarted time.Time
+		res := runRollout(ctx, t, n, "with-draind", offlineSpec, func(ctx context.Context, t *testing.T, res *rolloutResult) {
+			restarted = time.Now()
+			obs.run(ctx, t, res)
+		})
 		results = append(results, res)
 		for kind, st := range res.clients {
 			if st.Failed() != 0 {
@@ -92,6 +104,9 @@ func TestRealNode(t *testing.T) {
 			}
 		}
 		obs.check(ctx, t, res)
+		checkStart := time.Now()
+		checkPrometheus(ctx, t, prom, n, res, restarted)
+		t.Logf("real-node figures: the bed's Prometheus cost %v to start and %v to check", promCost.Round(time.Millisecond), time.Since(checkStart).Round(time.Millisecond))
 	})
 	must("Upgrade", func(t *testing.T) { results = append(results, upgrade(ctx, t, n, offlineSpec)) })
 	printTable(t, results)
