@@ -42,6 +42,9 @@ type claims struct {
 	free   []int32
 	byIP   ipIndex
 	local  map[netip.Addr]types.UID
+	// remote is the believed claim Leases of the cluster (claimleases.go):
+	// IP -> the pod its hosting node says has it now.
+	remote map[netip.Addr]types.UID
 
 	before, after []readyClaim // setSlice's scratch space
 	// gen changes whenever what hostOf answers for a watched IP may
@@ -464,11 +467,14 @@ func (c *claims) setLocalPods(pods []*k8s.Pod) []netip.Addr {
 }
 
 // claimedByOther reports whether ip is currently owned by a pod other than
-// uid: a local pod, or a ready listing.
+// uid: a local pod, a believed claim Lease, or a ready listing.
 func (c *claims) claimedByOther(ip netip.Addr, uid types.UID) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if l, ok := c.local[ip]; ok && l != uid {
+		return true
+	}
+	if r, ok := c.remote[ip]; ok && r != uid {
 		return true
 	}
 	other, pod := false, k8s.PodKeyOf(uid)
@@ -477,6 +483,26 @@ func (c *claims) claimedByOther(ip netip.Addr, uid types.UID) bool {
 		return !other
 	})
 	return other
+}
+
+// setRemote replaces the believed claims (IP -> pod) and returns the IPs
+// whose claim changed.
+func (c *claims) setRemote(next map[netip.Addr]types.UID) []netip.Addr {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var changed []netip.Addr
+	for ip, uid := range c.remote {
+		if next[ip] != uid {
+			changed = append(changed, ip)
+		}
+	}
+	for ip := range next {
+		if _, ok := c.remote[ip]; !ok {
+			changed = append(changed, ip)
+		}
+	}
+	c.remote = next
+	return changed
 }
 
 // stillServes reports whether the cluster's records show pod uid alive at

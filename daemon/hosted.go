@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -48,6 +49,10 @@ type hostedDrain struct {
 	published       bool      // a write of the Lease landed
 	steerPodIP      bool      // k8s.SteersPodIP: direct pod-IP steering applies
 	lastRenew       time.Time // when the last renewal landed
+	// leaseLost: a renewal found the Lease deleted (before the informer
+	// said so); claimedElsewhere: the gone pod's IP is another pod's now
+	// (the linger ends).
+	leaseLost, claimedElsewhere bool
 
 	syns        uint64
 	lastSYN     time.Time
@@ -140,6 +145,7 @@ type hostedDrains struct {
 	// changed since (a forgotten drain of a deleting pod starts again).
 	looked          *localPods
 	unlisted, lookU uint64
+	claimed         map[types.UID]*claimPub // this node's claim Leases (claimleases.go)
 }
 
 func newHostedDrains(cfg hostedDrainsConfig) *hostedDrains {
@@ -332,49 +338,66 @@ func (l *hostedDrains) reconcile(ctx context.Context) {
 		ld.leaseSeen = true
 	}
 	l.cleanStaleLeases(leases, pods, now)
+	l.publishClaims(leases, lp, now)
 	if len(l.pods) > known {
 		// New drains here: the next pass tells us their entry keys.
 		defer l.cfg.RequestPass()
 	}
 	for uid, ld := range l.pods {
-		name := k8s.LeaseName(uid)
-		dl := leases[uid]
-		p := pods[uid]
-		switch {
-		case ld.state == StateCancelled:
-			l.forget(uid, false)
-			continue
-		case p == nil && ld.state != StateGone:
-			ld.state = StateGone
-			ld.goneAt = now
-			l.finishWaiters(ld, now, StateGone, 200)
-			l.cfg.Metrics.DrainOutcomes.WithLabelValues("gone").Inc()
-		case p != nil && ld.leaseSeen && dl == nil:
-			// The Lease was deleted: /v1/online or draind undrain. A
-			// pod being deleted drains all the same: publish it again.
-			if p.Deleting() {
-				ld.leaseSeen, ld.published = false, false
-				break
-			}
-			ld.state = StateCancelled
-			l.finishWaiters(ld, now, StateCancelled, 409)
-			l.cfg.Metrics.DrainOutcomes.WithLabelValues("cancelled").Inc()
-			l.forget(uid, false)
-			continue
-		}
-		if ld.state == StateGone && now.Sub(ld.goneAt) >= l.cfg.Linger {
-			l.forget(uid, ld.published || ld.leaseSeen)
-			continue
-		}
-		switch {
-		case !ld.published:
-			l.writer.want(name, leaseWrite{kind: leasePublish, req: l.request(ld)})
-		case now.Sub(ld.lastRenew) >= l.cfg.LeaseDuration/3:
-			l.writer.want(name, leaseWrite{kind: leaseRenew, req: l.request(ld), ann: ld.renewAnnotations(now)})
-		}
+		l.step(uid, ld, leases[uid], pods[uid], now)
 	}
 	l.mu.Unlock()
 	l.measure(ctx, now)
+}
+
+// step moves one of this node's drains on (l.mu held): its pod p and its
+// Lease dl as the informers show them (nil: none).
+func (l *hostedDrains) step(uid types.UID, ld *hostedDrain, dl *k8s.DrainLease, p *k8s.Pod, now time.Time) {
+	name := k8s.LeaseName(uid)
+	if dl != nil && dl.Holder == l.cfg.Node {
+		ld.leaseSeen = true
+	}
+	deleted := ld.leaseLost || (ld.leaseSeen && dl == nil)
+	switch {
+	case ld.state == StateCancelled:
+		l.forget(uid, false)
+		return
+	case p == nil && deleted:
+		// A gone pod's Lease was deleted (draind undrain): the
+		// linger ends, and nothing renews the Lease again.
+		if ld.state != StateGone {
+			l.finishWaiters(ld, now, StateGone, 200)
+		}
+		l.forget(uid, false)
+		return
+	case p == nil && ld.state != StateGone:
+		ld.state = StateGone
+		ld.goneAt = now
+		l.finishWaiters(ld, now, StateGone, 200)
+		l.cfg.Metrics.DrainOutcomes.WithLabelValues("gone").Inc()
+	case p != nil && deleted:
+		// The Lease was deleted: /v1/online or draind undrain. A
+		// pod being deleted drains all the same: publish it again.
+		if p.Deleting() {
+			ld.leaseSeen, ld.published, ld.leaseLost = false, false, false
+			break
+		}
+		ld.state = StateCancelled
+		l.finishWaiters(ld, now, StateCancelled, 409)
+		l.cfg.Metrics.DrainOutcomes.WithLabelValues("cancelled").Inc()
+		l.forget(uid, false)
+		return
+	}
+	if ld.state == StateGone && (ld.claimedElsewhere || now.Sub(ld.goneAt) >= l.cfg.Linger) {
+		l.forget(uid, ld.published || ld.leaseSeen)
+		return
+	}
+	switch {
+	case !ld.published:
+		l.writer.want(name, leaseWrite{kind: leasePublish, req: l.request(ld)})
+	case now.Sub(ld.lastRenew) >= l.cfg.LeaseDuration/3:
+		l.writer.want(name, leaseWrite{kind: leaseRenew, req: l.request(ld), ann: ld.renewAnnotations(now)})
+	}
 }
 
 // renewAnnotations are what a renewal publishes: progress, and whether
@@ -433,9 +456,10 @@ func (l *hostedDrains) drainDeleting(lp *localPods, now time.Time) {
 }
 
 // cleanStaleLeases deletes the drain Leases that are over (l.mu held):
-//   - a Lease naming an IP that a different local pod now holds: pod IPs
-//     are reused, and this node knows first: deleting the Lease tells every
-//     node to stop steering the old pod's IP at once;
+//   - a Lease this node holds naming an IP that a different pod now
+//     holds (a local pod, a believed claim Lease of another node, a ready
+//     listing): pod IPs are reused; deleting the Lease tells every node to
+//     stop steering the old pod's IP at once;
 //   - a Lease this node holds whose pod is gone and that expired (left by
 //     a draind that stopped before its cleanup).
 func (l *hostedDrains) cleanStaleLeases(leases map[types.UID]*k8s.DrainLease, pods map[types.UID]*k8s.Pod, now time.Time) {
@@ -448,11 +472,11 @@ func (l *hostedDrains) cleanStaleLeases(leases map[types.UID]*k8s.DrainLease, po
 		for _, ip := range dl.IPs {
 			// Only the holder deletes a Lease (the shipped Lease policy
 			// denies any other node): a local pod at the IP of another
-			// node's Lease is left to the slices that list it.
-			if owner, ok := l.cfg.Claims.localOwner(ip); ok && owner != uid && mine {
+			// node's Lease claims it instead (publishClaims).
+			if mine && l.cfg.Claims.claimedByOther(ip, uid) {
 				stale = true
 				if ld := l.pods[uid]; ld != nil {
-					ld.goneAt = now.Add(-l.cfg.Linger) // forget at once
+					ld.claimedElsewhere = true // the linger ends now
 				}
 				break
 			}
@@ -490,6 +514,9 @@ func (l *hostedDrains) leaseWritten(r leaseResult) {
 	switch {
 	case r.err == nil:
 		l.cfg.Metrics.LeaseOps.WithLabelValues(op, "ok").Inc()
+	case leaseGone(r.kind, r.err):
+		l.cfg.Metrics.LeaseOps.WithLabelValues(op, "refused").Inc()
+		l.cfg.Log.Info("drain lease deleted, not renewed again", "lease", r.name)
 	case permanentLeaseError(r.kind, r.err):
 		l.cfg.Metrics.LeaseOps.WithLabelValues(op, "refused").Inc()
 		l.cfg.Log.Warn("drain lease write refused, retried with backoff up to "+leaseRefusedMax.String(),
@@ -497,6 +524,10 @@ func (l *hostedDrains) leaseWritten(r leaseResult) {
 	default:
 		l.cfg.Metrics.LeaseOps.WithLabelValues(op, "error").Inc()
 		l.cfg.Log.Error("writing drain lease, will retry", "lease", r.name, "op", op, logKeyErr, r.err)
+	}
+	if strings.HasPrefix(r.name, k8s.ClaimPrefix) {
+		l.claimWritten(r)
+		return
 	}
 	if r.kind == leaseDelete {
 		return
@@ -512,6 +543,8 @@ func (l *hostedDrains) leaseWritten(r leaseResult) {
 			ld.published, ld.lastRenew = true, r.at
 		case apierrors.IsNotFound(r.err) && !ld.leaseSeen:
 			ld.published = false // never landed: create it
+		case leaseGone(r.kind, r.err):
+			ld.leaseLost = true // deleted: reconcile ends the drain
 		}
 	}
 }

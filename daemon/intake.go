@@ -343,11 +343,11 @@ func (d *Daemon) trustedPair(old, cur *k8s.Slice) (*k8s.Slice, *k8s.Slice) {
 // lingering entries (see model.endLingersOf).
 func (d *Daemon) leaseEvent(oldObj, newObj any, received time.Time) {
 	defer d.events.leases.Add(1)
-	d.leases.update(func() *drainLeases { return newDrainLeases(d.state.DrainLeases()) })
-	if l, ok := oldObj.(*k8s.DrainLease); ok && newObj == nil {
+	d.leases.update(d.leaseSnapshot)
+	if l, ok := oldObj.(*k8s.DrainLease); ok && newObj == nil && !l.Claim {
 		d.tracker.markLeaseGone(l.PodUID)
 	}
-	if l, ok := newObj.(*k8s.DrainLease); ok && oldObj == nil {
+	if l, ok := newObj.(*k8s.DrainLease); ok && oldObj == nil && !l.Claim {
 		d.tracker.markLeaseTrigger(l.Acquired) // a drain started
 	}
 	d.tracker.markLeases(receivedAt(received, d.clock.Now()))
@@ -392,23 +392,32 @@ func (d *Daemon) localPodsNow() *localPods {
 	return d.local.get(func() *localPods { return newLocalPods(d.state.LocalPods()) })
 }
 
-// drainLeases is the cached drain Leases and their names: a snapshot a
-// Lease event takes, read by every pass (as localPods).
+// drainLeases is the cached drain Leases, the claim Leases
+// (claimleases.go) and the names of both: a snapshot a Lease event takes,
+// read by every pass (as localPods).
 type drainLeases struct {
-	list  []*k8s.DrainLease
-	names map[string]bool
+	list   []*k8s.DrainLease
+	claims []*k8s.DrainLease
+	names  map[string]bool
 }
 
-func newDrainLeases(leases []*k8s.DrainLease) *drainLeases {
-	dl := &drainLeases{list: leases, names: make(map[string]bool, len(leases))}
+func newDrainLeases(leases, claims []*k8s.DrainLease) *drainLeases {
+	dl := &drainLeases{list: leases, claims: claims, names: make(map[string]bool, len(leases)+len(claims))}
 	for _, l := range leases {
+		dl.names[l.Name] = true
+	}
+	for _, l := range claims {
 		dl.names[l.Name] = true
 	}
 	return dl
 }
 
+func (d *Daemon) leaseSnapshot() *drainLeases {
+	return newDrainLeases(d.state.DrainLeases(), claimLeasesOf(d.state))
+}
+
 func (d *Daemon) drainLeasesNow() *drainLeases {
-	return d.leases.get(func() *drainLeases { return newDrainLeases(d.state.DrainLeases()) })
+	return d.leases.get(d.leaseSnapshot)
 }
 
 // snapshot holds what an informer's store held when its handler last read

@@ -58,8 +58,7 @@ const (
 	// writes, never this node's drains or offline answers.
 	leaseCallTimeout = 5 * time.Second
 	// A write the API server refused (see permanentLeaseError: an
-	// admission policy denying it, an invalid object, a Lease gone under a
-	// renewal) is retried after leaseRefusedMin, doubling up to
+	// admission policy denying it, an invalid object) is retried after leaseRefusedMin, doubling up to
 	// leaseRefusedMax: not hot, yet soon enough when the refusal was an
 	// API server still starting (its authorizer answers 403 until synced).
 	leaseRefusedMin = time.Second
@@ -68,10 +67,15 @@ const (
 
 // permanentLeaseError says whether retrying the same write soon cannot
 // help: 403 (an admission policy or RBAC denies it), 422 (invalid), and a
-// renewal of a Lease that no longer exists.
+// renewal of a Lease that no longer exists (leaseGone: never retried).
 func permanentLeaseError(kind leaseWriteKind, err error) bool {
-	return apierrors.IsForbidden(err) || apierrors.IsInvalid(err) ||
-		(kind == leaseRenew && apierrors.IsNotFound(err))
+	return apierrors.IsForbidden(err) || apierrors.IsInvalid(err) || leaseGone(kind, err)
+}
+
+// leaseGone says whether a write failed because its Lease no longer exists
+// (someone deleted it): not retried at all.
+func leaseGone(kind leaseWriteKind, err error) bool {
+	return kind == leaseRenew && apierrors.IsNotFound(err)
 }
 
 // leaseWriter performs the drain Lease writes of this node, off the loop
@@ -123,6 +127,13 @@ func (lw *leaseWriter) want(name string, w leaseWrite) {
 	case lw.kick <- struct{}{}:
 	default:
 	}
+}
+
+// has reports whether a write of name waits.
+func (lw *leaseWriter) has(name string) bool {
+	lw.mu.Lock()
+	defer lw.mu.Unlock()
+	return lw.pending[name] != nil
 }
 
 // drop forgets the write waiting for name (the drain ended).
@@ -179,6 +190,13 @@ func (lw *leaseWriter) flush(ctx context.Context) {
 		if cur := lw.pending[name]; cur == p {
 			switch {
 			case err == nil:
+				if cur.w.kind == w.kind {
+					delete(lw.pending, name)
+				}
+			case leaseGone(w.kind, err):
+				// Renewing a Lease that no longer exists cannot land:
+				// the write ends here, and its owner decides (onResult)
+				// whether to create it again or end the drain.
 				if cur.w.kind == w.kind {
 					delete(lw.pending, name)
 				}

@@ -48,9 +48,10 @@ func TestLeaseWriterRefusedAfterOutage(t *testing.T) {
 }
 
 // TestLeaseWriterRefusedNotRetriedHot: a write the API server refuses for
-// good (an admission policy's 403, a 422, a renewal of a deleted Lease) is
-// retried after leaseRefusedMin (then doubling), not every retry step; a transient error
-// is retried within leaseRetryMax; deleting a Lease already gone is done.
+// good (an admission policy's 403, a 422) is retried after leaseRefusedMin
+// (then doubling), not every retry step; a transient error is retried
+// within leaseRetryMax; deleting a Lease already gone is done, and so is
+// renewing one (its owner is told, and never renews it in a loop).
 func TestLeaseWriterRefusedNotRetriedHot(t *testing.T) {
 	gr := schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}
 	for _, tc := range []struct {
@@ -60,7 +61,7 @@ func TestLeaseWriterRefusedNotRetriedHot(t *testing.T) {
 		wantRetry time.Duration // 0: the write is done
 	}{
 		{"delete denied by the Lease policy", leaseDelete, apierrors.NewForbidden(gr, "x", nil), leaseRefusedMin},
-		{"renew of a deleted Lease", leaseRenew, apierrors.NewNotFound(gr, "x"), leaseRefusedMin},
+		{"renew of a deleted Lease", leaseRenew, apierrors.NewNotFound(gr, "x"), 0},
 		{"renew invalid", leaseRenew, apierrors.NewInvalid(schema.GroupKind{Group: gr.Group, Kind: "Lease"}, "x", nil), leaseRefusedMin},
 		{"delete of a Lease already gone", leaseDelete, apierrors.NewNotFound(gr, "x"), 0},
 		{"API server unavailable", leaseDelete, apierrors.NewServiceUnavailable("down"), leaseRetryMin},
@@ -85,8 +86,13 @@ func TestLeaseWriterRefusedNotRetriedHot(t *testing.T) {
 			p := lw.pending["drain-x"]
 			lw.mu.Unlock()
 			if tc.wantRetry == 0 {
-				if p != nil || results[0].err != nil {
+				if p != nil || (results[0].err != nil) != leaseGone(tc.kind, tc.err) {
 					t.Fatalf("pending %v, result error %v: want the write done", p, results[0].err)
+				}
+				clk.Step(leaseRefusedMax)
+				lw.flush(context.Background())
+				if calls.Load() != 1 {
+					t.Fatalf("%d API calls, want the write never made again", calls.Load())
 				}
 				return
 			}

@@ -70,6 +70,9 @@ func (d *Daemon) syncLocked(loop bool) time.Time {
 	if next, changed := d.podDrains(local, now); changed {
 		changedDrains = m.setPodDrains(next)
 	}
+	for _, ip := range d.readClaims(local, now) {
+		dirty.ips[ip] = struct{}{}
+	}
 	podViaServices := false
 	for _, pd := range changedDrains {
 		for _, svc := range m.servicesListing(pd.UID, pd.Namespace) {

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/draind/draind/k8s"
 )
 
 // Pod drains: what the drain Leases of the cluster and this node's own
@@ -27,6 +29,7 @@ type podDrainsState struct {
 	// pods (hostsOf) for the Leases of leasesSeen.
 	hostAnswers map[string]*leaseHosts
 	leasesSeen  *drainLeases
+	claimsMemo  claimsMemo // readClaims'
 	// modelGen is the model's podDrainsGen once it took the last answer:
 	// any other (an answer not taken, a model changed elsewhere) and the
 	// memos are not the model's, so podDrains reads everything again.
@@ -124,13 +127,16 @@ func (d *Daemon) readLeaseDrains(local *localPods, prev map[types.UID]*podDrain,
 	return true
 }
 
-// otherNodesIPs returns the IPs the Leases of nodes other than node name:
-// those whose listings their answers depend on (claims.watch).
+// otherNodesIPs returns the IPs the Leases (drains and claims) of nodes
+// other than node name: those whose listings their answers depend on
+// (claims.watch).
 func otherNodesIPs(leases *drainLeases, node string) []netip.Addr {
 	var ips []netip.Addr
-	for _, l := range leases.list {
-		if l.Holder != node {
-			ips = append(ips, l.IPs...)
+	for _, list := range [2][]*k8s.DrainLease{leases.list, leases.claims} {
+		for _, l := range list {
+			if l.Holder != node {
+				ips = append(ips, l.IPs...)
+			}
 		}
 	}
 	return ips

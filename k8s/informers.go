@@ -124,7 +124,7 @@ func NewInformers(client kubernetes.Interface, cfg Config) *Informers {
 	setTransform(inf.Services, slimTransform(inf, ServiceFrom))
 
 	coord := client.CoordinationV1()
-	leaseOpts := func(o *metav1.ListOptions) { o.LabelSelector = LeaseSelector() }
+	leaseOpts := func(o *metav1.ListOptions) { o.LabelSelector = WatchSelector() }
 	inf.Leases = cache.NewSharedIndexInformerWithOptions(lw(&cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			leaseOpts(&o)
@@ -307,7 +307,18 @@ func (inf *Informers) LocalPods() []*Pod {
 func (inf *Informers) DrainLeases() []*DrainLease {
 	var out []*DrainLease
 	for _, o := range inf.Leases.GetStore().List() {
-		if l, ok := o.(*DrainLease); ok && l.PodUID != "" {
+		if l, ok := o.(*DrainLease); ok && l.PodUID != "" && !l.Claim {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// ClaimLeases returns the cached, well-formed claim Leases.
+func (inf *Informers) ClaimLeases() []*DrainLease {
+	var out []*DrainLease
+	for _, o := range inf.Leases.GetStore().List() {
+		if l, ok := o.(*DrainLease); ok && l.PodUID != "" && l.Claim {
 			out = append(out, l)
 		}
 	}

@@ -28,8 +28,16 @@ import (
 // may create it. When renewal stops, the Lease expires and the drain ends
 // everywhere: the protocol fails open.
 const (
-	// LabelDrain selects drain Leases (value "true").
+	// LabelDrain selects drain Leases (value "true") and claim Leases
+	// (value LabelClaimValue).
 	LabelDrain = "draind.io/drain"
+	// LabelClaimValue marks a claim Lease: "pod P on the holder now has
+	// these IPs", published by the node hosting P while a drain Lease of
+	// another pod (of another node) still names one of them. Every node
+	// that believes it stops steering the IPs for the older pod, and the
+	// older pod's own node ends its drain and deletes its Lease: only a
+	// Lease's holder ever deletes it.
+	LabelClaimValue = "claim"
 	// LabelPodNamespace and LabelPodName help `kubectl get lease -l`; they
 	// are omitted when the value is not a valid label value (names longer
 	// than 63 characters), the annotations are authoritative.
@@ -75,6 +83,9 @@ type DrainLease struct {
 	// SteerPodIP: connections made straight to the pod's IP are steered
 	// while it exists (see SteersPodIP).
 	SteerPodIP bool
+	// Claim: a claim Lease (LabelClaimValue), not a drain: the holder
+	// says it hosts the pod at IPs now.
+	Claim bool
 }
 
 // SteersPodIP reports whether a drain with this reason and steering
@@ -93,6 +104,12 @@ func (l *DrainLease) Expires() time.Time { return l.Renewed.Add(l.Duration) }
 // LeaseName is the Lease name for a pod.
 func LeaseName(uid types.UID) string { return "drain-" + string(uid) }
 
+// ClaimName is the claim Lease name for a pod.
+func ClaimName(uid types.UID) string { return ClaimPrefix + string(uid) }
+
+// ClaimPrefix starts every claim Lease's name.
+const ClaimPrefix = "claim-"
+
 // ParseLease validates and converts a drain Lease. A malformed Lease is an
 // error (the caller logs and counts it, and ignores the Lease).
 func ParseLease(l *coordinationv1.Lease) (*DrainLease, error) {
@@ -105,12 +122,17 @@ func ParseLease(l *coordinationv1.Lease) (*DrainLease, error) {
 		Reason:       a[AnnReason],
 		State:        a[AnnState],
 		Progress:     a[AnnProgress],
+		Claim:        l.Labels[LabelDrain] == LabelClaimValue,
 	}
 	out.SteerPodIP = SteersPodIP(out.Reason, a[AnnSteerPodIP] == "true")
 	if out.PodUID == "" || out.PodName == "" || out.PodNamespace == "" {
 		return nil, fmt.Errorf("lease %s/%s: missing pod identity annotations", l.Namespace, l.Name)
 	}
-	if l.Name != LeaseName(out.PodUID) {
+	want := LeaseName(out.PodUID)
+	if out.Claim {
+		want = ClaimName(out.PodUID)
+	}
+	if l.Name != want {
 		return nil, fmt.Errorf("lease %s/%s: name does not match pod uid %s", l.Namespace, l.Name, out.PodUID)
 	}
 	for _, s := range strings.Split(a[AnnPodIPs], ",") {
@@ -168,6 +190,9 @@ type DrainRequest struct {
 	State string
 	// SteerPodIP publishes AnnSteerPodIP (on creation and when joining).
 	SteerPodIP bool
+	// Claim publishes a claim Lease (ClaimName, LabelClaimValue) instead
+	// of a drain Lease.
+	Claim bool
 }
 
 // Lease returns the Lease object Publish creates for r in namespace ns.
@@ -176,7 +201,10 @@ func (r *DrainRequest) Lease(ns string, now time.Time) *coordinationv1.Lease {
 	for i, ip := range r.IPs {
 		ips[i] = ip.String()
 	}
-	labels := map[string]string{LabelDrain: "true"}
+	labels, name := map[string]string{LabelDrain: "true"}, LeaseName(r.PodUID)
+	if r.Claim {
+		labels[LabelDrain], name = LabelClaimValue, ClaimName(r.PodUID)
+	}
 	for k, v := range map[string]string{LabelPodNamespace: r.PodNamespace, LabelPodName: r.PodName} {
 		if len(validation.IsValidLabelValue(v)) == 0 {
 			labels[k] = v
@@ -190,7 +218,7 @@ func (r *DrainRequest) Lease(ns string, now time.Time) *coordinationv1.Lease {
 	mt := metav1.NewMicroTime(now)
 	l := &coordinationv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{
-			Name: LeaseName(r.PodUID), Namespace: ns, Labels: labels,
+			Name: name, Namespace: ns, Labels: labels,
 			Annotations: map[string]string{
 				AnnPodNamespace: r.PodNamespace, AnnPodName: r.PodName, AnnPodUID: string(r.PodUID),
 				AnnPodIPs: strings.Join(ips, ","), AnnReason: r.Reason,
@@ -276,6 +304,9 @@ func (c *Leases) Delete(ctx context.Context, name string) error {
 
 // LeaseSelector selects drain Leases.
 func LeaseSelector() string { return LabelDrain + "=true" }
+
+// WatchSelector selects drain and claim Leases: what every node watches.
+func WatchSelector() string { return LabelDrain + " in (true," + LabelClaimValue + ")" }
 
 // Progress is what the hosting node publishes about a drain in the
 // AnnProgress annotation: SYNs that reached the pod since the drain began

@@ -10,6 +10,7 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes/fake"
@@ -116,5 +117,39 @@ func TestParseLeaseRejectsMalformed(t *testing.T) {
 	}
 	if _, err := ParseLease(l); err != nil {
 		t.Errorf("long pod name: %v", err)
+	}
+}
+
+// TestClaimLease: a claim Lease is named and labelled apart from the pod's
+// drain Lease (both may exist), parses as a claim, and a claim whose name
+// is not its pod's claim name is malformed.
+func TestClaimLease(t *testing.T) {
+	ctx := context.Background()
+	c := &Leases{Client: fake.NewClientset(), Namespace: "draind-system"}
+	r := request()
+	r.Claim = true
+	l, created, err := c.Publish(ctx, r, t0)
+	if err != nil || !created || !l.Claim || l.Name != "claim-uid-a" || l.Holder != "node-a" || len(l.IPs) != 2 {
+		t.Fatalf("claim %+v created=%v err=%v", l, created, err)
+	}
+	if l, _, err := c.Publish(ctx, request(), t0); err != nil || l.Claim || l.Name != "drain-uid-a" {
+		t.Fatalf("drain Lease beside the claim: %+v %v", l, err)
+	}
+	raw := r.Lease("draind-system", t0)
+	if raw.Labels[LabelDrain] != LabelClaimValue {
+		t.Errorf("claim labels %v", raw.Labels)
+	}
+	raw.Name = LeaseName(r.PodUID)
+	if _, err := ParseLease(raw); err == nil {
+		t.Error("a claim named as a drain Lease parsed")
+	}
+	sel, err := labels.Parse(WatchSelector())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for v, want := range map[string]bool{"true": true, LabelClaimValue: true, "false": false} {
+		if sel.Matches(labels.Set{LabelDrain: v}) != want {
+			t.Errorf("watch selector %q on %s=%s: want %v", sel, LabelDrain, v, want)
+		}
 	}
 }

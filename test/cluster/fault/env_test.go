@@ -229,6 +229,9 @@ type fixture struct {
 	nodes   map[string]*e2e.Node
 	daemons map[string]*headline.Draind
 	logs    []string // draind logs, tails printed on failure
+	// nodeBound: each draind's token is bound to a Pod on its node, so
+	// the Lease policy applies to it (useLeasePolicy).
+	nodeBound bool
 }
 
 // newFixture creates the namespace and the nodes, named prefix-<name>.
@@ -375,7 +378,7 @@ func (f *fixture) clearAPI() {
 		}
 	}
 	if err := admin.CoordinationV1().Leases(headline.DraindNamespace).DeleteCollection(ctx, metav1.DeleteOptions{},
-		metav1.ListOptions{LabelSelector: k8s.LabelDrain + "=true"}); err != nil {
+		metav1.ListOptions{LabelSelector: k8s.LabelDrain}); err != nil { // drains and claims
 		f.t.Errorf("deleting drain leases: %v", err)
 	}
 }
@@ -385,7 +388,11 @@ func (f *fixture) startDraind(name string, args ...string) *headline.Draind {
 	f.t.Helper()
 	n := f.nodes[name]
 	kubeconfig := filepath.Join(f.dir, "draind-"+n.Bed.Name+".kubeconfig")
-	if err := headline.WriteDraindKubeconfig(f.ctx, f.env.kc, n.Kube, kubeconfig); err != nil {
+	write := headline.WriteDraindKubeconfig
+	if f.nodeBound {
+		write = f.writeNodeBoundKubeconfig // reuseacross_test.go
+	}
+	if err := write(f.ctx, f.env.kc, n.Kube, kubeconfig); err != nil {
 		f.t.Fatal(err)
 	}
 	d, err := headline.StartDraind(f.ctx, headline.DraindOptions{

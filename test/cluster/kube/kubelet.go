@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
@@ -38,6 +39,7 @@ func (c *Cluster) Kubelet(n *Node) *Kubelet {
 // the pod's containers have started and passed readiness. pod.Spec.NodeName
 // is set; a pod without containers gets one placeholder container.
 func (k *Kubelet) RunPod(ctx context.Context, pod *corev1.Pod, ips ...netip.Addr) (*corev1.Pod, error) {
+	ips = slices.DeleteFunc(slices.Clone(ips), func(ip netip.Addr) bool { return !ip.IsValid() }) // single-stack
 	if len(ips) == 0 || len(k.NodeIPs) == 0 {
 		return nil, fmt.Errorf("running pod %s/%s: pod IPs and node IPs are required", pod.Namespace, pod.Name)
 	}
