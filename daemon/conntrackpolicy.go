@@ -13,23 +13,6 @@ import (
 	"github.com/draind/draind/conntrack"
 )
 
-// conntrackPolicy owns draind's conntrack policy, off the reconciler's goroutine
-// (a full or busy table must never stall steering):
-//
-//   - UDP flows of a draining endpoint are expired udpSettle after its
-//     drain starts, again udpFollowUp later, and then every UDPReexpire
-//     while it drains: the next datagram is balanced afresh, and stale
-//     rules elsewhere cannot pin it back for long;
-//   - TCP flows of an endpoint are expired only once it is gone (it left
-//     every slice, and no trusted slice lists the same pod ready at the IP
-//     nor does this node host it alive) and GoneGrace has passed, never
-//     while it drains; only
-//     flows older than its departure, so a new pod that reused the IP keeps
-//     its own (conntrack timestamps; without them, a reused IP is skipped),
-//     and only if no trusted slice of its Service lists the pod there
-//     again by then.
-//
-// Failed passes are retried with backoff, logged and counted.
 // udpSettle is how long after a drain starts its UDP flows are first
 // expired. Expiring a flow whose reply is on its way loses that reply: a
 // DNATed flow's reply that finds no conntrack entry keeps the pod's source
@@ -74,6 +57,23 @@ type conntrackPolicyConfig struct {
 	UDPReexpire time.Duration
 }
 
+// conntrackPolicy owns draind's conntrack policy, off the reconciler's goroutine
+// (a full or busy table must never stall steering):
+//
+//   - UDP flows of a draining endpoint are expired udpSettle after its
+//     drain starts, again udpFollowUp later, and then every UDPReexpire
+//     while it drains: the next datagram is balanced afresh, and stale
+//     rules elsewhere cannot pin it back for long;
+//   - TCP flows of an endpoint are expired only once it is gone (it left
+//     every slice, and no trusted slice lists the same pod ready at the IP
+//     nor does this node host it alive) and GoneGrace has passed, never
+//     while it drains; only
+//     flows older than its departure, so a new pod that reused the IP keeps
+//     its own (conntrack timestamps; without them, a reused IP is skipped),
+//     and only if no trusted slice of its Service lists the pod there
+//     again by then.
+//
+// Failed passes are retried with backoff, logged and counted.
 type conntrackPolicy struct {
 	cfg  conntrackPolicyConfig
 	wake chan struct{}
