@@ -13,27 +13,25 @@ import (
 	"github.com/draind/draind/conntrack"
 )
 
-// conntrackPolicy owns draind's conntrack policy, off the reconciler's goroutine
-// (a full or busy table must never stall steering):
-//
-//   - UDP flows of a draining endpoint are expired when its drain starts and
-//     again every UDPReexpire while it drains: the next datagram is balanced
-//     afresh, and stale rules elsewhere cannot pin it back for long;
-//   - TCP flows of an endpoint are expired only once it is gone (it left
-//     every slice, and no trusted slice lists the same pod ready at the IP
-//     nor does this node host it alive) and GoneGrace has passed, never
-//     while it drains; only
-//     flows older than its departure, so a new pod that reused the IP keeps
-//     its own (conntrack timestamps; without them, a reused IP is skipped),
-//     and only if no trusted slice of its Service lists the pod there
-//     again by then.
-//
-// Failed passes are retried with backoff, logged and counted.
+// udpSettle is how long after a drain starts its UDP flows are first
+// expired. Expiring a flow whose reply is on its way loses that reply: a
+// DNATed flow's reply that finds no conntrack entry keeps the pod's source
+// address, and a socket connected to the Service IP (Go's resolver, one
+// socket per query) or a resolver that checks the source drops it. When a
+// drain starts, queries sent through kube-proxy just before steering took
+// effect still await the draining pod's answer, which it gives: it serves
+// until drained. From the drain's start on, steered sockets no longer use
+// those flows (unconnected ones are steered per datagram, new connects at
+// connect()), so once their replies are back, expiring them loses nothing.
+// What still needs moving is a socket that stays connected to the Service
+// IP through a pinned flow, and the pod serves it meanwhile.
+const udpSettle = time.Second
+
 // udpFollowUp is when a draining endpoint's UDP flows are expired a second
-// time after its drain started. kube-proxy drops the endpoint from its
-// rules a moment after the slice says so (its sync takes up to about a
-// second); a datagram in between gets a fresh conntrack entry to the
-// draining pod, which this second pass removes instead of the periodic one.
+// time after the first. kube-proxy drops the endpoint from its rules a
+// moment after the slice says so (its sync takes up to about a second); a
+// datagram in between gets a fresh conntrack entry to the draining pod,
+// which this second pass removes instead of the periodic one.
 const udpFollowUp = 2 * time.Second
 
 // expiryBackoff is the wait after the nth failed expiry in a row: 200 ms
@@ -59,6 +57,23 @@ type conntrackPolicyConfig struct {
 	UDPReexpire time.Duration
 }
 
+// conntrackPolicy owns draind's conntrack policy, off the reconciler's goroutine
+// (a full or busy table must never stall steering):
+//
+//   - UDP flows of a draining endpoint are expired udpSettle after its
+//     drain starts, again udpFollowUp later, and then every UDPReexpire
+//     while it drains: the next datagram is balanced afresh, and stale
+//     rules elsewhere cannot pin it back for long;
+//   - TCP flows of an endpoint are expired only once it is gone (it left
+//     every slice, and no trusted slice lists the same pod ready at the IP
+//     nor does this node host it alive) and GoneGrace has passed, never
+//     while it drains; only
+//     flows older than its departure, so a new pod that reused the IP keeps
+//     its own (conntrack timestamps; without them, a reused IP is skipped),
+//     and only if no trusted slice of its Service lists the pod there
+//     again by then.
+//
+// Failed passes are retried with backoff, logged and counted.
 type conntrackPolicy struct {
 	cfg  conntrackPolicyConfig
 	wake chan struct{}
@@ -93,22 +108,22 @@ func (w *conntrackPolicy) kick() {
 }
 
 // udpDrain is told when a drain entry appears or goes: UDP ones are
-// expired at once, then periodically while they stay.
+// expired udpSettle later, then periodically while they stay.
 func (w *conntrackPolicy) udpDrain(k bpf.EndpointKey, present bool, now time.Time) {
 	if w.cfg.Conntrack == nil || k.Proto != bpf.UDP {
 		return
 	}
 	w.mu.Lock()
-	if present {
-		if _, ok := w.udp[k]; !ok {
-			w.udp[k] = udpDue{at: now} // due at once: the drain just started
-		}
-	} else {
+	defer w.mu.Unlock()
+	if !present {
 		delete(w.udp, k)
+		return
 	}
-	w.mu.Unlock()
-	if present {
-		w.kick()
+	if _, ok := w.udp[k]; !ok {
+		// Not at once: replies to queries sent just before steering
+		// took effect are still on their way (see udpSettle). The
+		// loop's one-second tick runs the pass once it is due.
+		w.udp[k] = udpDue{at: now.Add(udpSettle)}
 	}
 }
 

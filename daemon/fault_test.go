@@ -495,14 +495,15 @@ func TestFaultUDPReexpiredAfterKubeProxy(t *testing.T) {
 	h.addService(svc("dns", []string{"10.96.0.53"}, []corev1.ServicePort{port("dns", 53, corev1.ProtocolUDP)}))
 	h.putSlice(slice("dns-1", "dns", v4, []slicePort{{"dns", 53, corev1.ProtocolUDP}}, terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
 	h.pass()
+	h.clock.Step(udpSettle)
 	h.d.conntrackPolicy.pass(h.ctx)
 	if n := len(h.ct.ExpireCalls()); n != 1 {
-		t.Fatalf("%d expiries at drain start", n)
+		t.Fatalf("%d expiries %v after the drain started", n, udpSettle)
 	}
 	h.clock.Step(udpFollowUp)
 	h.d.conntrackPolicy.pass(h.ctx)
 	if n := len(h.ct.ExpireCalls()); n != 2 {
-		t.Fatalf("UDP flows not expired again %v after the drain started: %d calls", udpFollowUp, n)
+		t.Fatalf("UDP flows not expired again %v after the first expiry: %d calls", udpFollowUp, n)
 	}
 	if udpFollowUp >= 10*time.Second {
 		t.Fatalf("follow-up %v is no sooner than the periodic pass", udpFollowUp)

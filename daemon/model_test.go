@@ -799,9 +799,14 @@ func TestUDPExpiredWhileDraining(t *testing.T) {
 	h.putSlice(slice("dns-1", "dns", v4, []slicePort{{"dns", 53, corev1.ProtocolUDP}}, terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
 	h.pass()
 	h.d.conntrackPolicy.pass(h.ctx)
+	if n := len(h.ct.ExpireCalls()); n != 0 {
+		t.Fatalf("UDP flows expired as the drain starts, with replies still on their way: %d calls", n)
+	}
+	h.clock.Step(udpSettle)
+	h.d.conntrackPolicy.pass(h.ctx)
 	calls := h.ct.ExpireCalls()
 	if len(calls) != 1 || calls[0][0].Proto != 17 || calls[0][0].ReplySrc != netip.MustParseAddrPort("10.0.0.1:53") {
-		t.Fatalf("want the UDP flows of 10.0.0.1:53 expired as the drain starts, got %+v", calls)
+		t.Fatalf("want the UDP flows of 10.0.0.1:53 expired %v after the drain started, got %+v", udpSettle, calls)
 	}
 	h.clock.Step(time.Second)
 	h.d.conntrackPolicy.pass(h.ctx)

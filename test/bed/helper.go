@@ -188,14 +188,23 @@ func (s *server) serveConn(c net.Conn) {
 	}
 }
 
+// answerUDP answers every datagram with the name; a datagram "sleep <ms>"
+// is answered that much later (a reply on its way meanwhile), without
+// holding up the others.
 func (s *server) answerUDP(pc net.PacketConn) {
 	buf := make([]byte, 2048)
 	for {
-		_, from, err := pc.ReadFrom(buf)
+		n, from, err := pc.ReadFrom(buf)
 		if err != nil {
 			return
 		}
-		pc.WriteTo([]byte(s.name+"\n"), from)
+		ms, ok := strings.CutPrefix(strings.TrimSpace(string(buf[:n])), "sleep ")
+		if !ok {
+			pc.WriteTo([]byte(s.name+"\n"), from)
+			continue
+		}
+		d, _ := strconv.Atoi(ms)
+		time.AfterFunc(time.Duration(d)*time.Millisecond, func() { pc.WriteTo([]byte(s.name+"\n"), from) })
 	}
 }
 
@@ -280,7 +289,7 @@ func timeout(req Request) time.Duration {
 }
 
 // dialOnce opens a connection, reads the greeting (or, for UDP, sends a
-// datagram and reads the answer) and closes it.
+// datagram, req.Line or "hi", and reads the answer) and closes it.
 func dialOnce(req Request) (string, error) {
 	c, err := net.DialTimeout(proto(req), req.Addr, timeout(req))
 	if err != nil {
@@ -289,7 +298,11 @@ func dialOnce(req Request) (string, error) {
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(timeout(req)))
 	if proto(req) == "udp" {
-		if _, err := c.Write([]byte("hi\n")); err != nil {
+		line := req.Line
+		if line == "" {
+			line = "hi"
+		}
+		if _, err := c.Write([]byte(line + "\n")); err != nil {
 			return "", err
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/netip"
+	"os"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -26,13 +27,20 @@ const (
 // the README's recipes merge into it as printed. Readiness is /ready on
 // 8181 every 5 s, as CoreDNS's ready plugin is probed; like the HTTP
 // application's probe, its period is longer than draind's quiet period
-// (each probe is a SYN to the draining pod).
+// (each probe is a SYN to the draining pod). DRAIND_DNS_ANSWER_DELAY (a
+// Go duration, e.g. 200ms) makes the server answer every query that much
+// later, which keeps answers on their way as drains start
+// (docs/multinode.md).
 func DNSPodSpec() corev1.PodSpec {
+	args := []string{"dns-server", "-port", fmt.Sprint(DNSPort), "-name", DNSName, "-ready", fmt.Sprintf(":%d", DNSReadyPort)}
+	if d := os.Getenv("DRAIND_DNS_ANSWER_DELAY"); d != "" {
+		args = append(args, "-delay", d)
+	}
 	return corev1.PodSpec{
 		Containers: []corev1.Container{{
 			Name:  "app",
 			Image: AppImage,
-			Args:  []string{"dns-server", "-port", fmt.Sprint(DNSPort), "-name", DNSName, "-ready", fmt.Sprintf(":%d", DNSReadyPort)},
+			Args:  args,
 			Env: []corev1.EnvVar{
 				{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}},
 				{Name: "POD_IP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.podIP"}}},

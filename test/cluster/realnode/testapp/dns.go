@@ -24,7 +24,8 @@ import (
 // dnsServer answers A queries for one name with the pod's own IPv4 address
 // (POD_IP), so every answer says which backend answered, over UDP and TCP;
 // other names get NXDOMAIN. /ready on -ready answers 200 once both
-// listeners are up (CoreDNS's ready plugin does the same). On SIGTERM it
+// listeners are up (CoreDNS's ready plugin does the same); -delay answers
+// every query that much later (a slow upstream). On SIGTERM it
 // stops at once: a DNS Deployment's grace before that is its preStop (or
 // CoreDNS's lameduck, which is the same wait inside the process).
 func dnsServer(ctx context.Context, args []string) error {
@@ -32,6 +33,7 @@ func dnsServer(ctx context.Context, args []string) error {
 	port := fs.Int("port", 53, "DNS port (UDP and TCP)")
 	name := fs.String("name", "", "the name answered (fully qualified)")
 	readyAddr := fs.String("ready", ":8181", "listen address of /ready")
+	delay := fs.Duration("delay", 0, "answer every query this much later")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -57,6 +59,9 @@ func dnsServer(ctx context.Context, args []string) error {
 				Hdr: dns.RR_Header{Name: r.Question[0].Name, Rrtype: dns.TypeA, Class: dns.ClassINET},
 				A:   ip.AsSlice(),
 			}}
+		}
+		if *delay > 0 {
+			time.Sleep(*delay)
 		}
 		w.WriteMsg(m)
 	})
