@@ -421,10 +421,61 @@ func decodeEndpointField(e *endpointPart[[]byte], r *wireReader, field, typ int)
 		}
 	case 6: // nodeName
 		e.node, err = r.msg(field, typ)
+	case 8: // hints: repeated ones merge
+		var h []byte
+		if h, err = r.msg(field, typ); err == nil {
+			e.hints, err = decodeHints(e.hints, h)
+		}
 	default:
 		err = r.skip(typ)
 	}
 	return err
+}
+
+// decodeHints appends the forZones (1) and forNodes (2) of an
+// EndpointHints to hints, each a ForZone or ForNode whose name is field 1.
+func decodeHints(hints []hintPart[[]byte], b []byte) ([]hintPart[[]byte], error) {
+	r := wireReader{b: b}
+	for len(r.b) > 0 {
+		field, typ, err := r.tag()
+		if err != nil {
+			return hints, err
+		}
+		if field != 1 && field != 2 {
+			if err := r.skip(typ); err != nil {
+				return hints, err
+			}
+			continue
+		}
+		m, err := r.msg(field, typ)
+		if err != nil {
+			return hints, err
+		}
+		name, err := hintName(m)
+		if err != nil {
+			return hints, err
+		}
+		hints = append(hints, hintPart[[]byte]{name: name, node: field == 2})
+	}
+	return hints, nil
+}
+
+// hintName reads a ForZone's or ForNode's name (the last one given).
+func hintName(b []byte) ([]byte, error) {
+	var name []byte
+	r := wireReader{b: b}
+	for len(r.b) > 0 {
+		field, typ, err := r.tag()
+		if err == nil && field == 1 {
+			name, err = r.msg(field, typ)
+		} else if err == nil {
+			err = r.skip(typ)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return name, nil
 }
 
 func decodeConditions(e *endpointPart[[]byte], b []byte) error {
