@@ -37,34 +37,27 @@ type sliceHints struct {
 const maxHintNames = 1 << 14
 
 // packHints packs the hints of the endpoints packEndpoints keeps (nil
-// when none has one).
+// when none has one). The names are copied once, into one string.
 func packHints[T bytestring](eps []endpointIn[T]) *sliceHints {
-	any := false
+	n := 0
 	for i := range eps {
-		any = any || (len(eps[i].hints) > 0 && !eps[i].dropped())
+		if !eps[i].dropped() {
+			n += len(eps[i].hints)
+		}
 	}
-	if !any {
+	if n == 0 {
 		return nil
 	}
-	h := &sliceHints{at: make([]uint32, 1, len(eps)+1)}
-	index := map[string]int{}
+	h := &sliceHints{at: make([]uint32, 1, len(eps)+1), refs: make([]uint16, 0, n)}
+	var small [8]T
+	names := hintNames[T]{list: small[:0]}
 	for i := range eps {
 		e := &eps[i]
 		if e.dropped() {
 			continue
 		}
 		for _, p := range e.hints {
-			k, ok := index[string(p.name)]
-			switch {
-			case ok:
-			case len(h.text) < maxHintNames:
-				k = len(h.text)
-				h.text = append(h.text, strings.Clone(string(p.name)))
-				index[h.text[k]] = k
-			default:
-				k = maxHintNames // no name: matches nothing
-			}
-			ref := uint16(k) << 1
+			ref := uint16(names.index(p.name)) << 1
 			if p.node {
 				ref |= 1
 			}
@@ -72,7 +65,63 @@ func packHints[T bytestring](eps []endpointIn[T]) *sliceHints {
 		}
 		h.at = append(h.at, uint32(len(h.refs)))
 	}
+	var b strings.Builder
+	b.Grow(names.size)
+	for _, name := range names.list {
+		writeText(&b, name)
+	}
+	all := b.String()
+	h.text = make([]string, len(names.list))
+	off := 0
+	for k, name := range names.list {
+		h.text[k] = all[off : off+len(name)]
+		off += len(name)
+	}
 	return h
+}
+
+// hintNames numbers the distinct names of a slice's hints, in the order
+// first seen: by a scan while they are few (a Service's slice names a few
+// zones), by a map past that (PreferSameNode names every node).
+type hintNames[T bytestring] struct {
+	list   []T
+	byName map[string]int
+	size   int // bytes of the names
+}
+
+// manyHintNames is when hintNames starts a map.
+const manyHintNames = 16
+
+// index returns name's number (maxHintNames when the table is full: the
+// name then matches nothing).
+func (t *hintNames[T]) index(name T) int {
+	if t.byName != nil {
+		if k, ok := t.byName[string(name)]; ok {
+			return k
+		}
+	} else {
+		for k, v := range t.list {
+			if string(v) == string(name) {
+				return k
+			}
+		}
+	}
+	if len(t.list) >= maxHintNames {
+		return maxHintNames
+	}
+	t.list = append(t.list, name)
+	t.size += len(name)
+	k := len(t.list) - 1
+	switch {
+	case t.byName != nil:
+		t.byName[string(name)] = k
+	case len(t.list) > manyHintNames:
+		t.byName = make(map[string]int, 2*len(t.list))
+		for j, v := range t.list {
+			t.byName[string(v)] = j
+		}
+	}
+	return k
 }
 
 // Hints are an endpoint's topology hints: the names of its hints' forZones

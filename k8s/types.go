@@ -783,14 +783,16 @@ func SliceFrom(s *discoveryv1.EndpointSlice) (sl *Slice, skipped int) {
 			ep.hasRef, ep.refKind, ep.refNamespace = true, refKindOf(r.Kind), r.Namespace
 			ep.podUID, ep.podName = string(r.UID), r.Name
 		}
+		ep.hintsFrom = int32(len(p.hints))
 		if h := e.Hints; h != nil {
 			for _, z := range h.ForZones {
-				ep.hints = append(ep.hints, hintPart[string]{name: z.Name})
+				p.hints = append(p.hints, hintPart[string]{name: z.Name})
 			}
 			for _, n := range h.ForNodes {
-				ep.hints = append(ep.hints, hintPart[string]{name: n.Name, node: true})
+				p.hints = append(p.hints, hintPart[string]{name: n.Name, node: true})
 			}
 		}
+		ep.hintsTo = int32(len(p.hints))
 	}
 	for _, o := range s.OwnerReferences {
 		if o.Controller != nil && *o.Controller && o.Kind == "Service" && o.APIVersion == "v1" {
@@ -817,6 +819,7 @@ type sliceParts[T bytestring] struct {
 	addressType         T
 	ports               []portPart[T]
 	endpoints           []endpointPart[T]
+	hints               []hintPart[T]   // every endpoint's topology hints, in order
 	scratch             []endpointIn[T] // build's, kept for the next build (SliceFromProto's parts are reused)
 }
 
@@ -863,7 +866,8 @@ type endpointPart[T bytestring] struct {
 	refNamespace                T
 	podUID                      T
 	podName                     T
-	hints                       []hintPart[T]
+	// hintsFrom and hintsTo: the endpoint's hints in sliceParts.hints.
+	hintsFrom, hintsTo int32
 }
 
 // build converts the parts.
@@ -921,7 +925,7 @@ func (p *sliceParts[T]) build() (sl *Slice, skipped int) {
 			skipped++
 			continue
 		}
-		ep := endpointIn[T]{addr: a, node: e.node, hints: e.hints}
+		ep := endpointIn[T]{addr: a, node: e.node, hints: p.hints[e.hintsFrom:e.hintsTo:e.hintsTo]}
 		// API semantics: unset ready means ready; unset serving means the
 		// same as ready; unset terminating means not terminating.
 		ready := e.ready != condFalse
