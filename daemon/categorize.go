@@ -75,6 +75,13 @@ func (c *categorized) addDrainedPod(uid types.UID) {
 type catScratch struct {
 	listed     listedEndpoints
 	selectable []netip.AddrPort
+	hints      []uint8 // the selectable endpoints' k8s.Hint bits
+}
+
+// place is where categorize selects backends for: this node and its zone
+// (its topology.kubernetes.io/zone label, "" if it has none).
+type place struct {
+	node, zone string
 }
 
 // listedEndpoint is an identified endpoint and its pod.
@@ -106,6 +113,7 @@ type listing struct {
 	named      *oneListing
 	listedPod  k8s.PodKey // the pod the last trusted listing names
 	selectable bool
+	hints      uint8 // the first listing's k8s.Hint bits (topology.go)
 	reason     string
 	expires    time.Time
 }
@@ -123,14 +131,15 @@ type oneListing struct {
 }
 
 // categorize categorises the endpoints of svc's slices for every service
-// port and family. node is this node (internalTrafficPolicy Local selects
-// only its endpoints); drains are the pod drains by pod. The result's
+// port and family. at is this node and its zone (internalTrafficPolicy
+// Local selects only the node's endpoints, topology hints those kube-proxy
+// would pick there: topology.go); drains are the pod drains by pod. The result's
 // listing and selectable endpoints are in scratch's arrays (nil: new
 // ones), valid until categorize is given scratch again.
 //
 // It runs for every slice update of the cluster (a thousand a second in a
 // busy one), so it sorts and merges rather than building maps.
-func categorize(svc *k8s.Service, sliceList []*k8s.Slice, drains map[k8s.PodKey]*podDrain, node string, scratch *catScratch) categorized {
+func categorize(svc *k8s.Service, sliceList []*k8s.Slice, drains map[k8s.PodKey]*podDrain, at place, scratch *catScratch) categorized {
 	n := 0
 	for _, sl := range sliceList {
 		n += sl.Len()
@@ -140,7 +149,9 @@ func categorize(svc *k8s.Service, sliceList []*k8s.Slice, drains map[k8s.PodKey]
 	}
 	out := categorized{listed: slices.Grow(scratch.listed[:0], n)}
 	selectable := slices.Grow(scratch.selectable[:0], n)
-	defer func() { scratch.listed, scratch.selectable = out.listed, selectable }()
+	hints := scratch.hints[:0]
+	defer func() { scratch.listed, scratch.selectable, scratch.hints = out.listed, selectable, hints }()
+	topo := usesHints(svc, sliceList)
 	key := svc.Namespace + "/" + svc.Name
 	// The listings are scratch space, reused from call to call.
 	rp := rawListings.Get().(*[]oneListing)
@@ -166,18 +177,20 @@ func categorize(svc *k8s.Service, sliceList []*k8s.Slice, drains map[k8s.PodKey]
 			slices.SortStableFunc(raw, func(a, b oneListing) int { return a.ap.Compare(b.ap) })
 			c := servicePortEndpoints{key: servicePortKey{key, sp.Name, sp.Protocol, fam}}
 			first := len(selectable)
+			hints = hints[:0]
 			for i := 0; i < len(raw); {
 				j := i + 1
 				for j < len(raw) && raw[j].ap == raw[i].ap {
 					j++
 				}
-				l := merge(svc, raw[i:j], node)
+				l := merge(svc, raw[i:j], at, topo)
 				i = j
 				if l.named != nil {
 					out.listed = append(out.listed, listedEndpoint{endpointKey(l.ap, sp.Protocol), l.listedPod})
 				}
 				if l.selectable {
 					selectable = append(selectable, l.ap)
+					hints = append(hints, l.hints)
 				}
 				if l.draining {
 					d := drainingEndpoint{key: endpointKey(l.ap, sp.Protocol), reason: l.reason, expires: l.expires}
@@ -187,6 +200,9 @@ func categorize(svc *k8s.Service, sliceList []*k8s.Slice, drains map[k8s.PodKey]
 					}
 					c.draining = append(c.draining, d)
 				}
+			}
+			if topo {
+				selectable = selectable[:first+byTopology(selectable[first:], hints)]
 			}
 			c.selectable = selectable[first:len(selectable):len(selectable)]
 			for _, vip := range svc.ClusterIPs {
@@ -259,14 +275,18 @@ func listEndpoints(svc *k8s.Service, sl *k8s.Slice, port uint16, drains map[k8s.
 
 // merge merges the listings of one endpoint, in the order they were
 // listed: the first identified listing names the pod, the first draining
-// one gives the reason.
-func merge(svc *k8s.Service, ls []oneListing, node string) listing {
+// one gives the reason, the first one the hints (when topo: the Service's
+// slices have some).
+func merge(svc *k8s.Service, ls []oneListing, at place, topo bool) listing {
 	l := listing{ap: ls[0].ap, selectable: true}
+	if topo {
+		l.hints = ls[0].sl.HintsFor(ls[0].i, at.zone, at.node)
+	}
 	for i := range ls {
 		o := &ls[i]
 		e := k8s.Endpoint{Conds: o.sl.Conds(o.i)} // the conditions alone
 		draining := !e.Ready() || o.pd != nil
-		l.selectable = l.selectable && !draining && (!svc.InternalLocal || o.sl.Node(o.i) == node)
+		l.selectable = l.selectable && !draining && (!svc.InternalLocal || o.sl.Node(o.i) == at.node)
 		if o.identified {
 			if l.named == nil {
 				l.named = o

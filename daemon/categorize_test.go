@@ -112,7 +112,7 @@ func TestCategorize(t *testing.T) {
 			[]want{{selectable: []string{"10.0.0.2:8080"}, draining: map[string]string{"10.0.0.1:8080": ReasonTerminating}}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := categorize(tc.svc, tc.slices, byPod(drains), "this-node", nil)
+			got := categorize(tc.svc, tc.slices, byPod(drains), place{node: "this-node"}, nil)
 			if len(got.servicePorts) != len(tc.want) {
 				t.Fatalf("%d service-ports, want %d: %+v", len(got.servicePorts), len(tc.want), got.servicePorts)
 			}
@@ -162,7 +162,7 @@ func TestCategorizeListed(t *testing.T) {
 	last := listedEndpoints{{key("10.0.0.9:8080", bpf.TCP), k8s.PodKeyOf("x")}, {key("10.0.0.1:8080", bpf.TCP), k8s.PodKeyOf("x")}}
 	scratch := &catScratch{listed: last[:0], selectable: make([]netip.AddrPort, 1, 4)}
 	got := categorize(catService(), []*k8s.Slice{catSlice(k8s.IPv4, 8080, bpf.TCP,
-		catEndpoint("10.0.0.1", "d", "n1", condReady), catEndpoint("10.0.0.2", "b", "n1", condReady))}, byPod(drains), "n1", scratch)
+		catEndpoint("10.0.0.1", "d", "n1", condReady), catEndpoint("10.0.0.2", "b", "n1", condReady))}, byPod(drains), place{node: "n1"}, scratch)
 	if &got.listed[0] != &last[0] {
 		t.Error("the listing did not reuse the last one's array")
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"k8s.io/client-go/kubernetes"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
@@ -126,6 +127,8 @@ type Daemon struct {
 	inlinePasses atomic.Bool
 	inlineAfter  atomic.Int64 // UnixNano: no such pass before (passNow)
 
+	nodes           typedcorev1.NodeInterface // this node's zone (zone.go)
+	zoneLoop        loopRunner
 	conntrackPolicy *conntrackPolicy
 	hosted          *hostedDrains
 	leaseTrust      *leaseTrust
@@ -178,6 +181,7 @@ func New(cfg Config, client kubernetes.Interface, dp Datapath, ct conntrack.Inte
 	d.api = nodeapi.New(d, nodeapi.Config{Quiet: cfg.Quiet, MaxWait: cfg.MaxWait, BodyTimeout: cfg.BodyTimeout,
 		HeaderTimeout: cfg.HeaderTimeout, MaxConnections: cfg.MaxConnections,
 		Requests: d.Metrics.OfflineRequests, ConnsRefused: d.Metrics.OfflineConnsRefused.Inc})
+	d.nodes = client.CoreV1().Nodes()
 	d.gone = d.newGonePeers()
 	d.startErr = d.registerHandlers()
 	return d
@@ -225,6 +229,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.log.Info("informers synced, reconciling", "endpointslice_decoding", d.inf.SliceDecoding)
 	// Started in dependency order, stopped in reverse: the hosted drains
 	// answer their waiters before the loop that feeds them stops.
+	d.followZone(ctx)
 	d.conntrackPolicy.Start(ctx)
 	d.leaseTrust.Start(ctx)
 	d.gone.Start(ctx)
@@ -245,6 +250,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.hosted.Stop("draind is stopping")
 	d.gone.Stop()
 	d.leaseTrust.Stop()
+	d.zoneLoop.stop()
 	d.conntrackPolicy.Stop()
 	return nil
 }

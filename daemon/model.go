@@ -40,6 +40,9 @@ const (
 // ModelConfig holds the model's tunables.
 type ModelConfig struct {
 	Node string
+	// Zone is the node's topology.kubernetes.io/zone label ("": none):
+	// steering picks from the backends kube-proxy would pick here.
+	Zone string
 	// EntryTTL bounds every steering entry's life: if draind stops, steering
 	// stops by itself within it. Entries are refreshed at half of it.
 	EntryTTL time.Duration
@@ -261,7 +264,7 @@ func (m *model) recomputeService(key string, now time.Time) (changed bool) {
 	var cat categorized
 	policy := bpf.PolicyOff
 	if svc != nil {
-		cat = categorize(svc, m.state.SlicesOf(key), m.drainsByPod, m.cfg.Node, &m.scratch)
+		cat = categorize(svc, m.state.SlicesOf(key), m.drainsByPod, place{m.cfg.Node, m.cfg.Zone}, &m.scratch)
 		policy = m.policyOf(svc)
 	} else {
 		delete(m.warned, key)

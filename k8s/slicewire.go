@@ -49,7 +49,8 @@ func releaseParts(p *wireParts) {
 	clear(p.endpoints)
 	clear(p.ports)
 	clear(p.scratch)
-	*p = wireParts{endpoints: p.endpoints[:0], ports: p.ports[:0], scratch: p.scratch[:0]}
+	clear(p.hints)
+	*p = wireParts{endpoints: p.endpoints[:0], ports: p.ports[:0], scratch: p.scratch[:0], hints: p.hints[:0]}
 	wirePartsPool.Put(p)
 }
 
@@ -241,7 +242,11 @@ func decodeSliceField(p *wireParts, r *wireReader, field, typ int) error {
 			return err
 		}
 		p.endpoints = append(p.endpoints, endpointPart[[]byte]{})
-		return decodeEndpoint(&p.endpoints[len(p.endpoints)-1], m)
+		e := &p.endpoints[len(p.endpoints)-1]
+		e.hintsFrom = int32(len(p.hints))
+		err = decodeEndpoint(e, m, &p.hints)
+		e.hintsTo = int32(len(p.hints))
+		return err
 	case 3: // ports
 		m, err := r.msg(field, typ)
 		if err != nil {
@@ -386,12 +391,13 @@ func decodeTime(b []byte, t *metav1.Time) error {
 	return nil
 }
 
-func decodeEndpoint(e *endpointPart[[]byte], b []byte) error {
+// decodeEndpoint reads one endpoint into e, its hints onto hints.
+func decodeEndpoint(e *endpointPart[[]byte], b []byte, hints *[]hintPart[[]byte]) error {
 	r := wireReader{b: b}
 	for len(r.b) > 0 {
 		field, typ, err := r.tag()
 		if err == nil {
-			err = decodeEndpointField(e, &r, field, typ)
+			err = decodeEndpointField(e, &r, field, typ, hints)
 		}
 		if err != nil {
 			return err
@@ -400,7 +406,7 @@ func decodeEndpoint(e *endpointPart[[]byte], b []byte) error {
 	return nil
 }
 
-func decodeEndpointField(e *endpointPart[[]byte], r *wireReader, field, typ int) error {
+func decodeEndpointField(e *endpointPart[[]byte], r *wireReader, field, typ int, hints *[]hintPart[[]byte]) error {
 	var err error
 	switch field {
 	case 1: // addresses: SliceFrom reads the first
@@ -421,10 +427,61 @@ func decodeEndpointField(e *endpointPart[[]byte], r *wireReader, field, typ int)
 		}
 	case 6: // nodeName
 		e.node, err = r.msg(field, typ)
+	case 8: // hints: repeated ones merge
+		var h []byte
+		if h, err = r.msg(field, typ); err == nil {
+			*hints, err = decodeHints(*hints, h)
+		}
 	default:
 		err = r.skip(typ)
 	}
 	return err
+}
+
+// decodeHints appends the forZones (1) and forNodes (2) of an
+// EndpointHints to hints, each a ForZone or ForNode whose name is field 1.
+func decodeHints(hints []hintPart[[]byte], b []byte) ([]hintPart[[]byte], error) {
+	r := wireReader{b: b}
+	for len(r.b) > 0 {
+		field, typ, err := r.tag()
+		if err != nil {
+			return hints, err
+		}
+		if field != 1 && field != 2 {
+			if err := r.skip(typ); err != nil {
+				return hints, err
+			}
+			continue
+		}
+		m, err := r.msg(field, typ)
+		if err != nil {
+			return hints, err
+		}
+		name, err := hintName(m)
+		if err != nil {
+			return hints, err
+		}
+		hints = append(hints, hintPart[[]byte]{name: name, node: field == 2})
+	}
+	return hints, nil
+}
+
+// hintName reads a ForZone's or ForNode's name (the last one given).
+func hintName(b []byte) ([]byte, error) {
+	var name []byte
+	r := wireReader{b: b}
+	for len(r.b) > 0 {
+		field, typ, err := r.tag()
+		if err == nil && field == 1 {
+			name, err = r.msg(field, typ)
+		} else if err == nil {
+			err = r.skip(typ)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return name, nil
 }
 
 func decodeConditions(e *endpointPart[[]byte], b []byte) error {

@@ -38,7 +38,7 @@ func wireSlice(n int) *discoveryv1.EndpointSlice {
 			Addresses:  []string{"10.0.0." + strconv.Itoa(j+1), "10.1.0." + strconv.Itoa(j+1)},
 			Conditions: discoveryv1.EndpointConditions{Ready: &ready, Serving: &tr, Terminating: &fa},
 			Hostname:   &host, NodeName: &node, Zone: &zone,
-			Hints:     &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: "zone-a"}}},
+			Hints:     &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: "zone-a"}}, ForNodes: []discoveryv1.ForNode{{Name: node}}},
 			TargetRef: &corev1.ObjectReference{Kind: "Pod", Namespace: "shop", Name: "web-7d4b9c8f6-" + strconv.Itoa(j), UID: types.UID("00000000-0000-0000-0000-00000000000" + strconv.Itoa(j%10))},
 		})
 	}

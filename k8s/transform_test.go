@@ -3,6 +3,7 @@ package k8s
 import (
 	"context"
 	"net/netip"
+	"reflect"
 	"slices"
 	"testing"
 	"time"
@@ -37,7 +38,7 @@ func fullSlice() *discoveryv1.EndpointSlice {
 		Endpoints: []discoveryv1.Endpoint{
 			{Addresses: []string{"10.0.0.1", "10.0.0.100"}, Conditions: discoveryv1.EndpointConditions{Ready: &yes, Serving: &yes, Terminating: &no},
 				NodeName: &node, Zone: &zone, Hostname: &host, DeprecatedTopology: map[string]string{"kubernetes.io/hostname": node},
-				Hints:     &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: zone}}},
+				Hints:     &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: zone}}, ForNodes: []discoveryv1.ForNode{{Name: node}}},
 				TargetRef: &corev1.ObjectReference{Kind: "Pod", Namespace: "shop", Name: "web-7d4b9c8f6-x2kq9", UID: "0f8e2a4c-1b3d-4e5f-9a6b-7c8d9e0fa1b2", ResourceVersion: "99"}},
 			{Addresses: []string{"10.0.0.2"}, Conditions: discoveryv1.EndpointConditions{Ready: &no, Serving: &yes, Terminating: &yes},
 				NodeName: &node, TargetRef: &corev1.ObjectReference{Kind: "Pod", Namespace: "shop", Name: "web-7d4b9c8f6-abcde", UID: "not-a-uuid"}},
@@ -92,8 +93,13 @@ func TestTransformsKeepWhatDraindReads(t *testing.T) {
 	if sl.Len() != len(wantEps) {
 		t.Fatalf("%d endpoints, want %d", sl.Len(), len(wantEps))
 	}
+	wantHints := []*Hints{{Zones: []string{"zone-a"}, Nodes: []string{"node-7"}}, nil, nil}
 	for i, want := range wantEps {
-		if got := sl.Endpoint(i); got != want {
+		got := sl.Endpoint(i)
+		if !reflect.DeepEqual(got.Hints, wantHints[i]) {
+			t.Errorf("endpoint %d: hints %+v, want %+v", i, got.Hints, wantHints[i])
+		}
+		if got.Hints = nil; got != want {
 			t.Errorf("endpoint %d: %+v, want %+v", i, got, want)
 		}
 	}

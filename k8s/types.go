@@ -137,6 +137,10 @@ type Slice struct {
 	endpoints []packedEndpoint
 	addrs     []byte // 4 bytes per endpoint, or 16 when wide
 	strs      string // textual UIDs, names' parts and nodes' names the full nodeNames does not know
+	// hints are the endpoints' topology hints (nil when none has one, as
+	// in every slice of a Service without a trafficDistribution or a
+	// topology mode).
+	hints *sliceHints
 }
 
 // packedEndpoint is an Endpoint as a Slice stores it (less its address):
@@ -165,6 +169,14 @@ func (s *Slice) Len() int { return len(s.endpoints) }
 // own when they are stored whole; a UUID or a name in two parts is put
 // together in one new string.
 func (s *Slice) Endpoint(i int) Endpoint {
+	e := s.endpoint(i)
+	if s.hints != nil {
+		e = s.withHints(i, e)
+	}
+	return e
+}
+
+func (s *Slice) endpoint(i int) Endpoint {
 	p := &s.endpoints[i]
 	e := Endpoint{Conds: p.conds, Node: s.nodeName(p.node)}
 	if s.wide {
@@ -201,6 +213,12 @@ func (s *Slice) Endpoint(i int) Endpoint {
 	} else {
 		e.PodName = prefix + suffix
 	}
+	return e
+}
+
+// withHints adds endpoint i's hints to e.
+func (s *Slice) withHints(i int, e Endpoint) Endpoint {
+	e.Hints = s.hints.names(i)
 	return e
 }
 
@@ -380,6 +398,9 @@ func (s *Slice) SetEndpoints(eps []Endpoint) (skipped int) {
 	for i := range eps {
 		e := &eps[i]
 		in[i] = endpointIn[string]{addr: e.Addr, conds: e.Conds, node: e.Node, uid: string(e.PodUID), name: e.PodName}
+		if h := e.Hints; h != nil {
+			in[i].hints = h.parts()
+		}
 	}
 	return packEndpoints(s, in)
 }
@@ -393,6 +414,7 @@ type endpointIn[T bytestring] struct {
 	addr            netip.Addr
 	conds           uint8
 	node, uid, name T
+	hints           []hintPart[T]
 }
 
 // packEndpoints replaces s's endpoints with eps, packed (see Slice), and
@@ -422,7 +444,7 @@ func packEndpoints[T bytestring](s *Slice, eps []endpointIn[T]) (skipped int) {
 	nOwn := 0
 	for i := range eps {
 		e := &eps[i]
-		if e.addr.Zone() != "" || len(e.uid) > math.MaxUint16 || len(e.name) > math.MaxUint16 {
+		if e.dropped() {
 			skipped++
 			continue
 		}
@@ -484,7 +506,7 @@ func packEndpoints[T bytestring](s *Slice, eps []endpointIn[T]) (skipped int) {
 	kept := 0
 	for i := range eps {
 		e := &eps[i]
-		if e.addr.Zone() != "" || len(e.uid) > math.MaxUint16 || len(e.name) > math.MaxUint16 {
+		if e.dropped() {
 			continue
 		}
 		p := &s.endpoints[kept]
@@ -502,7 +524,14 @@ func packEndpoints[T bytestring](s *Slice, eps []endpointIn[T]) (skipped int) {
 		writeText(&b, suffix)
 	}
 	s.strs = b.String()
+	s.hints = packHints(eps)
 	return skipped
+}
+
+// dropped reports whether packEndpoints skips e: the API accepts no
+// address with a zone, and no UID or name that long.
+func (e *endpointIn[T]) dropped() bool {
+	return e.addr.Zone() != "" || len(e.uid) > math.MaxUint16 || len(e.name) > math.MaxUint16
 }
 
 // writeText appends v to b without another copy.
@@ -557,6 +586,8 @@ type Endpoint struct {
 	Node    string    // numbered once per process (nodeTable), or the slice's own
 	PodUID  types.UID // "" when the endpoint has no Pod targetRef
 	PodName string
+	// Hints are the endpoint's topology hints (nil: none; hints.go).
+	Hints *Hints
 }
 
 // Ready is kube-proxy's "ready": ready and not terminating.
@@ -752,6 +783,16 @@ func SliceFrom(s *discoveryv1.EndpointSlice) (sl *Slice, skipped int) {
 			ep.hasRef, ep.refKind, ep.refNamespace = true, refKindOf(r.Kind), r.Namespace
 			ep.podUID, ep.podName = string(r.UID), r.Name
 		}
+		ep.hintsFrom = int32(len(p.hints))
+		if h := e.Hints; h != nil {
+			for _, z := range h.ForZones {
+				p.hints = append(p.hints, hintPart[string]{name: z.Name})
+			}
+			for _, n := range h.ForNodes {
+				p.hints = append(p.hints, hintPart[string]{name: n.Name, node: true})
+			}
+		}
+		ep.hintsTo = int32(len(p.hints))
 	}
 	for _, o := range s.OwnerReferences {
 		if o.Controller != nil && *o.Controller && o.Kind == "Service" && o.APIVersion == "v1" {
@@ -778,6 +819,7 @@ type sliceParts[T bytestring] struct {
 	addressType         T
 	ports               []portPart[T]
 	endpoints           []endpointPart[T]
+	hints               []hintPart[T]   // every endpoint's topology hints, in order
 	scratch             []endpointIn[T] // build's, kept for the next build (SliceFromProto's parts are reused)
 }
 
@@ -824,6 +866,8 @@ type endpointPart[T bytestring] struct {
 	refNamespace                T
 	podUID                      T
 	podName                     T
+	// hintsFrom and hintsTo: the endpoint's hints in sliceParts.hints.
+	hintsFrom, hintsTo int32
 }
 
 // build converts the parts.
@@ -881,7 +925,7 @@ func (p *sliceParts[T]) build() (sl *Slice, skipped int) {
 			skipped++
 			continue
 		}
-		ep := endpointIn[T]{addr: a, node: e.node}
+		ep := endpointIn[T]{addr: a, node: e.node, hints: p.hints[e.hintsFrom:e.hintsTo:e.hintsTo]}
 		// API semantics: unset ready means ready; unset serving means the
 		// same as ready; unset terminating means not terminating.
 		ready := e.ready != condFalse

@@ -231,6 +231,8 @@ func testRBAC(ctx context.Context, t *testing.T, c *kube.Cluster, dyn dynamic.In
 			{Verb: "get", Resource: "pods", Namespace: "shop"},
 			{Verb: "create", Resource: "events", Namespace: "shop"},
 			{Verb: "patch", Resource: "events", Namespace: "shop"},
+			// Its Node's zone label (topology hints).
+			{Verb: "get", Resource: "nodes"},
 		}
 		for _, v := range []string{"get", "list", "watch", "create", "update", "delete"} {
 			allowed = append(allowed, ra{Verb: v, Group: "coordination.k8s.io", Resource: "leases", Namespace: namespace})
@@ -251,7 +253,9 @@ func testRBAC(ctx context.Context, t *testing.T, c *kube.Cluster, dyn dynamic.In
 			{Verb: "update", Resource: "services", Namespace: "shop"},
 			{Verb: "update", Group: "discovery.k8s.io", Resource: "endpointslices", Namespace: "shop"},
 			{Verb: "get", Resource: "configmaps", Namespace: namespace},
-			{Verb: "get", Resource: "nodes"},
+			{Verb: "list", Resource: "nodes"},
+			{Verb: "update", Resource: "nodes"},
+			{Verb: "patch", Resource: "nodes"},
 			{Verb: "update", Resource: "events", Namespace: "shop"},
 			{Verb: "delete", Resource: "events", Namespace: "shop"},
 			{Verb: "create", Group: "events.k8s.io", Resource: "events", Namespace: "shop"},

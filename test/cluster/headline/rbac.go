@@ -153,7 +153,7 @@ func Allowed(ctx context.Context, admin kubernetes.Interface, a Access) (bool, e
 }
 
 // NeededAccess is every call the daemon makes (k8s/informers.go,
-// k8s/lease.go, daemon/local.go's event recorder).
+// k8s/lease.go, daemon/local.go's event recorder, daemon/zone.go).
 var NeededAccess = []Access{
 	{Verb: "list", Group: "discovery.k8s.io", Resource: "endpointslices"},
 	{Verb: "watch", Group: "discovery.k8s.io", Resource: "endpointslices"},
@@ -169,6 +169,7 @@ var NeededAccess = []Access{
 	{Verb: "delete", Group: "coordination.k8s.io", Resource: "leases", Namespace: DraindNamespace},
 	{Verb: "create", Resource: "events", Namespace: "default"},
 	{Verb: "patch", Resource: "events", Namespace: "default"},
+	{Verb: "get", Resource: "nodes"}, // its Node's zone label (daemon/zone.go)
 }
 
 // ForbiddenAccess is what draind must not be able to do: write pods, read
@@ -190,5 +191,6 @@ var ForbiddenAccess = []Access{
 	{Verb: "update", Group: "coordination.k8s.io", Resource: "leases", Namespace: "default"},
 	{Verb: "update", Group: "discovery.k8s.io", Resource: "endpointslices", Namespace: "default"},
 	{Verb: "patch", Resource: "nodes"},
+	{Verb: "list", Resource: "nodes"},
 	{Verb: "create", Resource: "serviceaccounts", Subresource: "token", Namespace: DraindNamespace},
 }
