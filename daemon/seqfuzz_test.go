@@ -460,7 +460,13 @@ func renderDatapath(dp *FakeDatapath, skip map[bpf.EndpointKey]bool, skipSP map[
 		if skip[dr.Key] {
 			continue
 		}
-		lines = append(lines, fmt.Sprintf("drain %v -> %s %v", dr.Key, name(dr.Service), dr.Policy))
+		svc := name(dr.Service)
+		if dr.Policy != bpf.PolicyRewrite {
+			// Kept for accounting only: of several service-ports the entry
+			// could rewrite to, the lowest id, i.e. the first allocated.
+			svc = "(accounting)"
+		}
+		lines = append(lines, fmt.Sprintf("drain %v -> %s %v", dr.Key, svc, dr.Policy))
 	}
 	slices.Sort(lines)
 	return strings.Join(lines, "\n")
