@@ -559,12 +559,6 @@ func (s *seqRun) compare() string {
 //     keeps that reason's pod-IP steering; a fresh daemon starts the pod's
 //     deletion drain instead, without it (reason pod-deleting), though the
 //     Lease says steer-pod-ip. A known divergence, to be decided.
-//   - the endpoints one Service lists for two pods at once (the old pod's
-//     terminating listing and the new one's ready listing of a reused IP,
-//     in two slices): categorize's merge names the endpoint's pod after the
-//     first listing in slice order, which is the cache's order, not a
-//     property of the state (a known defect: the draining listing's pod
-//     should be named). Remove this exclusion when it is fixed.
 func (s *seqRun) historyKeys() map[bpf.EndpointKey]bool {
 	m := s.h.d.model
 	out := map[bpf.EndpointKey]bool{}
@@ -602,9 +596,6 @@ func (s *seqRun) historyKeys() map[bpf.EndpointKey]bool {
 				}
 			}
 		}
-	}
-	for k := range s.twicePodded() {
-		out[k] = true
 	}
 	return out
 }
@@ -647,33 +638,6 @@ func skipAddr(out map[bpf.EndpointKey]bool, m *model, ip netip.Addr) {
 	for _, proto := range []bpf.Protocol{bpf.TCP, bpf.UDP} {
 		out[bpf.EndpointKey{Addr: ip, Proto: proto}] = true
 	}
-}
-
-// twicePodded are the endpoints a Service's slices in the API list for two
-// pods or more.
-func (s *seqRun) twicePodded() map[bpf.EndpointKey]bool {
-	list, err := s.h.client.DiscoveryV1().EndpointSlices("default").List(s.h.ctx, metav1.ListOptions{})
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	pods := map[string]map[bpf.EndpointKey]types.UID{}
-	out := map[bpf.EndpointKey]bool{}
-	for _, sl := range list.Items {
-		svc := sl.Labels[discoveryv1.LabelServiceName]
-		if pods[svc] == nil {
-			pods[svc] = map[bpf.EndpointKey]types.UID{}
-		}
-		for _, p := range sl.Ports {
-			for _, e := range sl.Endpoints {
-				k := bpf.EndpointKey{Addr: netip.MustParseAddr(e.Addresses[0]), Port: uint16(*p.Port), Proto: bpf.TCP}
-				if uid, ok := pods[svc][k]; ok && uid != e.TargetRef.UID {
-					out[k] = true
-				}
-				pods[svc][k] = e.TargetRef.UID
-			}
-		}
-	}
-	return out
 }
 
 // seqSeeds are sequences that reach the interesting states quickly.
