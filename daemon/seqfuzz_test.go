@@ -554,11 +554,6 @@ func (s *seqRun) compare() string {
 //     while after its last listing ended (claims.departed), since a pod
 //     deleted without grace leaves its slice before its node publishes the
 //     Lease that says it is gone; a fresh daemon never saw that listing.
-//   - the addresses of a local pod being deleted that this node drains for
-//     another reason (an offline call, draind drain): the drain it runs
-//     keeps that reason's pod-IP steering; a fresh daemon starts the pod's
-//     deletion drain instead, without it (reason pod-deleting), though the
-//     Lease says steer-pod-ip. A known divergence, to be decided.
 func (s *seqRun) historyKeys() map[bpf.EndpointKey]bool {
 	m := s.h.d.model
 	out := map[bpf.EndpointKey]bool{}
@@ -585,18 +580,6 @@ func (s *seqRun) historyKeys() map[bpf.EndpointKey]bool {
 		}
 	}
 	c.mu.Unlock()
-	for _, p := range s.h.d.state.LocalPods() {
-		if !p.Deleting() {
-			continue
-		}
-		for _, l := range s.h.d.state.DrainLeases() {
-			if l.PodUID == p.UID && l.Holder == testNode && l.Reason != k8s.ReasonPodDeleting {
-				for _, ip := range p.IPs {
-					skipAddr(out, m, ip)
-				}
-			}
-		}
-	}
 	return out
 }
 
