@@ -524,6 +524,9 @@ func sequenceDivergence(t *testing.T, data []byte) string {
 // compare describes how the datapath differs from a fresh daemon's ("" if
 // it does not).
 func (s *seqRun) compare() string {
+	if msg := s.checkServicePorts(); msg != "" {
+		return msg
+	}
 	skip := s.historyKeys()
 	skipSP := s.historyServicePorts(skip)
 	got := renderDatapath(s.h.dp, skip, skipSP)
@@ -540,10 +543,36 @@ func (s *seqRun) compare() string {
 	return ""
 }
 
+// checkServicePorts checks what the comparison cannot see of the
+// service-ports only lingering entries keep active (a fresh daemon has no
+// linger): every active service-port's selectable endpoints are the ones
+// its Service lists now (none if it lists none), as a linger rewrites to
+// them.
+func (s *seqRun) checkServicePorts() string {
+	m := s.h.d.model
+	for id, sp := range m.servicePorts {
+		var want []netip.AddrPort
+		if svc := m.state.Service(sp.key.Service); svc != nil {
+			cat := categorize(svc, m.state.SlicesOf(sp.key.Service), m.drainsByPod, m.cfg.Node, nil)
+			for _, c := range cat.servicePorts {
+				if c.key == sp.key {
+					want = c.selectable
+				}
+			}
+		}
+		if sp.selectable != packBackends(want) {
+			return fmt.Sprintf("service-port %d %v selects %v, its Service lists %v selectable\nafter\n  %s",
+				id, sp.key, sp.selectable.appendAddrPorts(nil), want, strings.Join(s.ops, "\n  "))
+		}
+	}
+	return ""
+}
+
 // historyKeys are the drain keys whose entries depend on history a fresh
 // daemon cannot know, or on a known defect, and are not compared:
 //   - lingering keys: a departed endpoint stays steered for --linger after
-//     it left every slice; a fresh daemon never saw it listed.
+//     it left every slice; a fresh daemon never saw it listed (what such
+//     an entry rewrites to is checked by checkServicePorts).
 //   - the addresses of a pod this node hosted and saw go (its drain Lease,
 //     held by this node, says state gone, and the pod is no more): it
 //     believes its own gone Lease of the pod's IPs; a fresh daemon finds
@@ -570,16 +599,16 @@ func (s *seqRun) historyKeys() map[bpf.EndpointKey]bool {
 			}
 		}
 	}
-	c := s.h.d.claims
-	c.mu.Lock()
 	for _, pd := range m.podDrains {
+		if !pd.Lease || pd.Holder == testNode {
+			continue
+		}
 		for _, ip := range pd.IPs {
-			if dc, ok := c.departed[ip]; ok && pd.Lease && dc.uid == pd.UID {
-				skipAddr(out, m, ip)
+			if _, _, until := s.h.d.claims.hostOf(ip, pd.UID); !until.IsZero() {
+				skipAddr(out, m, ip) // the answer of a departed host
 			}
 		}
 	}
-	c.mu.Unlock()
 	return out
 }
 
