@@ -27,9 +27,12 @@ import (
 // The sequence differential test: a daemon fed a random sequence of
 // events (EndpointSlices, pods, drain Leases, offline and online calls,
 // clock steps, failed datapath writes) keeps incremental caches (the
-// model's contributions, claims, the Lease trust, the reconciler's view of
-// the datapath). After every pass its datapath must equal the one a fresh
-// daemon writes from the final state alone, at the same instant.
+// model's contributions, claims, the Lease trust, the gone peers, the
+// reconciler's view of the datapath; see the declarations that say "checked
+// by FuzzSequenceDifferential"). After every pass its datapath (drain
+// entries, frontends, backends, the socket hooks' gone peers) must equal
+// the one a fresh daemon writes from the final state alone, at the same
+// instant.
 
 // The universe the operations pick from: small, so that sequences collide
 // (IPs reused by other pods, a pod listed by two Services, a Lease for a
@@ -108,6 +111,8 @@ func seqSlice(r *seqReader, s int) *discoveryv1.EndpointSlice {
 type seqRun struct {
 	t *testing.T
 	h *harness
+	// sd is h's datapath with the socket hooks (its gone peers).
+	sd *fakeSockets
 	// ops is the sequence so far, for failure messages.
 	ops []string
 	// apiLeaseEvents counts the Lease events the API sent (watchLeases).
@@ -225,9 +230,11 @@ func (s *seqRun) step(r *seqReader) (passed, failed bool) {
 		n := 1 + r.next(3)
 		s.logf("pass, %d writes fail", n)
 		h.dp.FailNext = n
+		s.sd.failUpsert.Store(true)
 		h.pass()
-		failed = h.dp.FailNext < n
+		failed = true // a gone peer's write failed, or may have
 		h.dp.FailNext = 0
+		s.sd.failUpsert.Store(false)
 		s.settle()
 		return true, failed
 	default:
@@ -357,12 +364,13 @@ func describeSlice(s *discoveryv1.EndpointSlice) string {
 // freshDatapath starts a second daemon over the same API objects and
 // clock, with an empty datapath, runs its first passes as Run would, and
 // returns its datapath.
-func (s *seqRun) freshDatapath() *FakeDatapath {
+func (s *seqRun) freshDatapath() *fakeSockets {
 	h := s.h
 	ctx, cancel := context.WithCancel(h.ctx)
 	defer cancel()
-	dp := NewFakeDatapath()
-	d := New(h.d.cfg, h.client, dp, conntrack.NewFake())
+	sd := newFakeSockets(h.clock.Now())
+	dp := sd.FakeDatapath
+	d := New(h.d.cfg, h.client, sd, conntrack.NewFake())
 	d.hosted.startEvents()
 	defer d.hosted.stopEvents()
 	if err := d.adoptDatapath(); err != nil {
@@ -377,16 +385,18 @@ func (s *seqRun) freshDatapath() *FakeDatapath {
 	// queued (the writer is not flushed): the fresh daemon only reads.
 	d.hosted.reconcile(ctx)
 	fh.pass()
-	return dp
+	return sd
 }
 
-// seqHarness is newHarness without its API fault reactors, started as
-// fast as the informers allow (this test starts many daemons).
-func seqHarness(t *testing.T) *harness {
-	h := &harness{t: t, client: fake.NewClientset(), dp: NewFakeDatapath(), ct: conntrack.NewFake(),
-		clock: testingclock.NewFakeClock(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))}
+// seqHarness is newHarness without its API fault reactors, over a
+// datapath with the socket hooks, started as fast as the informers allow
+// (this test starts many daemons).
+func seqHarness(t *testing.T) (*harness, *fakeSockets) {
+	clk := testingclock.NewFakeClock(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
+	sd := newFakeSockets(clk.Now())
+	h := &harness{t: t, client: fake.NewClientset(), dp: sd.FakeDatapath, ct: conntrack.NewFake(), clock: clk}
 	h.d = New(Config{Node: testNode, Namespace: testNS, Clock: h.clock, RegistryOnlyPolicy: bpf.PolicyRefuse,
-		Logger: slog.New(slog.DiscardHandler)}, h.client, h.dp, h.ct)
+		Logger: slog.New(slog.DiscardHandler)}, h.client, sd, h.ct)
 	h.d.hosted.startEvents()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(func() {
@@ -395,7 +405,7 @@ func seqHarness(t *testing.T) *harness {
 	})
 	h.ctx = ctx
 	startSynced(t, ctx, h.d)
-	return h
+	return h, sd
 }
 
 // startSynced runs d's informers and waits for them and d's handlers to
@@ -422,9 +432,11 @@ func startSynced(t *testing.T, ctx context.Context, d *Daemon) {
 //     by their backends if they have none;
 //   - deadlines (Expires) are when an entry was last written or refreshed;
 //   - the keys in skip, and the service-ports named in skipSP, are left
-//     out (see historyKeys and historyServicePorts).
-func renderDatapath(dp *FakeDatapath, skip map[bpf.EndpointKey]bool, skipSP map[string]bool) string {
-	dump, _ := dp.Dump()
+//     out (see historyKeys and historyServicePorts), and the gone peers at
+//     an address whose all-ports keys are skipped;
+//   - a gone peer's times (when this node first saw its pod gone).
+func renderDatapath(sd *fakeSockets, skip map[bpf.EndpointKey]bool, skipSP map[string]bool) string {
+	dump, _ := sd.Dump()
 	names := map[bpf.ServicePortID]string{}
 	for _, f := range dump.Frontends {
 		names[f.Service] += f.Key.String() + ";"
@@ -468,6 +480,11 @@ func renderDatapath(dp *FakeDatapath, skip map[bpf.EndpointKey]bool, skipSP map[
 		}
 		lines = append(lines, fmt.Sprintf("drain %v -> %s %v", dr.Key, svc, dr.Policy))
 	}
+	for _, a := range sd.gonePeers() {
+		if !skip[bpf.EndpointKey{Addr: a, Proto: bpf.TCP}] {
+			lines = append(lines, fmt.Sprintf("gone peer %v", a))
+		}
+	}
 	slices.Sort(lines)
 	return strings.Join(lines, "\n")
 }
@@ -496,11 +513,11 @@ func sequenceDivergence(t *testing.T, data []byte) string {
 	if len(data) > 96 {
 		data = data[:96] // a sequence of a few dozen operations
 	}
-	h := seqHarness(t)
+	h, sd := seqHarness(t)
 	for _, sv := range seqServices() {
 		h.addService(sv)
 	}
-	s := &seqRun{t: t, h: h, deleted: map[int]bool{}}
+	s := &seqRun{t: t, h: h, sd: sd, deleted: map[int]bool{}}
 	s.watchLeases()
 	r := &seqReader{b: data}
 	h.pass()
@@ -529,7 +546,7 @@ func (s *seqRun) compare() string {
 	}
 	skip := s.historyKeys()
 	skipSP := s.historyServicePorts(skip)
-	got := renderDatapath(s.h.dp, skip, skipSP)
+	got := renderDatapath(s.sd, skip, skipSP)
 	// The fresh daemon's entries for the skipped keys are left out too.
 	fresh := renderDatapath(s.freshDatapath(), skip, skipSP)
 	if got != fresh {
@@ -568,21 +585,20 @@ func (s *seqRun) checkServicePorts() string {
 	return ""
 }
 
-// historyKeys are the drain keys whose entries depend on history a fresh
-// daemon cannot know, or on a known defect, and are not compared:
+// historyKeys are the drain keys whose entries depend on what a daemon
+// saw happen, which a fresh daemon cannot know, and are not compared (nor
+// the gone peers at their addresses):
 //   - lingering keys: a departed endpoint stays steered for --linger after
-//     it left every slice; a fresh daemon never saw it listed (what such
-//     an entry rewrites to is checked by checkServicePorts).
-//   - the addresses of a pod this node hosted and saw go (its drain Lease,
-//     held by this node, says state gone, and the pod is no more): it
-//     believes its own gone Lease of the pod's IPs; a fresh daemon finds
-//     only that Lease, for a pod neither the API nor any slice knows, and
-//     does not believe it (a restart ends that steering early).
-//   - the addresses of a Lease's pod that the claims believe hosted by the
-//     Lease's holder only from memory: a pod's host is remembered for a
-//     while after its last listing ended (claims.departed), since a pod
-//     deleted without grace leaves its slice before its node publishes the
-//     Lease that says it is gone; a fresh daemon never saw that listing.
+//     it left every slice, which a fresh daemon never saw it listed in
+//     (what such an entry rewrites to is checked by checkServicePorts);
+//   - the addresses of a pod this node hosted and saw vanish (its own gone
+//     Lease, the pod no more): a fresh daemon finds only the Lease, which
+//     no record of the cluster confirms any more, and fails open, as the
+//     trust rule says (a restart ends that steering early);
+//   - the addresses of another node's Lease that the claims honour only
+//     from memory of the pod's last listing (claims.departed: a pod deleted
+//     without grace leaves its slice before its gone Lease comes), which a
+//     fresh daemon never saw.
 func (s *seqRun) historyKeys() map[bpf.EndpointKey]bool {
 	m := s.h.d.model
 	out := map[bpf.EndpointKey]bool{}
