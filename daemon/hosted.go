@@ -143,6 +143,8 @@ type hostedDrains struct {
 	// looked is the snapshot of that look and unlisted the count of
 	// drains forgotten then: drainDeleting decides again only if either
 	// changed since (a forgotten drain of a deleting pod starts again).
+	// Invariant: while both are the same, every deleting local pod has a
+	// drain. Checked by FuzzSequenceDifferential.
 	looked          *localPods
 	unlisted, lookU uint64
 	claimed         map[types.UID]*claimPub // this node's claim Leases (claimleases.go)

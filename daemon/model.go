@@ -160,6 +160,13 @@ type departure struct {
 }
 
 // model holds what is draining; one goroutine (the runner's) owns it.
+//
+// It is an incremental cache of the State. Invariant: after a pass, its
+// results, contributions, service-ports and pod drains are what computing
+// every Service and pod drain afresh from the State gives, but for the
+// lingering entries (what it saw depart, by definition history). A pass
+// keeps it so by recomputing the Services the tracker marks and those
+// listing a changed pod drain. Checked by FuzzSequenceDifferential.
 type model struct {
 	cfg    ModelConfig
 	state  State
@@ -183,7 +190,11 @@ type model struct {
 	podDrains   map[types.UID]*podDrain
 	// podDrainsGen changes whenever setPodDrains replaces podDrains;
 	// notesGen whenever podDrains, listings or vanish.services change (what
-	// gonePeers notes of the pod drains).
+	// gonePeers notes of the pod drains). Invariant: a reader that keeps
+	// what it derived from those (podDrainsState.modelGen,
+	// vanishState.markedGen, gonePeers.noted) with the generation it read
+	// may reuse it while the generation is the same. Checked by
+	// FuzzSequenceDifferential.
 	podDrainsGen, notesGen uint64
 	podDrainsEnd           time.Time // the earliest end of a pod drain (zero: none)
 	// drainsByPod holds podDrains by the key slices compare pods by.
