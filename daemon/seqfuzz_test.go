@@ -123,9 +123,11 @@ type seqRun struct {
 }
 
 // putPod creates a pod identity's pod, at a free IP of the pool, or marks
-// an existing one deleting. As in a cluster, a pod keeps its IP and node
-// for its life, its deletion cannot be undone, and no two pods hold an IP
-// at once (a pod's IP is reused only once the pod is deleted).
+// an existing one deleting, or a deleting one finished. As in a cluster, a
+// pod keeps its IP and node for its life, its deletion cannot be undone,
+// and no two live pods hold an IP at once (a pod's IP is reused only once
+// the pod is deleted or has finished: the kubelet may give a finished
+// pod's IP to a new one while the finished pod is still listed).
 func (s *seqRun) putPod(r *seqReader) {
 	h := s.h
 	i, ip, node := r.next(seqPods), seqIPs[r.next(len(seqIPs))], seqNodes[r.next(len(seqNodes))]
@@ -135,6 +137,11 @@ func (s *seqRun) putPod(r *seqReader) {
 	}
 	if p, err := h.client.CoreV1().Pods("default").Get(h.ctx, name, metav1.GetOptions{}); err == nil {
 		if p.DeletionTimestamp != nil {
+			if p.Status.Phase != corev1.PodSucceeded {
+				p.Status.Phase = corev1.PodSucceeded
+				s.logf("pod %s finished", name)
+				h.putPod(p)
+			}
 			return
 		}
 		ts := metav1.NewTime(h.clock.Now())
@@ -148,7 +155,7 @@ func (s *seqRun) putPod(r *seqReader) {
 		s.t.Fatal(err)
 	}
 	for _, p := range list.Items {
-		if p.Status.PodIP == ip {
+		if p.Status.PodIP == ip && p.Status.Phase != corev1.PodSucceeded {
 			return
 		}
 	}
