@@ -303,20 +303,21 @@ func (s *seqRun) syncLeases() {
 }
 
 // leasesCached reports whether the daemon's Lease cache holds the API's
-// Leases, as last written.
+// drain and claim Leases, as last written.
 func (s *seqRun) leasesCached() bool {
 	list, err := s.h.client.CoordinationV1().Leases(testNS).List(s.h.ctx, metav1.ListOptions{})
 	if err != nil {
 		return false
 	}
 	have := map[string]string{}
-	for _, l := range s.h.d.drainLeasesNow().list {
+	snap := s.h.d.drainLeasesNow()
+	for _, l := range append(slices.Clone(snap.list), snap.claims...) {
 		have[l.Name] = fmt.Sprint(l.Renewed.UTC())
 	}
 	n := 0
 	for _, l := range list.Items {
 		if _, err := k8s.ParseLease(&l); err != nil {
-			continue // not a drain Lease the informer keeps
+			continue // not a drain or claim Lease the informer keeps
 		}
 		n++
 		if have[l.Name] != fmt.Sprint(l.Spec.RenewTime.UTC()) {
