@@ -600,9 +600,10 @@ func (s *seqRun) checkServicePorts() string {
 //     it left every slice, which a fresh daemon never saw it listed in
 //     (what such an entry rewrites to is checked by checkServicePorts);
 //   - the addresses of a pod this node hosted and saw vanish (its own gone
-//     Lease, the pod no more): a fresh daemon finds only the Lease, which
-//     no record of the cluster confirms any more, and fails open, as the
-//     trust rule says (a restart ends that steering early);
+//     Lease, the pod no more; a slice may still list it): a fresh daemon
+//     finds only the Lease, which no local pod confirms any more, and
+//     fails open, as the trust rule says (a restart ends that steering
+//     early);
 //   - the addresses of another node's Lease that the claims honour only
 //     from memory of the pod's last listing (claims.departed: a pod deleted
 //     without grace leaves its slice before its gone Lease comes), which a
@@ -618,9 +619,7 @@ func (s *seqRun) historyKeys() map[bpf.EndpointKey]bool {
 			continue
 		}
 		for _, ip := range pd.IPs {
-			for _, proto := range []bpf.Protocol{bpf.TCP, bpf.UDP} {
-				out[bpf.EndpointKey{Addr: ip, Proto: proto}] = true
-			}
+			skipAddr(out, m, ip) // its all-ports keys, and its listings'
 		}
 	}
 	for _, pd := range m.podDrains {
