@@ -1,8 +1,10 @@
 package daemon
 
 import (
+	"cmp"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -111,7 +113,7 @@ type listing struct {
 	// named is the first listing of a trusted slice (nil: none): it
 	// names the pod.
 	named      *oneListing
-	listedPod  k8s.PodKey // the pod the last trusted listing names
+	listedPod  k8s.PodKey // the pod named names
 	selectable bool
 	hints      uint8 // the first listing's k8s.Hint bits (topology.go)
 	reason     string
@@ -172,9 +174,9 @@ func categorize(svc *k8s.Service, sliceList []*k8s.Slice, drains map[k8s.PodKey]
 			if len(raw) == 0 {
 				continue
 			}
-			// In address order; the listings of one address keep the
-			// order they were listed in, which the merge depends on.
-			slices.SortStableFunc(raw, func(a, b oneListing) int { return a.ap.Compare(b.ap) })
+			// In address order, the listings of one address in the order
+			// the merge reads them (listingOrder).
+			slices.SortFunc(raw, listingOrder)
 			c := servicePortEndpoints{key: servicePortKey{key, sp.Name, sp.Protocol, fam}}
 			first := len(selectable)
 			hints = hints[:0]
@@ -273,10 +275,50 @@ func listEndpoints(svc *k8s.Service, sl *k8s.Slice, port uint16, drains map[k8s.
 	return raw
 }
 
-// merge merges the listings of one endpoint, in the order they were
-// listed: the first identified listing names the pod, the first draining
-// one gives the reason, the first one the hints (when topo: the Service's
-// slices have some).
+// draining reports whether the listing alone drains its endpoint.
+func (o *oneListing) draining() bool {
+	e := k8s.Endpoint{Conds: o.sl.Conds(o.i)} // the conditions alone
+	return !e.Ready() || o.pd != nil
+}
+
+// listingOrder orders listings by address, and the listings of one
+// address (an IP reused while the old pod's listing lingers in another
+// slice, a pod moving between slices) by precedence: draining before not,
+// identified before not, then by pod, slice name and position. The merge
+// is then a function of the listings, not of the order the cache returns
+// the slices in (kube-proxy's own merge keeps whichever listing its map
+// yields first): the pod whose listing drains the endpoint is the one
+// named, so a reused IP's drain is the old pod's, which the new pod's
+// ready listing voids (claims.claimedByOther).
+func listingOrder(a, b oneListing) int {
+	if c := a.ap.Compare(b.ap); c != 0 {
+		return c
+	}
+	if da, db := a.draining(), b.draining(); da != db {
+		if da {
+			return -1
+		}
+		return 1
+	}
+	if a.identified != b.identified {
+		if a.identified {
+			return -1
+		}
+		return 1
+	}
+	if c := a.sl.PodKey(a.i).Compare(b.sl.PodKey(b.i)); c != 0 {
+		return c
+	}
+	if c := strings.Compare(a.sl.Name, b.sl.Name); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.i, b.i)
+}
+
+// merge merges the listings of one endpoint, in listingOrder: the first
+// identified listing names the pod, the first draining one gives the
+// reason, the first one the hints (when topo: the Service's slices have
+// some).
 func merge(svc *k8s.Service, ls []oneListing, at place, topo bool) listing {
 	l := listing{ap: ls[0].ap, selectable: true}
 	if topo {
@@ -285,13 +327,10 @@ func merge(svc *k8s.Service, ls []oneListing, at place, topo bool) listing {
 	for i := range ls {
 		o := &ls[i]
 		e := k8s.Endpoint{Conds: o.sl.Conds(o.i)} // the conditions alone
-		draining := !e.Ready() || o.pd != nil
+		draining := o.draining()
 		l.selectable = l.selectable && !draining && (!svc.InternalLocal || o.sl.Node(o.i) == at.node)
-		if o.identified {
-			if l.named == nil {
-				l.named = o
-			}
-			l.listedPod = o.sl.PodKey(o.i)
+		if o.identified && l.named == nil {
+			l.named, l.listedPod = o, o.sl.PodKey(o.i)
 		}
 		if !draining {
 			continue

@@ -177,3 +177,61 @@ func TestCategorizeListed(t *testing.T) {
 		t.Errorf("drained pods %v", got.drainedPods)
 	}
 }
+
+// TestCategorizeListingOrder: an endpoint two slices list for two pods (an
+// IP reused while the old pod's listing is still in another slice) is
+// categorised the same whatever order the slices come in: the pod whose
+// listing drains it is named, with that listing's reason and deadline; of
+// several, the lowest pod.
+func TestCategorizeListingOrder(t *testing.T) {
+	exp1 := time.Date(2026, 11, 29, 12, 0, 30, 0, time.UTC)
+	drains := map[types.UID]*podDrain{
+		"d1": {UID: "d1", Reason: k8s.ReasonOffline, Expires: exp1},
+		"d2": {UID: "d2", Reason: k8s.ReasonOperator, Expires: exp1.Add(time.Minute)},
+	}
+	named := func(name string, eps ...k8s.Endpoint) *k8s.Slice {
+		s := catSlice(k8s.IPv4, 8080, bpf.TCP, eps...)
+		s.Name, s.Namespace = name, "default"
+		return s
+	}
+	for _, tc := range []struct {
+		name         string
+		a, b         k8s.Endpoint
+		uid, reason  string
+		expires      time.Time
+		listed       types.UID
+		notDrainedAt bool
+	}{
+		{"the old pod terminating, the new one ready", catEndpoint("10.0.0.1", "old", "n1", condTerminating),
+			catEndpoint("10.0.0.1", "new", "n2", condReady), "old", ReasonTerminating, time.Time{}, "old", false},
+		{"two pods draining: the lowest", catEndpoint("10.0.0.1", "p2", "n1", condNotReady),
+			catEndpoint("10.0.0.1", "p1", "n2", condTerminating), "p1", ReasonTerminating, time.Time{}, "p1", false},
+		{"two drained pods: the lowest, with its deadline", catEndpoint("10.0.0.1", "d2", "n1", condReady),
+			catEndpoint("10.0.0.1", "d1", "n2", condReady), "d1", k8s.ReasonOffline, exp1, "d1", false},
+		{"a drained pod and a ready one", catEndpoint("10.0.0.1", "a", "n1", condReady),
+			catEndpoint("10.0.0.1", "d2", "n2", condReady), "d2", k8s.ReasonOperator, exp1.Add(time.Minute), "d2", false},
+		{"two ready pods: the lowest is listed", catEndpoint("10.0.0.1", "b", "n1", condReady),
+			catEndpoint("10.0.0.1", "a", "n2", condReady), "", "", time.Time{}, "a", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sa, sb := named("web-a", tc.a), named("web-b", tc.b)
+			for _, order := range [][]*k8s.Slice{{sa, sb}, {sb, sa}} {
+				got := categorize(catService(), order, byPod(drains), place{node: "n1"}, nil)
+				if wantSel := tc.notDrainedAt; len(got.servicePorts) != 1 || (len(got.servicePorts[0].selectable) == 1) != wantSel {
+					t.Fatalf("slices %s, %s: %+v", order[0].Name, order[1].Name, got.servicePorts)
+				}
+				dr := got.servicePorts[0].draining
+				switch {
+				case tc.notDrainedAt && len(dr) != 0:
+					t.Errorf("slices %s, %s: draining %+v, want none", order[0].Name, order[1].Name, dr)
+				case !tc.notDrainedAt && (len(dr) != 1 || dr[0].uid != types.UID(tc.uid) || dr[0].reason != tc.reason ||
+					!dr[0].expires.Equal(tc.expires) || !dr[0].identified):
+					t.Errorf("slices %s, %s: draining %+v, want pod %s reason %s until %v", order[0].Name, order[1].Name, dr, tc.uid, tc.reason, tc.expires)
+				}
+				if p, ok := got.listed.podOf(key("10.0.0.1:8080", bpf.TCP)); !ok || p != k8s.PodKeyOf(tc.listed) {
+					t.Errorf("slices %s, %s: listed %v, want pod %s", order[0].Name, order[1].Name, got.listed, tc.listed)
+				}
+			}
+		})
+	}
+}

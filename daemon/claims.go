@@ -50,7 +50,9 @@ type claims struct {
 	// gen changes whenever what hostOf answers for a watched IP may
 	// change, but for the passing of time (a departed host's end): a slice
 	// lists other pods there, or the same ones elsewhere or on other
-	// nodes.
+	// nodes. Invariant: an answer of hostOf read at gen (leaseDrainsMemo,
+	// leaseHosts) holds while gen stays and until its end. Checked by
+	// FuzzSequenceDifferential.
 	gen uint64
 	// watched is the IPs gen follows (watch): those the drain Leases of
 	// other nodes name, each with the gen at which its listings last

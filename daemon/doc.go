@@ -19,6 +19,18 @@
 // burst of updates on a busy node is written as it is read. Either holds
 // modelMu, which owns the model and the reconciler.
 //
+// Incremental caches: a pass redoes only what changed, so each cache says
+// at its declaration what it holds, what invalidates it and its invariant
+// ("checked by FuzzSequenceDifferential", the test that compares, after
+// every pass of random event sequences, the datapath with a fresh
+// daemon's): the model (model.go: podDrainsGen, notesGen), the pod drains'
+// memos (poddrains.go: podDrainsState.modelGen, leaseDrainsMemo), the
+// Lease answers (leasetrust.go: leaseHosts, leaseTrust.gen; claims.go:
+// claims.gen), the gone peers (sockets_gone.go: noted, wantYet), the
+// vanished endpoints (sockets_vanish.go: markedGen), the deleting pods'
+// drains (hosted.go: looked), the informer snapshots (daemon.go: local,
+// leases) and the reconciler's view of the datapath (reconcile.go).
+//
 // Glossary (one name per concept):
 //
 //   - endpoint: an (address, port, protocol) of a pod, as an EndpointSlice

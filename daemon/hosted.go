@@ -143,6 +143,8 @@ type hostedDrains struct {
 	// looked is the snapshot of that look and unlisted the count of
 	// drains forgotten then: drainDeleting decides again only if either
 	// changed since (a forgotten drain of a deleting pod starts again).
+	// Invariant: while both are the same, every deleting local pod has a
+	// drain. Checked by FuzzSequenceDifferential.
 	looked          *localPods
 	unlisted, lookU uint64
 	claimed         map[types.UID]*claimPub // this node's claim Leases (claimleases.go)
@@ -329,11 +331,7 @@ func (l *hostedDrains) reconcile(ctx context.Context) {
 		}
 		ld := l.pods[uid]
 		if ld == nil || ld.state == StateCancelled {
-			// Adopted, not started: no second DrainStarted event.
-			ld = l.start(p, dl.Reason, dl.Acquired, false)
-			ld.steerPodIP = ld.steerPodIP || dl.SteerPodIP
-			ld.published = true
-			ld.lastRenew = dl.Renewed
+			ld = l.adopt(p, dl)
 		}
 		ld.leaseSeen = true
 	}
@@ -449,10 +447,37 @@ func (l *hostedDrains) drainDeleting(lp *localPods, now time.Time) {
 	for _, p := range pods {
 		if p.Deleting() && !p.HostNetwork && len(p.IPs) > 0 {
 			if ld := l.pods[p.UID]; ld == nil || ld.state == StateCancelled {
-				l.start(p, k8s.ReasonPodDeleting, now, true)
+				if dl := l.ownLease(p.UID); dl != nil {
+					// A drain from before a restart (an offline call, an
+					// operator's): it goes on as its Lease says.
+					l.adopt(p, dl)
+				} else {
+					l.start(p, k8s.ReasonPodDeleting, now, true)
+				}
 			}
 		}
 	}
+}
+
+// ownLease returns this node's drain Lease of pod uid (nil: none).
+func (l *hostedDrains) ownLease(uid types.UID) *k8s.DrainLease {
+	for _, dl := range l.cfg.State.DrainLeases() {
+		if dl.PodUID == uid && dl.Holder == l.cfg.Node {
+			return dl
+		}
+	}
+	return nil
+}
+
+// adopt takes over the drain of local pod p that this node's Lease dl
+// records (l.mu held): adopted, not started (no second DrainStarted
+// event), with the Lease's reason, start and pod-IP steering.
+func (l *hostedDrains) adopt(p *k8s.Pod, dl *k8s.DrainLease) *hostedDrain {
+	ld := l.start(p, dl.Reason, dl.Acquired, false)
+	ld.steerPodIP = ld.steerPodIP || dl.SteerPodIP
+	ld.published = true
+	ld.lastRenew = dl.Renewed
+	return ld
 }
 
 // cleanStaleLeases deletes the drain Leases that are over (l.mu held):

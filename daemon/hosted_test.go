@@ -365,6 +365,43 @@ func TestRestartDuringDrain(t *testing.T) {
 	}
 }
 
+// TestRestartDuringDeletionKeepsOfflineDrain: a pod that went offline and
+// is then deleted drains on as it asked (its own IP steered) across a
+// restart: the restarted daemon takes its deletion's drain from its Lease
+// rather than starting a deletion drain of its own.
+func TestRestartDuringDeletionKeepsOfflineDrain(t *testing.T) {
+	h := localFixture(t)
+	h.offline(podIP, 0, 0).result(t)
+	h.waitLeases(1)
+	p := pod("pod-p0", "p0", "10.0.0.1")
+	now := metav1.NewTime(h.clock.Now())
+	p.DeletionTimestamp = &now
+	h.putPod(p)
+	h.tick(0)
+	k := key("10.0.0.1:8080", bpf.TCP)
+	if d, ok := h.dp.Drains[k]; !ok || d.Policy != bpf.PolicyRewrite {
+		t.Fatalf("the offline pod, deleted, is not steered at its IP:\n%s", h.describe())
+	}
+	h2 := h.restart()
+	h2.pass() // the first pass starts the drains of deleting pods
+	if d, ok := h2.dp.Drains[k]; !ok || d.Policy != bpf.PolicyRewrite {
+		t.Errorf("after a restart the pod's IP is no longer steered:\n%s", h2.describe())
+	}
+	h2.tick(0)
+	h2.d.hosted.mu.Lock()
+	ld := h2.d.hosted.pods["p0"]
+	h2.d.hosted.mu.Unlock()
+	if ld == nil || ld.reason != k8s.ReasonOffline || !ld.steerPodIP || !ld.published {
+		t.Fatalf("the restarted daemon's drain: %+v, want the Lease's (offline, steering the pod IP)", ld)
+	}
+	if l := h2.d.state.DrainLeases(); len(l) != 1 || l[0].Reason != k8s.ReasonOffline || !l[0].SteerPodIP {
+		t.Errorf("the Lease after the restart: %+v", l)
+	}
+	if n := len(h2.events(EventDrainStarted, 1)); n != 1 {
+		t.Errorf("%d DrainStarted events across a restart, want 1", n)
+	}
+}
+
 func TestOnlineUndoesOffline(t *testing.T) {
 	h := localFixture(t)
 	call := h.offline(podIP, time.Minute, 2*time.Second)

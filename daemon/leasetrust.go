@@ -58,6 +58,10 @@ func (d *Daemon) honouredIPs(l *k8s.DrainLease, local map[netip.Addr]*k8s.Pod, b
 
 // leaseHosts is what trusted slices said of a Lease's pod: the IPs they
 // list it at on the Lease's holder, or that they list it on another node.
+// Invariant: it is hostOf's answer for the Lease's IPs while the Lease
+// object, the generation of those IPs' listings (gen, claims.ipsGeneration)
+// and a departed host's answer (until) last. Checked by
+// FuzzSequenceDifferential.
 type leaseHosts struct {
 	lease     *k8s.DrainLease
 	gen       uint64    // the generation of its IPs' listings it was read at
@@ -128,7 +132,10 @@ type leaseTrust struct {
 	mu       sync.Mutex
 	verdicts map[string]*leaseVerdict // by Lease name
 	pending  map[string]k8s.DrainLease
-	gen      uint64 // changes with every verdict
+	// gen changes with every verdict. Invariant: verified's answers (the
+	// Pod read of a Lease with the same claim, a refusal until its
+	// recheck) hold while gen stays. Checked by FuzzSequenceDifferential.
+	gen uint64
 }
 
 // recheckAfter is when a refused Lease is checked again (the pod may get

@@ -163,6 +163,13 @@ type departure struct {
 }
 
 // model holds what is draining; one goroutine (the runner's) owns it.
+//
+// It is an incremental cache of the State. Invariant: after a pass, its
+// results, contributions, service-ports and pod drains are what computing
+// every Service and pod drain afresh from the State gives, but for the
+// lingering entries (what it saw depart, by definition history). A pass
+// keeps it so by recomputing the Services the tracker marks and those
+// listing a changed pod drain. Checked by FuzzSequenceDifferential.
 type model struct {
 	cfg    ModelConfig
 	state  State
@@ -186,7 +193,11 @@ type model struct {
 	podDrains   map[types.UID]*podDrain
 	// podDrainsGen changes whenever setPodDrains replaces podDrains;
 	// notesGen whenever podDrains, listings or vanish.services change (what
-	// gonePeers notes of the pod drains).
+	// gonePeers notes of the pod drains). Invariant: a reader that keeps
+	// what it derived from those (podDrainsState.modelGen,
+	// vanishState.markedGen, gonePeers.noted) with the generation it read
+	// may reuse it while the generation is the same. Checked by
+	// FuzzSequenceDifferential.
 	podDrainsGen, notesGen uint64
 	podDrainsEnd           time.Time // the earliest end of a pod drain (zero: none)
 	// drainsByPod holds podDrains by the key slices compare pods by.
@@ -282,6 +293,9 @@ func (m *model) recomputeService(key string, now time.Time) (changed bool) {
 	if m.lingerDeparted(key, old, next, cat.listed, now) {
 		changed = true
 	}
+	if m.keepLingering(old, next, cat, svc) {
+		changed = true
+	}
 	if m.endLingersListedAgain(next, cat.listed) {
 		changed = true
 	}
@@ -344,17 +358,7 @@ func (m *model) activate(next *serviceResult, c servicePortEndpoints, noSteer bo
 		m.servicePortIDs[c.key] = id
 		m.servicePorts[id] = &servicePort{key: c.key, id: id}
 	}
-	sp := m.servicePorts[id]
-	selectable := packBackends(c.selectable)
-	if sp.selectable != selectable || !slices.Equal(sp.frontends, c.frontends) || sp.noSteer != noSteer {
-		changed = true
-		m.touchedServicePorts[id] = struct{}{}
-		// Policy downgrades of lingering entries depend on selectable.
-		for _, k := range m.lingerKeys[id] {
-			m.touch(k)
-		}
-	}
-	sp.selectable, sp.frontends, sp.noSteer = selectable, c.frontends, noSteer
+	changed = m.updateServicePort(m.servicePorts[id], c, noSteer)
 	next.servicePorts = append(next.servicePorts, servicePortRef{c.key, id})
 	for _, e := range c.draining {
 		since := now
@@ -368,6 +372,47 @@ func (m *model) activate(next *serviceResult, c servicePortEndpoints, noSteer bo
 		m.addContribution(e.key, ct)
 		next.draining = append(next.draining, drainingContribution{e.key, ct})
 		next.keys = append(next.keys, e.key)
+	}
+	return changed
+}
+
+// updateServicePort sets an active service-port's frontends and selectable
+// endpoints to c's, and reports whether they changed.
+func (m *model) updateServicePort(sp *servicePort, c servicePortEndpoints, noSteer bool) bool {
+	selectable := packBackends(c.selectable)
+	if sp.selectable == selectable && slices.Equal(sp.frontends, c.frontends) && sp.noSteer == noSteer {
+		return false
+	}
+	m.touchedServicePorts[sp.id] = struct{}{}
+	// Policy downgrades of lingering entries depend on selectable.
+	for _, k := range m.lingerKeys[sp.id] {
+		m.touch(k)
+	}
+	sp.selectable, sp.frontends, sp.noSteer = selectable, c.frontends, noSteer
+	return true
+}
+
+// keepLingering keeps in next the service-ports of old that activate did
+// not take but lingering entries still refer to (their endpoints departed
+// in this very update, or the Service lists none there any more), with
+// what the Service selects there now: a linger rewrites to it. It reports
+// whether any changed.
+func (m *model) keepLingering(old, next *serviceResult, cat categorized, svc *k8s.Service) (changed bool) {
+	if old == nil {
+		return false
+	}
+	noSteer := svc != nil && svc.AffinityClientIP
+	for _, ref := range old.servicePorts {
+		sp := m.servicePorts[ref.id]
+		if _, taken := next.servicePortID(ref.key); taken || sp == nil || sp.key != ref.key || sp.refs == 0 {
+			continue
+		}
+		c := servicePortEndpoints{key: ref.key} // none listed
+		if i := slices.IndexFunc(cat.servicePorts, func(e servicePortEndpoints) bool { return e.key == ref.key }); i >= 0 {
+			c = cat.servicePorts[i]
+		}
+		changed = m.updateServicePort(sp, c, noSteer) || changed
+		next.servicePorts = append(next.servicePorts, ref)
 	}
 	return changed
 }

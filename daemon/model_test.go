@@ -647,6 +647,23 @@ func TestLingerAfterDeparture(t *testing.T) {
 	h.check(expect{})
 }
 
+// A lingering endpoint rewrites to what its Service selects now: the
+// endpoints listed ready in the very update it departed in, and nothing
+// (it refuses) once the Service lists no endpoint at all.
+func TestLingerRewritesToWhatTheServiceSelectsNow(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.Linger = 2 * time.Minute })
+	h.addService(webService())
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), notReady("10.0.0.1", "a")))
+	h.pass()
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.2", "b")))
+	h.pass()
+	h.check(expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}},
+		drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyRewrite}})
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080)))
+	h.pass()
+	h.check(expect{drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyRefuse}})
+}
+
 // A departed endpoint lingers (stale callers stay steered away), but not
 // once its pod is listed ready again: the EndpointSlice controller moved a
 // not-ready pod to another slice in two updates, and it became ready.

@@ -33,11 +33,17 @@ type podDrainsState struct {
 	// modelGen is the model's podDrainsGen once it took the last answer:
 	// any other (an answer not taken, a model changed elsewhere) and the
 	// memos are not the model's, so podDrains reads everything again.
+	// Invariant: while it equals podDrainsGen, the model's pod drains are
+	// leases.drains and hosted merged. Checked by FuzzSequenceDifferential.
 	modelGen uint64
 }
 
 // leaseDrainsMemo is the drains the Leases gave at the last reading, and
-// what that reading depended on.
+// what that reading depended on. Invariant: drains is what reading every
+// Lease gives now while the Lease snapshot, this node's pods (if a Lease of
+// its own was read), claimsGen and trustGen are the ones recorded and until
+// has not passed; any other, and readLeaseDrains reads them all again.
+// Checked by FuzzSequenceDifferential.
 type leaseDrainsMemo struct {
 	drains      map[types.UID]*podDrain
 	leases      *drainLeases

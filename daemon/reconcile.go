@@ -20,6 +20,11 @@ type reconciler struct {
 	dp  Datapath
 	ttl time.Duration
 
+	// What the datapath holds, as last written. Invariant: it is what the
+	// datapath holds (a write that fails leaves both as they were and puts
+	// its key in retry); a pass writes only where the model's desired
+	// entries for the keys it touched differ from it. Checked by
+	// FuzzSequenceDifferential (failed writes included).
 	frontends map[bpf.EndpointKey]bpf.Frontend
 	byService map[bpf.ServicePortID][]bpf.EndpointKey // frontends written per service-port
 	backends  map[bpf.ServicePortID]appliedBackends

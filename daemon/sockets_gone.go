@@ -121,6 +121,9 @@ type gonePeers struct {
 	// were last noted, gone the drained pods that are gone then, kept the
 	// number of departed pods whose Services were kept for their linger:
 	// desired reads every pod drain only when the model changed them.
+	// Invariant: while notedYet and noted equals notesGen, gone and
+	// services are what noting every pod drain again gives. Checked by
+	// FuzzSequenceDifferential (its datapath has the gone peers).
 	noted    uint64
 	notedYet bool
 	gone     []types.UID
@@ -131,7 +134,9 @@ type gonePeers struct {
 	// costs a few lookups instead of a claims check per gone pod's IP:
 	// those IPs and the Services noted for those pods (a change of their
 	// claims, or of a Service's opt-out, computes again), the first entry
-	// refresh due, and a write left to retry.
+	// refresh due, and a write left to retry. Invariant: while fresh, want
+	// is what desired computes but for the pods touched names. Checked by
+	// FuzzSequenceDifferential.
 	wantYet      bool
 	wantIPs      map[netip.Addr][]types.UID // the gone pods at each IP
 	wantServices map[string][]types.UID     // the gone pods each Service listed

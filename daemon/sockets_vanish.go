@@ -116,7 +116,9 @@ type vanishState struct {
 	// (at+vanishWait) since (zero: none): a pass looks again only when a
 	// pod drain changed (a candidate's pod may be gone now) or a wait
 	// ended. A rebalance leaves thousands of candidates for vanishWait,
-	// and a pass runs for every slice update.
+	// and a pass runs for every slice update. Invariant: while markedGen is
+	// podDrainsGen and pendingEnd has not passed, marking pending again
+	// finds nothing new. Checked by FuzzSequenceDifferential.
 	markedGen  uint64
 	pendingEnd time.Time
 	revisit    map[string]struct{} // Services to recompute next pass
