@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
@@ -79,38 +80,7 @@ func NewInformers(client kubernetes.Interface, cfg Config) *Informers {
 	opts := func(ix cache.Indexers) cache.SharedIndexInformerOptions {
 		return cache.SharedIndexInformerOptions{ResyncPeriod: cfg.Resync, Indexers: ix}
 	}
-	disc := client.DiscoveryV1()
-	// The watch delivers *Slice when it decodes them itself (lists still
-	// come as the API's objects, converted by the transform).
-	var sliceType runtime.Object = &discoveryv1.EndpointSlice{}
-	watchSlices := func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-		return disc.EndpointSlices(metav1.NamespaceAll).Watch(ctx, o)
-	}
-	inf.SliceDecoding = "generic: no REST configuration (a fake clientset)"
-	if cfg.REST != nil {
-		if w, err := sliceWatcher(cfg.REST, clk, inf); err != nil {
-			inf.SliceDecoding = "generic: " + err.Error()
-		} else {
-			sliceType, watchSlices, inf.SliceDecoding = &Slice{}, w, "slim"
-		}
-	}
-	// Slices: the busiest watch by far, handled as it arrives (see
-	// SliceInformer).
-	inf.Slices = NewSliceInformer(lw(&cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			return disc.EndpointSlices(metav1.NamespaceAll).List(ctx, o)
-		},
-		WatchFuncWithContext: watchSlices,
-	}), sliceType, cache.Indexers{
-		cache.NamespaceIndex: cache.MetaNamespaceIndexFunc,
-		IndexByService: func(obj any) ([]string, error) {
-			s, ok := obj.(*Slice)
-			if !ok || s.Service == "" {
-				return nil, nil
-			}
-			return []string{s.Namespace + "/" + s.Service}, nil
-		},
-	}, stampReceipt(clk, slimTransform(inf, SliceFrom)))
+	inf.Slices = newSlices(inf, client, cfg, clk, lw)
 
 	core := client.CoreV1()
 	inf.Services = cache.NewSharedIndexInformerWithOptions(lw(&cache.ListWatch{
@@ -135,34 +105,9 @@ func NewInformers(client kubernetes.Interface, cfg Config) *Informers {
 			return coord.Leases(cfg.Namespace).Watch(ctx, o)
 		},
 	}), &coordinationv1.Lease{}, opts(cache.Indexers{}))
-	setTransform(inf.Leases, func(obj any) (any, error) {
-		l, ok := obj.(*coordinationv1.Lease)
-		if !ok {
-			return obj, nil
-		}
-		dl, err := ParseLease(l)
-		if err != nil {
-			// Keep a keyed placeholder so updates and deletes still
-			// match, but with no pod: the model ignores it.
-			inf.Malformed.Add(1)
-			return &DrainLease{ObjectMeta: slimMeta(&l.ObjectMeta)}, nil
-		}
-		return dl, nil
-	})
+	setTransform(inf.Leases, leaseTransform(inf))
 
-	podOpts := func(o *metav1.ListOptions) {
-		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", cfg.NodeName).String()
-	}
-	inf.Pods = cache.NewSharedIndexInformerWithOptions(lw(&cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			podOpts(&o)
-			return core.Pods(metav1.NamespaceAll).List(ctx, o)
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			podOpts(&o)
-			return core.Pods(metav1.NamespaceAll).Watch(ctx, o)
-		},
-	}), &corev1.Pod{}, opts(cache.Indexers{}))
+	inf.Pods = cache.NewSharedIndexInformerWithOptions(lw(nodePods(core, cfg.NodeName)), &corev1.Pod{}, opts(cache.Indexers{}))
 	setTransform(inf.Pods, func(obj any) (any, error) {
 		p, ok := obj.(*corev1.Pod)
 		if !ok {
@@ -171,6 +116,79 @@ func NewInformers(client kubernetes.Interface, cfg Config) *Informers {
 		return PodFrom(p), nil
 	})
 	return inf
+}
+
+// newSlices is the cluster's EndpointSlice informer: decoded straight
+// into *Slice by draind's own watch where a REST configuration allows it
+// (inf.SliceDecoding says which).
+func newSlices(inf *Informers, client kubernetes.Interface, cfg Config, clk clock.PassiveClock, lw func(*cache.ListWatch) cache.ListerWatcher) *SliceInformer {
+	disc := client.DiscoveryV1()
+	// The watch delivers *Slice when it decodes them itself (lists still
+	// come as the API's objects, converted by the transform).
+	var sliceType runtime.Object = &discoveryv1.EndpointSlice{}
+	watchSlices := func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+		return disc.EndpointSlices(metav1.NamespaceAll).Watch(ctx, o)
+	}
+	inf.SliceDecoding = "generic: no REST configuration (a fake clientset)"
+	if cfg.REST != nil {
+		if w, err := sliceWatcher(cfg.REST, clk, inf); err != nil {
+			inf.SliceDecoding = "generic: " + err.Error()
+		} else {
+			sliceType, watchSlices, inf.SliceDecoding = &Slice{}, w, "slim"
+		}
+	}
+	// Slices: the busiest watch by far, handled as it arrives (see
+	// SliceInformer).
+	return NewSliceInformer(lw(&cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			return disc.EndpointSlices(metav1.NamespaceAll).List(ctx, o)
+		},
+		WatchFuncWithContext: watchSlices,
+	}), sliceType, cache.Indexers{
+		cache.NamespaceIndex: cache.MetaNamespaceIndexFunc,
+		IndexByService: func(obj any) ([]string, error) {
+			s, ok := obj.(*Slice)
+			if !ok || s.Service == "" {
+				return nil, nil
+			}
+			return []string{s.Namespace + "/" + s.Service}, nil
+		},
+	}, stampReceipt(clk, slimTransform(inf, SliceFrom)))
+}
+
+// nodePods lists and watches the pods of one node.
+func nodePods(core corev1client.CoreV1Interface, node string) *cache.ListWatch {
+	podOpts := func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", node).String()
+	}
+	return &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			podOpts(&o)
+			return core.Pods(metav1.NamespaceAll).List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			podOpts(&o)
+			return core.Pods(metav1.NamespaceAll).Watch(ctx, o)
+		},
+	}
+}
+
+// leaseTransform parses drain Leases as the cache stores them. A malformed
+// one becomes a keyed placeholder (counted in inf.Malformed) so that its
+// updates and deletes still match, with no pod: the model ignores it.
+func leaseTransform(inf *Informers) cache.TransformFunc {
+	return func(obj any) (any, error) {
+		l, ok := obj.(*coordinationv1.Lease)
+		if !ok {
+			return obj, nil
+		}
+		dl, err := ParseLease(l)
+		if err != nil {
+			inf.Malformed.Add(1)
+			return &DrainLease{ObjectMeta: slimMeta(&l.ObjectMeta)}, nil
+		}
+		return dl, nil
+	}
 }
 
 // stampReceipt wraps an informer's transform: the slim object it makes

@@ -434,14 +434,7 @@ func packEndpoints[T bytestring](s *Slice, eps []endpointIn[T]) (skipped int) {
 	// First the layout of the text: the UIDs that are not UUIDs, the
 	// names' distinct prefixes (a slice's pods have a few owners) and
 	// their suffixes.
-	var prefixes [16]T
-	var prefixAt [16]uint32
-	nPrefixes, size := 0, 0
-	// Node names the full table does not know, kept once per slice (the
-	// first 8; a slice names a few nodes).
-	var ownNames [8]T
-	var ownAt [8]uint32
-	nOwn := 0
+	var t textLayout[T]
 	for i := range eps {
 		e := &eps[i]
 		if e.dropped() {
@@ -449,17 +442,8 @@ func packEndpoints[T bytestring](s *Slice, eps []endpointIn[T]) (skipped int) {
 			continue
 		}
 		p := packedEndpoint{conds: e.conds}
-		if n, ok := nodeIndex(&nodeNames, e.node); ok {
-			p.node = n
-		} else if k := ownIndex(ownNames[:nOwn], e.node); k >= 0 {
-			p.node = ownAt[k]
-		} else if p.node, ok = ownNode(size, len(e.node)); ok {
-			if nOwn < len(ownNames) {
-				ownNames[nOwn], ownAt[nOwn] = e.node, p.node
-				nOwn++
-			}
-			size += len(e.node)
-		} else {
+		var ok bool
+		if p.node, ok = t.node(e.node); !ok {
 			skipped++ // kept, without its node
 		}
 		if s.wide {
@@ -475,32 +459,79 @@ func packEndpoints[T bytestring](s *Slice, eps []endpointIn[T]) (skipped int) {
 		if u, ok := parseUUID(e.uid); ok {
 			p.uid, p.flags = u, p.flags|uuidUID
 		} else if len(e.uid) > 0 {
-			binary.LittleEndian.PutUint32(p.uid[:4], uint32(size))
+			binary.LittleEndian.PutUint32(p.uid[:4], uint32(t.size))
 			binary.LittleEndian.PutUint16(p.uid[4:6], uint16(len(e.uid)))
 			p.flags |= textUID
-			size += len(e.uid)
+			t.size += len(e.uid)
 		}
 		prefix, suffix := splitPodName(e.name)
-		p.prefix, p.prefixLen = uint32(size), uint16(len(prefix))
-		known := false
-		for k := range nPrefixes {
-			if string(prefixes[k]) == string(prefix) {
-				p.prefix, known = prefixAt[k], true
-				break
-			}
-		}
-		if !known {
-			size += len(prefix)
-			if nPrefixes < len(prefixes) {
-				prefixes[nPrefixes], prefixAt[nPrefixes] = prefix, p.prefix
-				nPrefixes++
-			}
-		}
-		p.suffix, p.suffixLen = uint32(size), uint16(len(suffix))
-		size += len(suffix)
+		p.prefix, p.prefixLen = t.prefix(prefix), uint16(len(prefix))
+		p.suffix, p.suffixLen = uint32(t.size), uint16(len(suffix))
+		t.size += len(suffix)
 		s.endpoints = append(s.endpoints, p)
 	}
-	// Then the text itself, in the same order.
+	s.strs = endpointText(s.endpoints, eps, t.size)
+	s.hints = packHints(eps)
+	return skipped
+}
+
+// textLayout places a slice's text as packEndpoints lays it out: size is
+// its length so far.
+type textLayout[T bytestring] struct {
+	size int
+	// The names' distinct prefixes so far (the first 16).
+	prefixes  [16]T
+	prefixAt  [16]uint32
+	nPrefixes int
+	// Node names the full table does not know, kept once per slice (the
+	// first 8; a slice names a few nodes).
+	ownNames [8]T
+	ownAt    [8]uint32
+	nOwn     int
+}
+
+// node is an endpoint's node: its number in the full table, or its place
+// in the slice's text (false: the text has no room; none).
+func (t *textLayout[T]) node(name T) (uint32, bool) {
+	if n, ok := nodeIndex(&nodeNames, name); ok {
+		return n, true
+	}
+	if k := ownIndex(t.ownNames[:t.nOwn], name); k >= 0 {
+		return t.ownAt[k], true
+	}
+	n, ok := ownNode(t.size, len(name))
+	if !ok {
+		return 0, false
+	}
+	if t.nOwn < len(t.ownNames) {
+		t.ownNames[t.nOwn], t.ownAt[t.nOwn] = name, n
+		t.nOwn++
+	}
+	t.size += len(name)
+	return n, true
+}
+
+// prefix is where a name's prefix is in the text: where an equal one was
+// placed, or at the end.
+func (t *textLayout[T]) prefix(prefix T) uint32 {
+	for k := range t.nPrefixes {
+		if string(t.prefixes[k]) == string(prefix) {
+			return t.prefixAt[k]
+		}
+	}
+	at := uint32(t.size)
+	t.size += len(prefix)
+	if t.nPrefixes < len(t.prefixes) {
+		t.prefixes[t.nPrefixes], t.prefixAt[t.nPrefixes] = prefix, at
+		t.nPrefixes++
+	}
+	return at
+}
+
+// endpointText writes the text packEndpoints laid out, in the same order:
+// each endpoint's node (when the slice keeps it), textual UID, name prefix
+// (when not one written before) and suffix.
+func endpointText[T bytestring](packed []packedEndpoint, eps []endpointIn[T], size int) string {
 	var b strings.Builder
 	b.Grow(size)
 	kept := 0
@@ -509,7 +540,7 @@ func packEndpoints[T bytestring](s *Slice, eps []endpointIn[T]) (skipped int) {
 		if e.dropped() {
 			continue
 		}
-		p := &s.endpoints[kept]
+		p := &packed[kept]
 		kept++
 		if p.node&nodeOwn != 0 && int((p.node&^nodeOwn)>>8) == b.Len() { // not one kept before
 			writeText(&b, e.node)
@@ -523,9 +554,7 @@ func packEndpoints[T bytestring](s *Slice, eps []endpointIn[T]) (skipped int) {
 		}
 		writeText(&b, suffix)
 	}
-	s.strs = b.String()
-	s.hints = packHints(eps)
-	return skipped
+	return b.String()
 }
 
 // dropped reports whether packEndpoints skips e: the API accepts no
@@ -925,23 +954,8 @@ func (p *sliceParts[T]) build() (sl *Slice, skipped int) {
 			skipped++
 			continue
 		}
-		ep := endpointIn[T]{addr: a, node: e.node, hints: p.hints[e.hintsFrom:e.hintsTo:e.hintsTo]}
-		// API semantics: unset ready means ready; unset serving means the
-		// same as ready; unset terminating means not terminating.
-		ready := e.ready != condFalse
-		serving := ready
-		if e.serving != condUnset {
-			serving = e.serving == condTrue
-		}
-		if ready {
-			ep.conds |= CondReady
-		}
-		if serving {
-			ep.conds |= CondServing
-		}
-		if e.terminating == condTrue {
-			ep.conds |= CondTerminating
-		}
+		ep := endpointIn[T]{addr: a, node: e.node, hints: p.hints[e.hintsFrom:e.hintsTo:e.hintsTo],
+			conds: wireConds(e.ready, e.serving, e.terminating)}
 		// A Pod of another namespace is no pod of this slice's Service,
 		// and neither is a targetRef without kind or namespace (the
 		// controller always writes both): the endpoint is kept
@@ -954,6 +968,28 @@ func (p *sliceParts[T]) build() (sl *Slice, skipped int) {
 	skipped += packEndpoints(out, eps)
 	p.scratch = eps
 	return out, skipped
+}
+
+// wireConds are an endpoint's conditions as received, with the API's
+// semantics: unset ready means ready; unset serving means the same as
+// ready; unset terminating means not terminating.
+func wireConds(ready, serving, terminating int8) uint8 {
+	var c uint8
+	isReady := ready != condFalse
+	isServing := isReady
+	if serving != condUnset {
+		isServing = serving == condTrue
+	}
+	if isReady {
+		c |= CondReady
+	}
+	if isServing {
+		c |= CondServing
+	}
+	if terminating == condTrue {
+		c |= CondTerminating
+	}
+	return c
 }
 
 // protocolOfText is protocolOf of a protocol as received.
