@@ -1,17 +1,30 @@
-// Package daemon is draind's node agent. Its files are cut by decision:
+// Package daemon is draind's node agent. Its files, by the data they own:
 //
-//   - what is draining: categorize.go (a Service's endpoints, a pure
-//     function), model.go, contributions.go and ids.go (the incremental
-//     model), desired.go (the entries the kernel should hold);
+//   - what is draining (the model; pure, no API calls): categorize.go (a
+//     Service's endpoints, one function), topology.go (the backends
+//     kube-proxy's topology picks), zone.go (this node's zone label),
+//     model.go, contributions.go, ids.go and backendset.go (the
+//     incremental model, its service-port ids and backend sets),
+//     lingering.go (departed endpoints), claims.go (who holds which IP),
+//     poddrains.go (pod drains from Leases and this node), desired.go (the
+//     entries the kernel should hold);
+//   - which Leases are believed, and who writes them: leasetrust.go (the
+//     one place a drain or claim Lease is believed), claimleases.go (an IP
+//     reused on another node), leasewriter.go (Lease writes off the loop);
 //   - what the kernel gets: reconcile.go (the minimal, ordered diff),
-//     datapath.go (the interface and its fake);
-//   - drains hosted here and the offline API: hosted.go (this node's
-//     drains: measure, settle, Events), hostedleases.go (their drain
-//     Leases), leasewriter.go (Lease writes off the loop), offline.go (the
-//     HTTP API);
+//     datapath.go (the interface and its fake), kernelfeatures.go;
+//   - drains hosted here: hosted.go (measure, settle, Events, their
+//     Leases), offline.go (the offline and online calls; the HTTP API is
+//     package nodeapi);
 //   - what is expired: conntrackpolicy.go;
-//   - wiring: daemon.go (configuration and lifecycle), intake.go (informer
-//     events), pass.go (one reconciler pass), runner.go; status and metrics.
+//   - the socket hooks: sockets.go (live connections), sockets_gone.go
+//     (ending client sockets to gone peers), sockets_vanish.go (endpoints
+//     that left without draining), sockets_status.go;
+//   - wiring: config.go (the one place defaults live), daemon.go
+//     (construction), lifecycle.go, intake.go (informer events), pass.go
+//     (one reconciler pass), runner.go; status.go, statusserver.go (the
+//     root-only status socket), metrics.go, programming.go
+//     (network-programming latency).
 //
 // Who runs a pass: the loop (runner.go) on a signal, at a deadline, for a
 // refresh round; and the EndpointSlice watch's own goroutine right after an
