@@ -1,0 +1,82 @@
+package daemon
+
+import (
+	"io"
+	"log/slog"
+	"slices"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/utils/clock"
+
+	"github.com/draind/draind/k8s"
+)
+
+// TestLeaseWriterRunBacksOff drives the writer's own goroutine (run) in a
+// synctest bubble, where time moves only while every goroutine waits: a
+// write the API server refuses for good is tried again after 1 s, 2 s,
+// 4 s, ... (never at the transient step), and once it goes through the
+// writer stops calling. The times are exact: no polling, no tolerance.
+func TestLeaseWriterRunBacksOff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		gr := schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}
+		t0 := time.Now()
+		var mu sync.Mutex
+		var calls []time.Duration
+		refuse := true
+		client := fake.NewClientset()
+		client.PrependReactor("delete", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			calls = append(calls, time.Since(t0))
+			if refuse {
+				return true, nil, apierrors.NewForbidden(gr, "drain-x", nil)
+			}
+			return true, nil, nil
+		})
+		var results []leaseResult
+		lw := newLeaseWriter(&k8s.Leases{Client: client, Namespace: testNS}, 30*time.Second, clock.RealClock{},
+			slog.New(slog.NewTextHandler(io.Discard, nil)), func(r leaseResult) {
+				mu.Lock()
+				results = append(results, r)
+				mu.Unlock()
+			})
+		lw.want("drain-x", leaseWrite{kind: leaseDelete})
+		done := make(chan struct{})
+		go func() { lw.run(t.Context()); close(done) }()
+
+		time.Sleep(7*time.Second + 500*time.Millisecond)
+		synctest.Wait()
+		mu.Lock()
+		want := []time.Duration{0, time.Second, 3 * time.Second, 7 * time.Second}
+		if !slices.Equal(calls, want) {
+			t.Errorf("refused delete tried at %v, want %v (1 s, then doubling)", calls, want)
+		}
+		refuse = false
+		mu.Unlock()
+
+		time.Sleep(8 * time.Second) // the next try is due at 15 s
+		synctest.Wait()
+		mu.Lock()
+		n := len(calls)
+		last := results[len(results)-1]
+		mu.Unlock()
+		if n != 5 || last.err != nil {
+			t.Fatalf("after the refusal ended: %d calls (want 5), last result %v", n, last.err)
+		}
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		if len(calls) != n {
+			t.Errorf("the writer kept calling after the write went through: %d calls, want %d", len(calls), n)
+		}
+	})
+}
