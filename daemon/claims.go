@@ -453,18 +453,24 @@ func (c *claims) setLocalPods(pods []*k8s.Pod) []netip.Addr {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	changed := changedIPs(c.local, next)
+	c.local = next
+	return changed
+}
+
+// changedIPs are the IPs whose owner differs between old and next.
+func changedIPs(old, next map[netip.Addr]types.UID) []netip.Addr {
 	var changed []netip.Addr
-	for ip, uid := range c.local {
+	for ip, uid := range old {
 		if next[ip] != uid {
 			changed = append(changed, ip)
 		}
 	}
 	for ip := range next {
-		if _, ok := c.local[ip]; !ok {
+		if _, ok := old[ip]; !ok {
 			changed = append(changed, ip)
 		}
 	}
-	c.local = next
 	return changed
 }
 
@@ -492,17 +498,7 @@ func (c *claims) claimedByOther(ip netip.Addr, uid types.UID) bool {
 func (c *claims) setRemote(next map[netip.Addr]types.UID) []netip.Addr {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var changed []netip.Addr
-	for ip, uid := range c.remote {
-		if next[ip] != uid {
-			changed = append(changed, ip)
-		}
-	}
-	for ip := range next {
-		if _, ok := c.remote[ip]; !ok {
-			changed = append(changed, ip)
-		}
-	}
+	changed := changedIPs(c.remote, next)
 	c.remote = next
 	return changed
 }
