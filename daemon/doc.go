@@ -12,7 +12,8 @@
 //     one place a drain or claim Lease is believed), claimleases.go (an IP
 //     reused on another node), leasewriter.go (Lease writes off the loop);
 //   - what the kernel gets: reconcile.go (the minimal, ordered diff),
-//     datapath.go (the interface and its fake), kernelfeatures.go;
+//     datapath.go (the interface; its fake is package
+//     datapathtest), kernelfeatures.go;
 //   - drains hosted here: hosted.go (measure, settle, Events, their
 //     Leases), offline.go (the offline and online calls; the HTTP API is
 //     package nodeapi);

@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/draind/draind/bpf"
+	"github.com/draind/draind/daemon/datapathtest"
 	"github.com/draind/draind/k8s"
 )
 
@@ -92,19 +93,19 @@ func stateOf(d *bpf.Dump) *dpState {
 	return s
 }
 
-func (s *dpState) apply(op FakeOp) {
+func (s *dpState) apply(op datapathtest.Op) {
 	switch op.Kind {
-	case OpUpsertFrontend:
+	case datapathtest.OpUpsertFrontend:
 		s.frontends[op.Frontend.Key] = op.Frontend
-	case OpDeleteFrontend:
+	case datapathtest.OpDeleteFrontend:
 		delete(s.frontends, op.Key)
-	case OpSetBackends:
+	case datapathtest.OpSetBackends:
 		s.backends[op.Backends.Service] = len(op.Backends.Backends)
-	case OpDeleteBackends:
+	case datapathtest.OpDeleteBackends:
 		delete(s.backends, op.Service)
-	case OpUpsertDrain:
+	case datapathtest.OpUpsertDrain:
 		s.drains[op.Drain.Key] = op.Drain
-	case OpDeleteDrain:
+	case datapathtest.OpDeleteDrain:
 		delete(s.drains, op.Key)
 	}
 }
@@ -133,7 +134,7 @@ func (s *dpState) drainStrength(k bpf.EndpointKey) int {
 
 // checkNoLapse replays ops over before and fails if any instant weakens an
 // entry that is wanted at the end and was already in force before.
-func checkNoLapse(t *testing.T, what string, before *bpf.Dump, ops []FakeOp, after *bpf.Dump) {
+func checkNoLapse(t *testing.T, what string, before *bpf.Dump, ops []datapathtest.Op, after *bpf.Dump) {
 	t.Helper()
 	s, end := stateOf(before), stateOf(after)
 	type watched struct {
@@ -166,7 +167,7 @@ func checkNoLapse(t *testing.T, what string, before *bpf.Dump, ops []FakeOp, aft
 	}
 }
 
-func opsString(ops []FakeOp) string {
+func opsString(ops []datapathtest.Op) string {
 	var b strings.Builder
 	for i, op := range ops {
 		fmt.Fprintf(&b, "  %d %s\n", i, op)
@@ -194,7 +195,7 @@ func TestFaultRestartAdoptsIDs(t *testing.T) {
 	}
 	checkNoLapse(t, "restart", before, ops, after)
 	for _, op := range ops {
-		if op.Kind != OpUpsertFrontend && op.Kind != OpUpsertDrain && op.Kind != OpSetBackends {
+		if op.Kind != datapathtest.OpUpsertFrontend && op.Kind != datapathtest.OpUpsertDrain && op.Kind != datapathtest.OpSetBackends {
 			t.Errorf("a restart over an up-to-date datapath deleted something: %s\n%s", op, opsString(ops))
 		}
 	}

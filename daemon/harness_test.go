@@ -24,6 +24,7 @@ import (
 
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/conntrack"
+	"github.com/draind/draind/daemon/datapathtest"
 	"github.com/draind/draind/k8s"
 )
 
@@ -38,7 +39,7 @@ const (
 type harness struct {
 	t      *testing.T
 	client *fake.Clientset
-	dp     *FakeDatapath
+	dp     *datapathtest.Datapath
 	ct     *conntrack.Fake
 	clock  *testingclock.FakeClock
 	d      *Daemon
@@ -52,7 +53,7 @@ type harness struct {
 
 func newHarness(t *testing.T, mod ...func(*Config)) *harness {
 	t.Helper()
-	h := &harness{t: t, client: fake.NewClientset(), dp: NewFakeDatapath(), ct: conntrack.NewFake(),
+	h := &harness{t: t, client: fake.NewClientset(), dp: datapathtest.New(), ct: conntrack.NewFake(),
 		clock: testingclock.NewFakeClock(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))}
 	for verb, flag := range map[string]*atomic.Bool{"create": &h.failLeaseCreate, "update": &h.failLeaseUpdate} {
 		h.client.PrependReactor(verb, "leases", func(k8stesting.Action) (bool, runtime.Object, error) {

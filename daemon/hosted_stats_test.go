@@ -13,18 +13,14 @@ func TestUnreadableSYNCountBlocksDrained(t *testing.T) {
 	h := localFixture(t)
 	call := h.offline(podIP, 30*time.Second, 2*time.Second)
 	h.tick(0)
-	h.dp.mu.Lock()
-	h.dp.StatsErr = errors.New("map read failed")
-	h.dp.mu.Unlock()
+	h.dp.SetStatsErr(errors.New("map read failed"))
 	for i := 0; i < 6; i++ {
 		h.tick(time.Second)
 	}
 	if r, ok := call.answered(t); ok {
 		t.Fatalf("answered %+v while the SYN count could not be read", r)
 	}
-	h.dp.mu.Lock()
-	h.dp.StatsErr = nil
-	h.dp.mu.Unlock()
+	h.dp.SetStatsErr(nil)
 	h.tick(time.Second)
 	r, ok := call.result(t)
 	if !ok || r.Code != 200 || r.State != StateDrained {

@@ -377,7 +377,7 @@ func (s *seqRun) freshDatapath() *fakeSockets {
 	ctx, cancel := context.WithCancel(h.ctx)
 	defer cancel()
 	sd := newFakeSockets(h.clock.Now())
-	dp := sd.FakeDatapath
+	dp := sd.Datapath
 	d := New(h.d.cfg, h.client, sd, conntrack.NewFake())
 	d.hosted.startEvents()
 	defer d.hosted.stopEvents()
@@ -402,7 +402,7 @@ func (s *seqRun) freshDatapath() *fakeSockets {
 func seqHarness(t *testing.T) (*harness, *fakeSockets) {
 	clk := testingclock.NewFakeClock(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
 	sd := newFakeSockets(clk.Now())
-	h := &harness{t: t, client: fake.NewClientset(), dp: sd.FakeDatapath, ct: conntrack.NewFake(), clock: clk}
+	h := &harness{t: t, client: fake.NewClientset(), dp: sd.Datapath, ct: conntrack.NewFake(), clock: clk}
 	h.d = New(Config{Node: testNode, Namespace: testNS, Clock: h.clock, RegistryOnlyPolicy: bpf.PolicyRefuse,
 		Logger: slog.New(slog.DiscardHandler)}, h.client, sd, h.ct)
 	h.d.hosted.startEvents()

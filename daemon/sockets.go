@@ -34,7 +34,7 @@ import (
 
 // SocketDatapath is what the socket hooks add to a Datapath. *bpf.Datapath
 // implements it; SocketsLoaded says whether the hooks are in place. A
-// Datapath without it (FakeDatapath, or a draind run without the socket
+// Datapath without it (datapathtest.Datapath, or a draind run without the socket
 // hooks) counts live connections from conntrack alone and ends no sockets.
 type SocketDatapath interface {
 	SocketsLoaded() bool

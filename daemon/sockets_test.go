@@ -21,13 +21,14 @@ import (
 
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/conntrack"
+	"github.com/draind/draind/daemon/datapathtest"
 	"github.com/draind/draind/k8s"
 )
 
-// fakeSockets is FakeDatapath with the socket hooks: connection counts set
+// fakeSockets is datapathtest.Datapath with the socket hooks: connection counts set
 // by the test, gone entries recorded.
 type fakeSockets struct {
-	*FakeDatapath
+	*datapathtest.Datapath
 	failUpsert atomic.Bool // UpsertGonePeer fails while set
 	mu         sync.Mutex
 	conns      map[netip.Addr]bpf.ConnCount
@@ -37,10 +38,13 @@ type fakeSockets struct {
 	ops        int
 }
 
-var _ SocketDatapath = (*fakeSockets)(nil)
+var (
+	_ Datapath       = (*datapathtest.Datapath)(nil)
+	_ SocketDatapath = (*fakeSockets)(nil)
+)
 
 func newFakeSockets(since time.Time) *fakeSockets {
-	return &fakeSockets{FakeDatapath: NewFakeDatapath(), conns: map[netip.Addr]bpf.ConnCount{}, since: since,
+	return &fakeSockets{Datapath: datapathtest.New(), conns: map[netip.Addr]bpf.ConnCount{}, since: since,
 		peers: map[netip.Addr]bpf.GonePeer{}, flows: map[[2]netip.AddrPort]bpf.GoneFlow{}}
 }
 
@@ -126,7 +130,7 @@ func newSocketHarness(t *testing.T, mod ...func(*Config)) (*harness, *fakeSocket
 	t.Helper()
 	clk := testingclock.NewFakeClock(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
 	sd := newFakeSockets(clk.Now().Add(-time.Hour))
-	h := &harness{t: t, client: fake.NewClientset(), dp: sd.FakeDatapath, ct: conntrack.NewFake(), clock: clk}
+	h := &harness{t: t, client: fake.NewClientset(), dp: sd.Datapath, ct: conntrack.NewFake(), clock: clk}
 	cfg := Config{Node: testNode, Namespace: testNS, Clock: h.clock, RegistryOnlyPolicy: bpf.PolicyRefuse,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	for _, m := range mod {

@@ -21,6 +21,7 @@ import (
 	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/draind/draind/bpf"
+	"github.com/draind/draind/daemon/datapathtest"
 	"github.com/draind/draind/k8s"
 )
 
@@ -40,7 +41,7 @@ func TestNothingAppliedBeforeSync(t *testing.T) {
 		}
 		return false, nil, nil
 	})
-	dp := NewFakeDatapath()
+	dp := datapathtest.New()
 	d := New(Config{Node: testNode, Namespace: testNS, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, client, dp, nil)
 	d.SetAttached(true)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -93,7 +94,7 @@ func TestLatencyCountsFromReceipt(t *testing.T) {
 	clk := testingclock.NewFakeClock(time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC))
 	var got []time.Duration
 	d := New(Config{Node: testNode, Namespace: testNS, Clock: clk, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		OnLatency: func(l time.Duration) { got = append(got, l) }}, fake.NewClientset(), NewFakeDatapath(), nil)
+		OnLatency: func(l time.Duration) { got = append(got, l) }}, fake.NewClientset(), datapathtest.New(), nil)
 	first, _ := k8s.SliceFrom(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
 	seedWeb(t, d, first)
 	got = nil
@@ -217,7 +218,7 @@ func TestSliceEventPassesAtOnce(t *testing.T) {
 		{"not inline (before the loop, or rate limited)", false, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			dp := NewFakeDatapath()
+			dp := datapathtest.New()
 			d := New(Config{Node: testNode, Namespace: testNS, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))},
 				fake.NewClientset(), dp, nil)
 			first, _ := k8s.SliceFrom(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.1", "a"), ready("10.0.0.2", "b")))
@@ -256,7 +257,7 @@ func TestSliceEventPassesAtOnce(t *testing.T) {
 func TestInlinePassesFollowTheLoop(t *testing.T) {
 	for _, minSync := range []time.Duration{0, time.Second} {
 		d := New(Config{Node: testNode, Namespace: testNS, MinSyncInterval: minSync,
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, fake.NewClientset(), NewFakeDatapath(), nil)
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, fake.NewClientset(), datapathtest.New(), nil)
 		d.SetAttached(true)
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
@@ -283,7 +284,7 @@ func TestInlinePassesFollowTheLoop(t *testing.T) {
 func TestRefreshRoundsAreTheLoops(t *testing.T) {
 	clk := testingclock.NewFakeClock(time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC))
 	d := New(Config{Node: testNode, Namespace: testNS, Clock: clk, EntryTTL: time.Minute,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, fake.NewClientset(), NewFakeDatapath(), nil)
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, fake.NewClientset(), datapathtest.New(), nil)
 	sl, _ := k8s.SliceFrom(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
 	seedWeb(t, d, sl)
 	t0 := d.lastFull
@@ -317,14 +318,14 @@ func TestRefreshRoundsAreTheLoops(t *testing.T) {
 
 // slowDatapath makes every drain write take d on the fake clock.
 type slowDatapath struct {
-	*FakeDatapath
+	*datapathtest.Datapath
 	clk *testingclock.FakeClock
 	d   time.Duration
 }
 
 func (s *slowDatapath) UpsertDrain(d bpf.Drain) error {
 	s.clk.Step(s.d)
-	return s.FakeDatapath.UpsertDrain(d)
+	return s.Datapath.UpsertDrain(d)
 }
 
 // TestSliceWatchPassesStandAside: the slice watch runs no pass itself
@@ -332,7 +333,7 @@ func (s *slowDatapath) UpsertDrain(d bpf.Drain) error {
 // after one of its passes took long; then again.
 func TestSliceWatchPassesStandAside(t *testing.T) {
 	clk := testingclock.NewFakeClock(time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC))
-	dp := &slowDatapath{NewFakeDatapath(), clk, 0}
+	dp := &slowDatapath{datapathtest.New(), clk, 0}
 	d := New(Config{Node: testNode, Namespace: testNS, Clock: clk, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))},
 		fake.NewClientset(), dp, nil)
 	svc, _ := k8s.ServiceFrom(webService())

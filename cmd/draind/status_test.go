@@ -25,6 +25,7 @@ import (
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/conntrack"
 	"github.com/draind/draind/daemon"
+	"github.com/draind/draind/daemon/datapathtest"
 	"github.com/draind/draind/k8s"
 )
 
@@ -45,7 +46,7 @@ func realStatusWith(t *testing.T, withCT bool) daemon.Status {
 	t.Cleanup(cancel)
 	clk := testingclock.NewFakeClock(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
 	client := fake.NewClientset()
-	dp := daemon.NewFakeDatapath()
+	dp := datapathtest.New()
 	ct := conntrack.NewFake(conntrack.Flow{Proto: conntrack.TCP, State: conntrack.TCPEstablished,
 		Orig:  conntrack.Tuple{Src: netip.MustParseAddrPort("10.244.1.7:51000"), Dst: netip.MustParseAddrPort("10.96.0.10:80")},
 		Reply: conntrack.Tuple{Src: netip.MustParseAddrPort("10.244.0.11:8080"), Dst: netip.MustParseAddrPort("10.244.1.7:51000")}})
@@ -259,7 +260,7 @@ func TestStatusConntrackOffDegrades(t *testing.T) {
 func TestStatusProblemsInStableOrder(t *testing.T) {
 	clk := testingclock.NewFakeClock(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
 	d := daemon.New(daemon.Config{Node: "node-a", Namespace: "draind-system", Clock: clk,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, fake.NewClientset(), daemon.NewFakeDatapath(), nil)
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, fake.NewClientset(), datapathtest.New(), nil)
 	want := []string{"informer endpointslices not synced", "informer leases not synced", "informer pods not synced",
 		"informer services not synced", "programs not attached", "not ready"}
 	for range 50 {

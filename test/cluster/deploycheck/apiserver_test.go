@@ -32,6 +32,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/draind/draind/daemon"
+	"github.com/draind/draind/daemon/datapathtest"
 	"github.com/draind/draind/k8s"
 	"github.com/draind/draind/test/cluster/kube"
 	"github.com/draind/draind/test/cluster/kubebin"
@@ -332,7 +333,7 @@ func testDaemonWithRBAC(ctx context.Context, t *testing.T, c *kube.Cluster, sa k
 		Node: node, Namespace: namespace, Version: "deploycheck",
 		LeaseDuration: 3 * time.Second, Quiet: 300 * time.Millisecond, Linger: time.Second, GoneGrace: 100 * time.Millisecond,
 		Logger: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn})),
-	}, sa, daemon.NewFakeDatapath(), nil)
+	}, sa, datapathtest.New(), nil)
 	dctx, stop := context.WithCancel(ctx)
 	runErr := make(chan error, 1)
 	go func() { runErr <- d.Run(dctx) }()

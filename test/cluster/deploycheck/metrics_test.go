@@ -27,6 +27,7 @@ import (
 
 	"github.com/draind/draind/conntrack"
 	"github.com/draind/draind/daemon"
+	"github.com/draind/draind/daemon/datapathtest"
 	"github.com/draind/draind/k8s"
 )
 
@@ -51,7 +52,7 @@ func serveDaemon(t *testing.T) ([]byte, string) {
 	d := daemon.New(daemon.Config{
 		Node: node, Namespace: namespace, Version: "deploycheck",
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	}, client, daemon.NewFakeDatapath(), conntrack.NewFake())
+	}, client, datapathtest.New(), conntrack.NewFake())
 	ctx, cancel := context.WithCancel(context.Background())
 	runErr := make(chan error, 1)
 	go func() { runErr <- d.Run(ctx) }()
