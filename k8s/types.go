@@ -493,7 +493,7 @@ type textLayout[T bytestring] struct {
 // node is an endpoint's node: its number in the full table, or its place
 // in the slice's text (false: the text has no room; none).
 func (t *textLayout[T]) node(name T) (uint32, bool) {
-	if n, ok := nodeIndex(&nodeNames, name); ok {
+	if n, ok := nodeIndex(nodeNames, name); ok {
 		return n, true
 	}
 	if k := ownIndex(t.ownNames[:t.nOwn], name); k >= 0 {
@@ -737,7 +737,9 @@ func (t *nodeTable) len() int {
 	return 0
 }
 
-var nodeNames nodeTable
+// nodeNames numbers the node names of the process's slices (a test may
+// swap in a table of its own).
+var nodeNames = new(nodeTable)
 
 // ParseTriggerTime reads a last-change-trigger-time annotation (RFC 3339
 // with nanoseconds, as the controllers write it); zero if it is not one.
