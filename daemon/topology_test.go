@@ -186,6 +186,16 @@ func TestTopologyDatapath(t *testing.T) {
 	}
 	h.d.followZone(h.ctx)
 	t.Cleanup(h.d.zoneLoop.stop)
+	waitZone := func(zone string, step time.Duration) {
+		t.Helper()
+		eventually(t, 10*time.Second, "the zone label "+zone+" to be read", func() bool {
+			h.clock.Step(step)
+			h.d.modelMu.Lock()
+			defer h.d.modelMu.Unlock()
+			return h.d.model.cfg.Zone == zone
+		})
+	}
+	waitZone("zone-a", 0)
 	h.addService(webService())
 	h.putSlice(withHints(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), onNode(ready("10.0.0.2", "b"), "n2"),
 		onNode(ready("10.0.0.3", "c"), "n3"), onNode(ready("10.0.0.4", "e"), "n4")),
@@ -198,12 +208,7 @@ func TestTopologyDatapath(t *testing.T) {
 	if _, err := h.client.CoreV1().Nodes().Update(h.ctx, node, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "the zone label to be read again", func() bool {
-		h.clock.Step(zoneRefresh)
-		h.d.modelMu.Lock()
-		defer h.d.modelMu.Unlock()
-		return h.d.model.cfg.Zone == "zone-b"
-	})
+	waitZone("zone-b", zoneRefresh)
 	h.pass()
 	h.check(expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.3:8080", "10.0.0.4:8080"}},
 		drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyOff}})

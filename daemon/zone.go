@@ -46,10 +46,12 @@ func (d *Daemon) setZone(zone string) bool {
 	return true
 }
 
-// followZone reads the zone now, then (in zoneLoop) every zoneRefresh
-// until ctx ends or the loop stops. A Node it cannot read keeps the zone
-// it had (none at first: zone hints then never match, and steering picks
-// from every candidate).
+// followZone reads the zone in zoneLoop, at once and then every
+// zoneRefresh, until ctx ends or the loop stops; start-up never waits for
+// it. Until the first read, and while the Node cannot be read, the model
+// keeps the zone it had (none at first: zone hints then never match, and
+// steering picks from every candidate, as kube-proxy does on a node
+// without a zone label).
 func (d *Daemon) followZone(ctx context.Context) {
 	warned := false
 	read := func(ctx context.Context) {
@@ -67,10 +69,10 @@ func (d *Daemon) followZone(ctx context.Context) {
 			d.runner.Run()
 		}
 	}
-	read(ctx)
 	d.zoneLoop.start(ctx, func(ctx context.Context) {
 		t := d.clock.NewTicker(zoneRefresh)
 		defer t.Stop()
+		read(ctx)
 		for {
 			select {
 			case <-ctx.Done():
