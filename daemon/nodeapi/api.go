@@ -103,30 +103,25 @@ func (s *Server) Handler() http.Handler {
 }
 
 func (s *Server) serveOffline(w http.ResponseWriter, r *http.Request) {
-	const path = "/v1/offline"
-	if err := s.readBody(w, r); err != nil {
-		s.reply(w, path, Result{Error: "reading the request body: " + err.Error(), Code: bodyErrorCode(err)})
-		return
-	}
-	if !s.drains.Ready() {
-		s.reply(w, path, Result{Error: ErrNotReady.Error(), Code: http.StatusServiceUnavailable})
-		return
-	}
-	req, err := parseOfflineQuery(r.URL.Query(), s.cfg.Quiet, s.cfg.MaxWait)
-	if err != nil {
-		s.reply(w, path, Result{Error: err.Error(), Code: http.StatusBadRequest})
-		return
-	}
-	ip, err := callerOf(r)
-	if err != nil {
-		s.reply(w, path, Result{Error: "unknown caller", Code: http.StatusForbidden})
-		return
-	}
-	s.reply(w, path, s.drains.Offline(r.Context(), ip, req.wait, req.quiet))
+	s.serveCaller(w, r, "/v1/offline", func(ip netip.Addr) Result {
+		req, err := parseOfflineQuery(r.URL.Query(), s.cfg.Quiet, s.cfg.MaxWait)
+		if err != nil {
+			return Result{Error: err.Error(), Code: http.StatusBadRequest}
+		}
+		return s.drains.Offline(r.Context(), ip, req.wait, req.quiet)
+	})
 }
 
 func (s *Server) serveOnline(w http.ResponseWriter, r *http.Request) {
-	const path = "/v1/online"
+	s.serveCaller(w, r, "/v1/online", func(ip netip.Addr) Result {
+		return s.drains.Online(r.Context(), ip)
+	})
+}
+
+// serveCaller answers a call about the caller's own pod: the body read
+// within its bounds, draind ready, the caller a pod address; then answer
+// has the caller's address.
+func (s *Server) serveCaller(w http.ResponseWriter, r *http.Request, path string, answer func(netip.Addr) Result) {
 	if err := s.readBody(w, r); err != nil {
 		s.reply(w, path, Result{Error: "reading the request body: " + err.Error(), Code: bodyErrorCode(err)})
 		return
@@ -140,7 +135,7 @@ func (s *Server) serveOnline(w http.ResponseWriter, r *http.Request) {
 		s.reply(w, path, Result{Error: "unknown caller", Code: http.StatusForbidden})
 		return
 	}
-	s.reply(w, path, s.drains.Online(r.Context(), ip))
+	s.reply(w, path, answer(ip))
 }
 
 // bodyErrorCode answers a body that failed to arrive: too large (413) or
