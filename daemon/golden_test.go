@@ -226,13 +226,7 @@ func (h *harness) goldenService(verb string, s *corev1.Service) {
 		return
 	}
 	h.do(&h.d.events.services, 1, func(ctx context.Context) error {
-		api := h.client.CoreV1().Services(s.Namespace)
-		if _, err := api.Get(ctx, s.Name, metav1.GetOptions{}); err == nil {
-			_, err = api.Update(ctx, s, metav1.UpdateOptions{})
-			return err
-		}
-		_, err := api.Create(ctx, s, metav1.CreateOptions{})
-		return err
+		return upsert(ctx, h.client.CoreV1().Services(s.Namespace), s.Name, s)
 	})
 }
 
@@ -242,11 +236,23 @@ func (h *harness) goldenLease(verb string, l *coordinationv1.Lease) {
 		if verb == "delete" {
 			return api.Delete(ctx, l.Name, metav1.DeleteOptions{})
 		}
-		if _, err := api.Get(ctx, l.Name, metav1.GetOptions{}); err == nil {
-			_, err = api.Update(ctx, l, metav1.UpdateOptions{})
-			return err
-		}
-		_, err := api.Create(ctx, l, metav1.CreateOptions{})
-		return err
+		return upsert(ctx, api, l.Name, l)
 	})
+}
+
+// objectAPI is the part of a typed client upsert uses.
+type objectAPI[T any] interface {
+	Get(ctx context.Context, name string, opts metav1.GetOptions) (T, error)
+	Create(ctx context.Context, obj T, opts metav1.CreateOptions) (T, error)
+	Update(ctx context.Context, obj T, opts metav1.UpdateOptions) (T, error)
+}
+
+// upsert updates the object named name, or creates it.
+func upsert[T any](ctx context.Context, api objectAPI[T], name string, obj T) error {
+	if _, err := api.Get(ctx, name, metav1.GetOptions{}); err == nil {
+		_, err = api.Update(ctx, obj, metav1.UpdateOptions{})
+		return err
+	}
+	_, err := api.Create(ctx, obj, metav1.CreateOptions{})
+	return err
 }
