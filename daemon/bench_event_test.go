@@ -27,7 +27,7 @@ func BenchmarkSliceEvent(b *testing.B) {
 	sliceStore, serviceStore := d.inf.Slices.GetStore(), d.inf.Services.GetStore()
 	for i := range scaleServices {
 		svc, _ := k8s.ServiceFrom(benchService(i))
-		sl, _ := k8s.SliceFrom(benchSlice(i, perService, -1))
+		sl, _ := k8s.SliceFrom(benchSlice(i, perService, -1), d.inf.Nodes)
 		if err := serviceStore.Add(svc); err != nil {
 			b.Fatal(err)
 		}
@@ -60,7 +60,7 @@ func BenchmarkSliceEvent(b *testing.B) {
 	b.ResetTimer()
 	for n := range b.N {
 		t0 := time.Now()
-		cur, _, err := k8s.SliceFromProto(wire[n%variants]) // as draind's watch decodes them
+		cur, _, err := k8s.SliceFromProto(wire[n%variants], d.inf.Nodes) // as draind's watch decodes them
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -79,7 +79,7 @@ func FuzzModel(f *testing.F) {
 		}
 		if json.Unmarshal(sliceJSON, &es) == nil {
 			es.Namespace = "default"
-			sl, _ := k8s.SliceFrom(&es)
+			sl, _ := k8s.SliceFrom(&es, nil)
 			st.slices = append(st.slices, sl)
 		}
 		if json.Unmarshal(podJSON, &p) == nil {

@@ -118,8 +118,8 @@ func NewMetrics(version string, dp Datapath, inf *k8s.Informers, pods func() []P
 			Help: "API objects that could not be fully converted (skipped fields, bad addresses, malformed drain Leases)."},
 			func() float64 { return float64(inf.Malformed.Load()) }))
 		r.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Name: "node_names",
-			Help: "Node names numbered once for the process (at 16,384, further names are kept by each slice that names them)."},
-			func() float64 { return float64(k8s.NodeNames()) }))
+			Help: "Node names the informers number once (at 16,384, further names are kept by each slice that names them)."},
+			func() float64 { return float64(inf.Nodes.Len()) }))
 	}
 	return m
 }

@@ -95,11 +95,11 @@ func TestLatencyCountsFromReceipt(t *testing.T) {
 	var got []time.Duration
 	d := New(Config{Node: testNode, Namespace: testNS, Clock: clk, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		OnLatency: func(l time.Duration) { got = append(got, l) }}, fake.NewClientset(), datapathtest.New(), nil)
-	first, _ := k8s.SliceFrom(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+	first, _ := k8s.SliceFrom(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")), nil)
 	seedWeb(t, d, first)
 	got = nil
 
-	next, _ := k8s.SliceFrom(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.1", "a"), terminating("10.0.0.2", "b")))
+	next, _ := k8s.SliceFrom(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.1", "a"), terminating("10.0.0.2", "b")), nil)
 	next.Stamp(clk.Now())
 	clk.Step(3 * time.Millisecond) // queued in the informer
 	if err := d.inf.Slices.GetStore().Update(next); err != nil {
@@ -221,12 +221,12 @@ func TestSliceEventPassesAtOnce(t *testing.T) {
 			dp := datapathtest.New()
 			d := New(Config{Node: testNode, Namespace: testNS, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))},
 				fake.NewClientset(), dp, nil)
-			first, _ := k8s.SliceFrom(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+			first, _ := k8s.SliceFrom(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.1", "a"), ready("10.0.0.2", "b")), nil)
 			seedWeb(t, d, first)
 			d.inlinePasses.Store(tc.inline)
 			<-d.runner.signal // the adds' signals
 
-			next, _ := k8s.SliceFrom(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+			next, _ := k8s.SliceFrom(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")), nil)
 			if err := d.inf.Slices.GetStore().Update(next); err != nil {
 				t.Fatal(err)
 			}
@@ -285,7 +285,7 @@ func TestRefreshRoundsAreTheLoops(t *testing.T) {
 	clk := testingclock.NewFakeClock(time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC))
 	d := New(Config{Node: testNode, Namespace: testNS, Clock: clk, EntryTTL: time.Minute,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, fake.NewClientset(), datapathtest.New(), nil)
-	sl, _ := k8s.SliceFrom(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+	sl, _ := k8s.SliceFrom(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")), nil)
 	seedWeb(t, d, sl)
 	t0 := d.lastFull
 	clk.Step(time.Minute) // a round is due

@@ -31,11 +31,11 @@ func TestHints(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fromProto, _, err := SliceFromProto(wire)
+	fromProto, _, err := SliceFromProto(wire, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	fromAPI, _ := SliceFrom(es)
+	fromAPI, _ := SliceFrom(es, nil)
 	var byHand Slice
 	var eps []Endpoint
 	for i := range fromAPI.Len() {
@@ -73,7 +73,7 @@ func TestHints(t *testing.T) {
 	checkSame(t, append(append([]byte{}, wire...), wire...))
 	// Without hints, none are kept.
 	plain, _ := SliceFrom(&discoveryv1.EndpointSlice{AddressType: discoveryv1.AddressTypeIPv4, Ports: es.Ports,
-		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"10.0.0.1"}}}})
+		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"10.0.0.1"}}}}, nil)
 	if plain.HasHints() || plain.HintsFor(0, "", "") != 0 || plain.Endpoint(0).Hints != nil {
 		t.Error("a slice without hints has some")
 	}

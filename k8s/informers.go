@@ -52,6 +52,8 @@ type Informers struct {
 	// "slim" (draind's own slice client: protobuf straight into slices,
 	// other encodings converted as they are decoded) or why not.
 	SliceDecoding string
+	// Nodes numbers the node names of the slices the informers decode.
+	Nodes *NodeTable
 
 	node string
 }
@@ -61,7 +63,7 @@ const IndexByService = "service"
 
 // NewInformers builds the informers; Start runs them.
 func NewInformers(client kubernetes.Interface, cfg Config) *Informers {
-	inf := &Informers{node: cfg.NodeName}
+	inf := &Informers{node: cfg.NodeName, Nodes: new(NodeTable)}
 	clk := cfg.Clock
 	if clk == nil {
 		clk = clock.RealClock{}
@@ -153,7 +155,13 @@ func newSlices(inf *Informers, client kubernetes.Interface, cfg Config, clk cloc
 			}
 			return []string{s.Namespace + "/" + s.Service}, nil
 		},
-	}, stampReceipt(clk, slimTransform(inf, SliceFrom)))
+	}, stampReceipt(clk, slimTransform(inf, inf.sliceFrom)))
+}
+
+// sliceFrom converts a slice, its node names numbered in the informers'
+// table.
+func (inf *Informers) sliceFrom(es *discoveryv1.EndpointSlice) (*Slice, int) {
+	return SliceFrom(es, inf.Nodes)
 }
 
 // nodePods lists and watches the pods of one node.

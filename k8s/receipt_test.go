@@ -71,7 +71,7 @@ func TestInformersStampReceipt(t *testing.T) {
 func TestStampReceiptKeepsTheFirst(t *testing.T) {
 	t0 := time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC)
 	clk := clocktesting.NewFakePassiveClock(t0)
-	tr := stampReceipt(clk, slimTransform(&Informers{}, SliceFrom))
+	tr := stampReceipt(clk, slimTransform(&Informers{}, (&Informers{}).sliceFrom))
 	obj, err := tr(fullSlice())
 	if err != nil {
 		t.Fatal(err)

@@ -146,7 +146,7 @@ func (d sliceDecoder) Decode(data []byte, defaults *schema.GroupVersionKind, int
 	}
 	received := d.clk.Now()
 	if raw, ok := sliceEnvelope(data); ok {
-		if sl, skipped, err := SliceFromProto(raw); err == nil {
+		if sl, skipped, err := SliceFromProto(raw, d.inf.Nodes); err == nil {
 			d.inf.noteSkipped(skipped)
 			sl.Stamp(received)
 			gvk := sliceGVK
@@ -155,7 +155,7 @@ func (d sliceDecoder) Decode(data []byte, defaults *schema.GroupVersionKind, int
 	}
 	obj, gvk, err := d.Serializer.Decode(data, defaults, into)
 	if es, ok := obj.(*discoveryv1.EndpointSlice); ok && err == nil {
-		sl, skipped := SliceFrom(es)
+		sl, skipped := SliceFrom(es, d.inf.Nodes)
 		d.inf.noteSkipped(skipped)
 		sl.initialEventsEnd = es.Annotations[metav1.InitialEventsAnnotationKey] == "true"
 		sl.Stamp(received)

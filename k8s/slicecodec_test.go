@@ -84,7 +84,7 @@ func TestSliceDecoder(t *testing.T) {
 	es.TypeMeta = metav1.TypeMeta{Kind: "EndpointSlice", APIVersion: "discovery.k8s.io/v1"}
 	del := metav1.NewTime(es.DeletionTimestamp.Truncate(time.Second).Local()) // JSON keeps seconds; both decode to local time
 	es.DeletionTimestamp = &del
-	want, _ := SliceFrom(es)
+	want, _ := SliceFrom(es, nil)
 	want.Stamp(clk.Now())
 
 	jsonBytes, err := runtime.Encode(scheme.Codecs.LegacyCodec(discoveryv1.SchemeGroupVersion), es)
@@ -204,7 +204,7 @@ func TestSlimSliceWatch(t *testing.T) {
 			last := seen[1]
 			mu.Unlock()
 			es.ResourceVersion = last.ResourceVersion
-			want, _ := SliceFrom(es)
+			want, _ := SliceFrom(es, inf.Nodes)
 			want.Receipt = last.Receipt
 			if last.Received().IsZero() || !reflect.DeepEqual(last, want) {
 				t.Errorf("the handler got %+v, want %+v (stamped)", last, want)

@@ -46,7 +46,7 @@ func apiSlice(name, rv string) *discoveryv1.EndpointSlice {
 // is told of the cache first.
 func TestSliceInformerStore(t *testing.T) {
 	inf := &Informers{}
-	s := NewSliceInformer(nil, &discoveryv1.EndpointSlice{}, cache.Indexers{}, slimTransform(inf, SliceFrom))
+	s := NewSliceInformer(nil, &discoveryv1.EndpointSlice{}, cache.Indexers{}, slimTransform(inf, inf.sliceFrom))
 	var first handlerLog
 	reg, _ := s.AddEventHandler(first.handler())
 	if s.HasSynced() || reg.HasSynced() {

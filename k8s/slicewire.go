@@ -28,14 +28,14 @@ import (
 
 // SliceFromProto decodes b, a discovery/v1 EndpointSlice in protobuf (the
 // object inside the API's runtime.Unknown envelope), as SliceFrom would
-// convert it once decoded.
-func SliceFromProto(b []byte) (*Slice, int, error) {
+// convert it once decoded (nodes as SliceFrom takes it).
+func SliceFromProto(b []byte, nodes *NodeTable) (*Slice, int, error) {
 	p := wirePartsPool.Get().(*wireParts)
 	defer releaseParts(p)
 	if err := decodeSlice(p, b); err != nil {
 		return nil, 0, fmt.Errorf("decoding an EndpointSlice: %w", err)
 	}
-	sl, skipped := p.build()
+	sl, skipped := p.build(nodes)
 	return sl, skipped, nil
 }
 

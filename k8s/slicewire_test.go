@@ -51,14 +51,14 @@ func checkSame(t *testing.T, b []byte) {
 	t.Helper()
 	var es discoveryv1.EndpointSlice
 	wantErr := es.Unmarshal(b)
-	got, gotSkipped, err := SliceFromProto(b)
+	got, gotSkipped, err := SliceFromProto(b, nil)
 	if wantErr != nil {
 		return // refused by the API's decoder: anything but a panic will do
 	}
 	if err != nil {
 		t.Fatalf("SliceFromProto refused what the generated decoder accepts: %v", err)
 	}
-	want, wantSkipped := SliceFrom(&es)
+	want, wantSkipped := SliceFrom(&es, nil)
 	// Only the straight decoding keeps the bookmark's annotation: the
 	// reflector reads it from the API's object before SliceFrom runs.
 	want.initialEventsEnd = es.Annotations[metav1.InitialEventsAnnotationKey] == "true"
@@ -74,7 +74,7 @@ func TestSliceFromProto(t *testing.T) {
 			t.Fatal(err)
 		}
 		checkSame(t, b)
-		sl, _, _ := SliceFromProto(b)
+		sl, _, _ := SliceFromProto(b, nil)
 		for _, after := range []time.Duration{time.Second, -time.Second, 20 * 24 * time.Hour} {
 			sl.Stamp(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).Add(after))
 			if got, want := sl.TriggerTime(), time.Date(2026, 1, 1, 0, 0, 0, 123000000, time.UTC); !got.Equal(want) {
@@ -116,13 +116,13 @@ func BenchmarkSliceFromProto(b *testing.B) {
 			if err := es.Unmarshal(w); err != nil {
 				b.Fatal(err)
 			}
-			SliceFrom(&es)
+			SliceFrom(&es, nil)
 		}
 	})
 	b.Run("proto", func(b *testing.B) {
 		b.ReportAllocs()
 		for range b.N {
-			if _, _, err := SliceFromProto(w); err != nil {
+			if _, _, err := SliceFromProto(w, nil); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -72,7 +72,7 @@ func fullService() *corev1.Service {
 func TestTransformsKeepWhatDraindReads(t *testing.T) {
 	inf := &Informers{}
 	src := fullSlice()
-	obj, err := slimTransform(inf, SliceFrom)(src.DeepCopy())
+	obj, err := slimTransform(inf, inf.sliceFrom)(src.DeepCopy())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,7 +143,7 @@ func TestTransformsKeepWhatDraindReads(t *testing.T) {
 // slim (or as a tombstone) passes through unchanged.
 func TestTransformsIdempotent(t *testing.T) {
 	inf := &Informers{}
-	for name, tf := range map[string]func(any) (any, error){"slices": slimTransform(inf, SliceFrom), "services": slimTransform(inf, ServiceFrom)} {
+	for name, tf := range map[string]func(any) (any, error){"slices": slimTransform(inf, inf.sliceFrom), "services": slimTransform(inf, ServiceFrom)} {
 		var full any = fullSlice()
 		if name == "services" {
 			full = fullService()

@@ -141,6 +141,9 @@ type Slice struct {
 	// in every slice of a Service without a trafficDistribution or a
 	// topology mode).
 	hints *sliceHints
+	// nodes numbers the endpoints' node names (nil: the slice keeps every
+	// name itself).
+	nodes *NodeTable
 }
 
 // packedEndpoint is an Endpoint as a Slice stores it (less its address):
@@ -245,7 +248,7 @@ func (s *Slice) nodeName(n uint32) string {
 		off := (n &^ nodeOwn) >> 8
 		return s.strs[off : off+(n&0xff)]
 	}
-	return nodeNames.name(n)
+	return s.nodes.name(n)
 }
 
 // ownIndex is where name is in names, or -1.
@@ -388,7 +391,8 @@ func splitPodName[T bytestring](name T) (prefix, suffix T) {
 	return name[:i+1], name[i+1:]
 }
 
-// SetEndpoints replaces the endpoints (a slice built by hand, in tests).
+// SetEndpoints replaces the endpoints (a slice built by hand, in tests:
+// one with no node table, so it keeps its node names itself).
 // Addresses with a zone, and pod UIDs or names longer than 65,535 bytes,
 // are skipped and counted: the API accepts neither. A node name longer
 // than 255 bytes (the API allows 253) is dropped and counted; its endpoint
@@ -434,7 +438,7 @@ func packEndpoints[T bytestring](s *Slice, eps []endpointIn[T]) (skipped int) {
 	// First the layout of the text: the UIDs that are not UUIDs, the
 	// names' distinct prefixes (a slice's pods have a few owners) and
 	// their suffixes.
-	var t textLayout[T]
+	t := textLayout[T]{nodes: s.nodes}
 	for i := range eps {
 		e := &eps[i]
 		if e.dropped() {
@@ -478,7 +482,8 @@ func packEndpoints[T bytestring](s *Slice, eps []endpointIn[T]) (skipped int) {
 // textLayout places a slice's text as packEndpoints lays it out: size is
 // its length so far.
 type textLayout[T bytestring] struct {
-	size int
+	nodes *NodeTable
+	size  int
 	// The names' distinct prefixes so far (the first 16).
 	prefixes  [16]T
 	prefixAt  [16]uint32
@@ -493,7 +498,7 @@ type textLayout[T bytestring] struct {
 // node is an endpoint's node: its number in the full table, or its place
 // in the slice's text (false: the text has no room; none).
 func (t *textLayout[T]) node(name T) (uint32, bool) {
-	if n, ok := nodeIndex(nodeNames, name); ok {
+	if n, ok := nodeIndex(t.nodes, name); ok {
 		return n, true
 	}
 	if k := ownIndex(t.ownNames[:t.nOwn], name); k >= 0 {
@@ -612,7 +617,7 @@ type SlicePort struct {
 type Endpoint struct {
 	Addr    netip.Addr
 	Conds   uint8
-	Node    string    // numbered once per process (nodeTable), or the slice's own
+	Node    string    // numbered once per process (NodeTable), or the slice's own
 	PodUID  types.UID // "" when the endpoint has no Pod targetRef
 	PodName string
 	// Hints are the endpoint's topology hints (nil: none; hints.go).
@@ -664,28 +669,29 @@ func slimMeta(m *metav1.ObjectMeta) metav1.ObjectMeta {
 	return meta.ObjectMeta()
 }
 
-// nodeTable numbers node names: a cluster has hundreds of nodes, its
+// NodeTable numbers node names: a cluster has hundreds of nodes, its
 // slices name them 100,000 times, and a number (unlike a string) is no
-// pointer for the GC to follow. Numbers are never reused; 0 is "".
+// pointer for the GC to follow. Numbers are never reused; 0 is "". The
+// informers keep one for the slices they decode; the zero value is ready.
 //
 // Anyone allowed to write an EndpointSlice can name any node, so the table
 // is bounded: past maxNodeNames names, a name it does not know is kept in
 // the slice that names it (ownNode) and goes when the slice goes.
-type nodeTable struct {
+type NodeTable struct {
 	mu      sync.Mutex
 	numbers map[string]uint32
 	names   atomic.Pointer[[]string] // readers load it without the lock
 }
 
-// maxNodeNames bounds nodeTable: more than the largest clusters have nodes
+// maxNodeNames bounds NodeTable: more than the largest clusters have nodes
 // (Kubernetes is tested to 5,000), and at most ~5 MB of names.
 const maxNodeNames = 1 << 14
 
 // nodeOwn marks a packed endpoint's node as the slice's own (ownNode).
 const nodeOwn uint32 = 1 << 31
 
-func (t *nodeTable) name(i uint32) string {
-	if i == 0 {
+func (t *NodeTable) name(i uint32) string {
+	if i == 0 || t == nil {
 		return ""
 	}
 	return (*t.names.Load())[i]
@@ -694,9 +700,12 @@ func (t *nodeTable) name(i uint32) string {
 // index returns name's number, numbering it if it is new and the table is
 // not full; ok is false if it is neither known nor numbered. Only a name
 // it numbers is copied (name may be bytes being decoded).
-func nodeIndex[T bytestring](t *nodeTable, name T) (uint32, bool) {
+func nodeIndex[T bytestring](t *NodeTable, name T) (uint32, bool) {
 	if len(name) == 0 {
 		return 0, true
+	}
+	if t == nil {
+		return 0, false
 	}
 	if len(name) > 0xff {
 		return 0, false // longer than the API allows, and than ownNode keeps
@@ -725,21 +734,14 @@ func nodeIndex[T bytestring](t *nodeTable, name T) (uint32, bool) {
 	return i, true
 }
 
-// NodeNames is how many node names the process has numbered (at most
-// 16,384; past that, slices keep their own).
-func NodeNames() int { return nodeNames.len() }
-
-// len is how many names the table numbers.
-func (t *nodeTable) len() int {
+// Len is how many names the table numbers (at most 16,384; past that,
+// slices keep their own).
+func (t *NodeTable) Len() int {
 	if p := t.names.Load(); p != nil {
 		return len(*p) - 1
 	}
 	return 0
 }
-
-// nodeNames numbers the node names of the process's slices (a test may
-// swap in a table of its own).
-var nodeNames = new(nodeTable)
 
 // ParseTriggerTime reads a last-change-trigger-time annotation (RFC 3339
 // with nanoseconds, as the controllers write it); zero if it is not one.
@@ -780,9 +782,10 @@ func (s *Slice) TriggerTime() time.Time {
 	return time.UnixMilli(r - int64(int32(uint32(r)-s.trigger)))
 }
 
-// SliceFrom converts an EndpointSlice. ok is false for slices draind ignores
-// (FQDN, no service label). Malformed addresses are skipped, never fatal.
-func SliceFrom(s *discoveryv1.EndpointSlice) (sl *Slice, skipped int) {
+// SliceFrom converts an EndpointSlice, numbering its node names in nodes
+// (nil: the slice keeps them). Malformed addresses are skipped, never
+// fatal.
+func SliceFrom(s *discoveryv1.EndpointSlice, nodes *NodeTable) (sl *Slice, skipped int) {
 	p := sliceParts[string]{name: s.Name, namespace: s.Namespace, resourceVersion: s.ResourceVersion, deletion: s.DeletionTimestamp,
 		service: s.Labels[discoveryv1.LabelServiceName], managedBy: s.Labels[discoveryv1.LabelManagedBy],
 		triggerTime: ParseTriggerTime(s.Annotations[corev1.EndpointsLastChangeTriggerTime]),
@@ -830,7 +833,7 @@ func SliceFrom(s *discoveryv1.EndpointSlice) (sl *Slice, skipped int) {
 			p.ownerName, p.ownerUID, p.hasOwner = o.Name, string(o.UID), true
 		}
 	}
-	return p.build()
+	return p.build(nodes)
 }
 
 // sliceParts is what SliceFrom reads of an EndpointSlice, from the API's
@@ -902,7 +905,7 @@ type endpointPart[T bytestring] struct {
 }
 
 // build converts the parts.
-func (p *sliceParts[T]) build() (sl *Slice, skipped int) {
+func (p *sliceParts[T]) build(nodes *NodeTable) (sl *Slice, skipped int) {
 	size := len(p.name) + len(p.namespace) + len(p.resourceVersion) + len(p.service)
 	for i := range p.ports {
 		size += len(p.ports[i].name)
@@ -967,6 +970,7 @@ func (p *sliceParts[T]) build() (sl *Slice, skipped int) {
 		}
 		eps = append(eps, ep)
 	}
+	out.nodes = nodes
 	skipped += packEndpoints(out, eps)
 	p.scratch = eps
 	return out, skipped

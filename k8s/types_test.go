@@ -39,7 +39,7 @@ func TestSliceFrom(t *testing.T) {
 			{Addresses: []string{"10.0.0.3"}, TargetRef: &corev1.ObjectReference{Kind: "Node", Name: "n", UID: "n1"}}, // not a pod
 		},
 	}
-	sl, skipped := SliceFrom(s)
+	sl, skipped := SliceFrom(s, nil)
 	if skipped != 4 {
 		t.Errorf("skipped %d, want 4 (a bad port, three bad endpoints)", skipped)
 	}
@@ -66,7 +66,7 @@ func TestSliceFrom(t *testing.T) {
 	}
 	// FQDN slices carry nothing draind steers.
 	fq, _ := SliceFrom(&discoveryv1.EndpointSlice{AddressType: discoveryv1.AddressTypeFQDN,
-		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"example.com"}}}})
+		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"example.com"}}}}, nil)
 	if fq.Family != 0 || fq.Len() != 0 {
 		t.Errorf("FQDN slice %+v", fq)
 	}
@@ -255,12 +255,13 @@ func TestNodeNumbersConcurrent(t *testing.T) {
 // Service of the cluster (10,000 of each in BenchmarkClusterScale). A field
 // that pushes one into a larger allocation size class costs 160 KB of heap
 // per 10,000 and about twice that in RSS: place flags beside flags. A
-// Slice is 200 bytes (the 208-byte class): its flags' word holds the
-// change-trigger time, and the owner's UID hash, which trust needs, takes
-// one more word.
+// Slice is 216 bytes (the 224-byte class): its flags' word holds the
+// change-trigger time, the owner's UID hash, which trust needs, takes one
+// more word, and the node table its informers number names in (rather than
+// one table for the process) one more.
 func TestCachedSizes(t *testing.T) {
 	for name, got := range map[string]uintptr{"Slice": unsafe.Sizeof(Slice{}), "Service": unsafe.Sizeof(Service{})} {
-		if want := map[string]uintptr{"Slice": 208, "Service": 176}[name]; got > want {
+		if want := map[string]uintptr{"Slice": 224, "Service": 176}[name]; got > want {
 			t.Errorf("a %s takes %d bytes, more than the %d-byte size class it had", name, got, want)
 		}
 	}
@@ -269,30 +270,28 @@ func TestCachedSizes(t *testing.T) {
 // TestNodeNamesBounded: anyone who may write an EndpointSlice can name any
 // node, so the node-name table stops numbering at maxNodeNames; a name it
 // does not know then stays with its slice, read back the same, through
-// every way a slice is made. It fills a table of its own, put back after.
+// every way a slice is made.
 func TestNodeNamesBounded(t *testing.T) {
-	process := nodeNames
-	nodeNames = new(nodeTable)
-	t.Cleanup(func() { nodeNames = process })
+	nodes := new(NodeTable)
 	known := "bounded-known"
-	if _, ok := nodeIndex(nodeNames, known); !ok {
+	if _, ok := nodeIndex(nodes, known); !ok {
 		t.Fatal("an empty table did not number a name")
 	}
 	long := strings.Repeat("n", 300) // more than the API allows: kept without its node, full table or not
-	var s Slice
-	before := nodeNames.len()
-	if skipped := s.SetEndpoints([]Endpoint{{Addr: netip.MustParseAddr("10.0.0.1"), Node: long}}); skipped != 1 || s.Len() != 1 || s.Node(0) != "" || nodeNames.len() != before {
-		t.Fatalf("a 300-byte node name: %d skipped, %d endpoints, node %q, table %d -> %d", skipped, s.Len(), s.Node(0), before, nodeNames.len())
+	s := Slice{nodes: nodes}
+	before := nodes.Len()
+	if skipped := s.SetEndpoints([]Endpoint{{Addr: netip.MustParseAddr("10.0.0.1"), Node: long}}); skipped != 1 || s.Len() != 1 || s.Node(0) != "" || nodes.Len() != before {
+		t.Fatalf("a 300-byte node name: %d skipped, %d endpoints, node %q, table %d -> %d", skipped, s.Len(), s.Node(0), before, nodes.Len())
 	}
-	for n := 0; nodeNames.len() < maxNodeNames; n++ {
+	for n := 0; nodes.Len() < maxNodeNames; n++ {
 		eps := make([]Endpoint, 1000)
 		for i := range eps {
 			eps[i] = Endpoint{Addr: netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), Node: fmt.Sprintf("made-up-%d-%d", n, i)}
 		}
-		var s Slice
+		s := Slice{nodes: nodes}
 		s.SetEndpoints(eps)
 	}
-	if n := nodeNames.len(); n != maxNodeNames {
+	if n := nodes.Len(); n != maxNodeNames {
 		t.Fatalf("the table numbers %d names, want %d", n, maxNodeNames)
 	}
 	es := &discoveryv1.EndpointSlice{
@@ -311,11 +310,11 @@ func TestNodeNamesBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fromProto, protoSkipped, err := SliceFromProto(wire)
+	fromProto, protoSkipped, err := SliceFromProto(wire, nodes)
 	if err != nil {
 		t.Fatal(err)
 	}
-	fromAPI, apiSkipped := SliceFrom(es)
+	fromAPI, apiSkipped := SliceFrom(es, nodes)
 	for name, got := range map[string]struct {
 		s       *Slice
 		skipped int
@@ -339,7 +338,7 @@ func TestNodeNamesBounded(t *testing.T) {
 			t.Errorf("%s: a node name two endpoints share is kept %d times", name, n)
 		}
 	}
-	if n := nodeNames.len(); n != maxNodeNames {
+	if n := nodes.Len(); n != maxNodeNames {
 		t.Errorf("the table numbers %d names after the late slice, want %d", n, maxNodeNames)
 	}
 }
@@ -386,11 +385,11 @@ func TestHostileForgedSliceTrust(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		fromProto, _, err := SliceFromProto(wire)
+		fromProto, _, err := SliceFromProto(wire, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		fromAPI, _ := SliceFrom(es)
+		fromAPI, _ := SliceFrom(es, nil)
 		for path, sl := range map[string]*Slice{"SliceFrom": fromAPI, "SliceFromProto": fromProto} {
 			if got := sl.Trusted(svc); got != tc.trusted {
 				t.Errorf("%s, %s: trusted %v, want %v", tc.name, path, got, tc.trusted)
