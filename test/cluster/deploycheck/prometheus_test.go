@@ -3,15 +3,11 @@ package deploycheck
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"image/png"
 	"net"
-	"net/http"
 	"net/url"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -20,40 +16,21 @@ import (
 	"gonum.org/v1/plot/vg"
 
 	"github.com/draind/draind/test/cluster/draincurves"
+	"github.com/draind/draind/test/cluster/prom"
 )
-
-// prometheusBin returns Debian's Prometheus server (package prometheus,
-// installed by test/deps.sh), skipping without it except under
-// PRIVILEGED_TESTS=1 (CI), where it fails.
-func prometheusBin(t *testing.T) string {
-	t.Helper()
-	p, err := exec.LookPath("prometheus")
-	if err != nil {
-		if os.Getenv("PRIVILEGED_TESTS") == "1" {
-			t.Fatalf("prometheus not found (test/deps.sh installs the Debian package prometheus): %v", err)
-		}
-		t.Skipf("SKIP: prometheus not found (apt-get install prometheus, or test/deps.sh): %v", err)
-	}
-	return p
-}
-
-// promServer is a Prometheus server the test started, and its HTTP API.
-type promServer struct{ base string }
 
 // startPrometheus runs Prometheus with one scrape job scraping target
 // (host:port) every second, as the PodMonitor configures it: job draind,
 // a node label, the target's own namespace and pod labels honoured. It is
 // stopped when the test ends.
-func startPrometheus(t *testing.T, target, node string) *promServer {
+func startPrometheus(t *testing.T, target, node string) *prom.Server {
 	t.Helper()
-	bin := prometheusBin(t)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	addr := l.Addr().String()
 	l.Close()
-	dir := t.TempDir()
 	cfg := fmt.Sprintf(`global:
   scrape_interval: 1s
   evaluation_interval: 1s
@@ -64,68 +41,7 @@ scrape_configs:
   - targets: [%q]
     labels: {node: %q}
 `, target, node)
-	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(cfg), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	logf, err := os.Create(filepath.Join(dir, "prometheus.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, "--config.file="+filepath.Join(dir, "prometheus.yml"),
-		"--storage.tsdb.path="+filepath.Join(dir, "data"), "--web.listen-address="+addr)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting prometheus: %v", err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-		logf.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(logf.Name())
-			t.Logf("prometheus log:\n%s", b)
-		}
-	})
-	return &promServer{base: "http://" + addr}
-}
-
-// sample is one series of an instant query's answer.
-type sample struct {
-	Metric map[string]string `json:"metric"`
-	Value  [2]any            `json:"value"`
-}
-
-// query evaluates expr now through the HTTP API (/api/v1/query).
-func (p *promServer) query(ctx context.Context, expr string) ([]sample, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.base+"/api/v1/query?"+url.Values{"query": {expr}}.Encode(), nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	var r struct {
-		Status string `json:"status"`
-		Error  string `json:"error"`
-		Data   struct {
-			ResultType string          `json:"resultType"`
-			Result     json.RawMessage `json:"result"`
-		} `json:"data"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&r); err != nil {
-		return nil, fmt.Errorf("decoding the answer to %s: %w", expr, err)
-	}
-	if r.Status != "success" {
-		return nil, fmt.Errorf("query %s: %s", expr, r.Error)
-	}
-	if r.Data.ResultType != "vector" {
-		return nil, fmt.Errorf("query %s: result type %s, want vector", expr, r.Data.ResultType)
-	}
-	var out []sample
-	err = json.Unmarshal(r.Data.Result, &out)
-	return out, err
+	return prom.Start(t, cfg, addr, nil)
 }
 
 // emptyWhenHealthy are dashboard queries that count something failing
@@ -142,7 +58,7 @@ func emptyWhenHealthy(expr string) bool {
 // on this healthy daemon), and the drained pod's per-pod series carry its
 // own namespace and pod.
 func TestPrometheusEvaluatesDashboard(t *testing.T) {
-	prometheusBin(t)
+	prom.Bin(t)
 	start := time.Now()
 	_, metricsURL := serveDaemon(t)
 	u, err := url.Parse(metricsURL)
@@ -154,7 +70,7 @@ func TestPrometheusEvaluatesDashboard(t *testing.T) {
 	defer cancel()
 	// rate() needs two samples in its window: wait for a few scrapes.
 	for {
-		s, err := p.query(ctx, `count_over_time(up{job="draind"}[1m])`)
+		s, err := p.Query(ctx, `count_over_time(up{job="draind"}[1m])`, time.Time{})
 		if err == nil && len(s) == 1 {
 			if n, _ := strconv.Atoi(fmt.Sprint(s[0].Value[1])); n >= 4 {
 				break
@@ -169,7 +85,7 @@ func TestPrometheusEvaluatesDashboard(t *testing.T) {
 	empty := 0
 	for _, q := range dash {
 		expr := ExpandGrafana(q.Expr)
-		s, err := p.query(ctx, expr)
+		s, err := p.Query(ctx, expr, time.Time{})
 		switch {
 		case err != nil:
 			t.Errorf("%s: %v", q.Where, err)
@@ -180,12 +96,12 @@ func TestPrometheusEvaluatesDashboard(t *testing.T) {
 		}
 	}
 	for _, m := range []string{"draind_draining_pod_syns_total", "draind_draining_pod_live_connections", "draind_draining_pod_steered_total"} {
-		s, err := p.query(ctx, m+`{job="draind", node="node-a", namespace="shop", pod="web-1"}`)
+		s, err := p.Query(ctx, m+`{job="draind", node="node-a", namespace="shop", pod="web-1"}`, time.Time{})
 		if err != nil || len(s) != 1 {
 			t.Errorf("%s of the drained pod shop/web-1: %v %v", m, s, err)
 		}
 	}
-	s, err := p.query(ctx, `sum by (trigger) (draind_network_programming_duration_seconds_count)`)
+	s, err := p.Query(ctx, `sum by (trigger) (draind_network_programming_duration_seconds_count)`, time.Time{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -202,9 +118,9 @@ func TestPrometheusEvaluatesDashboard(t *testing.T) {
 
 // checkDrainCurves renders the drained pod's curves from the Prometheus
 // data with draincurves (cmd/draincurves) and checks the PNG.
-func checkDrainCurves(ctx context.Context, t *testing.T, p *promServer, start time.Time) {
+func checkDrainCurves(ctx context.Context, t *testing.T, p *prom.Server, start time.Time) {
 	t.Helper()
-	c, err := draincurves.Fetch(ctx, p.base, "shop", start, time.Now(), time.Second)
+	c, err := draincurves.Fetch(ctx, p.Base, "shop", start, time.Now(), time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}

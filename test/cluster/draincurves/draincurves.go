@@ -10,14 +10,11 @@ package draincurves
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
-	"net/url"
 	"sort"
-	"strconv"
 	"time"
+
+	"github.com/draind/draind/test/cluster/prom"
 )
 
 // Panels are the three curves of each pod, top to bottom.
@@ -37,10 +34,7 @@ type Panel struct {
 }
 
 // Point is one sample.
-type Point struct {
-	T time.Time
-	V float64
-}
+type Point = prom.Point
 
 // Curves are a rollout's per-pod series, by panel (Panels' order) and pod.
 type Curves struct {
@@ -124,50 +118,16 @@ func FetchRate(ctx context.Context, base, namespace string, start, end time.Time
 	return c, nil
 }
 
+// queryRange reads expr's series by pod.
 func queryRange(ctx context.Context, base, expr string, start, end time.Time, step time.Duration) (map[string][]Point, error) {
-	v := url.Values{"query": {expr}, "start": {strconv.FormatInt(start.Unix(), 10)},
-		"end": {strconv.FormatInt(end.Unix(), 10)}, "step": {strconv.FormatFloat(step.Seconds(), 'f', -1, 64)}}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/api/v1/query_range?"+v.Encode(), nil)
+	series, err := prom.Client{Base: base}.QueryRange(ctx, expr, start, end, step)
 	if err != nil {
 		return nil, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("querying %s: %w", base, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, err
-	}
-	var r struct {
-		Status string `json:"status"`
-		Error  string `json:"error"`
-		Data   struct {
-			Result []struct {
-				Metric map[string]string `json:"metric"`
-				Values [][2]any          `json:"values"`
-			} `json:"result"`
-		} `json:"data"`
-	}
-	if err := json.Unmarshal(body, &r); err != nil {
-		return nil, fmt.Errorf("decoding the answer to %s: %w", expr, err)
-	}
-	if r.Status != "success" {
-		return nil, fmt.Errorf("query %s: %s", expr, r.Error)
 	}
 	out := map[string][]Point{}
-	for _, s := range r.Data.Result {
+	for _, s := range series {
 		pod := s.Metric["pod"]
-		for _, tv := range s.Values {
-			ts, _ := tv[0].(float64)
-			str, _ := tv[1].(string)
-			val, err := strconv.ParseFloat(str, 64)
-			if err != nil {
-				continue
-			}
-			out[pod] = append(out[pod], Point{T: time.Unix(0, int64(ts*1e9)), V: val})
-		}
+		out[pod] = append(out[pod], s.Points()...)
 	}
 	return out, nil
 }

@@ -3,20 +3,16 @@ package realnode_test
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"image"
 	"image/png"
 	"math"
 	"net"
-	"net/http"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -25,6 +21,7 @@ import (
 	"github.com/draind/draind/test/cluster/deploycheck"
 	"github.com/draind/draind/test/cluster/draincurves"
 	"github.com/draind/draind/test/cluster/kube"
+	"github.com/draind/draind/test/cluster/prom"
 	"github.com/draind/draind/test/cluster/realnode"
 )
 
@@ -41,22 +38,13 @@ const scrapeInterval = 500 * time.Millisecond
 // with the node as the PodMonitor does) and kube-proxy (job kube-proxy,
 // on the node's loopback), and answers on the node's address, which the
 // host reaches over the node's link.
-type nodeProm struct {
-	base string
-	cmd  *exec.Cmd
-	log  string
-}
+type nodeProm struct{ *prom.Server }
 
 // startNodeProm starts Prometheus in n's namespace (waitUp waits for its
 // first scrapes). It is stopped when the test ends.
-func startNodeProm(ctx context.Context, t *testing.T, n *realnode.Node) *nodeProm {
+func startNodeProm(t *testing.T, n *realnode.Node) *nodeProm {
 	t.Helper()
-	bin, err := exec.LookPath("prometheus")
-	if err != nil {
-		t.Fatalf("prometheus not found (test/deps.sh installs the Debian package prometheus): %v", err)
-	}
 	began := time.Now()
-	dir := t.TempDir()
 	cfg := fmt.Sprintf(`global:
   scrape_interval: %[1]s
   scrape_timeout: %[1]s
@@ -72,37 +60,9 @@ scrape_configs:
   - targets: ["127.0.0.1:10249"]
     labels: {node: %[3]q}
 `, scrapeInterval, net.JoinHostPort(n.NodeIP.String(), "9461"), n.Name)
-	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(cfg), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	addr := net.JoinHostPort(n.NodeIP.String(), strconv.Itoa(promPort))
-	p := &nodeProm{base: "http://" + addr, log: filepath.Join(dir, "prometheus.log")}
-	logf, err := os.Create(p.log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.cmd = exec.Command(bin, "--config.file="+filepath.Join(dir, "prometheus.yml"),
-		"--storage.tsdb.path="+filepath.Join(dir, "data"), "--web.listen-address="+addr)
-	p.cmd.Stdout, p.cmd.Stderr = logf, logf
-	if err := kube.StartCmd(n.NetnsPath, p.cmd); err != nil {
-		t.Fatalf("starting prometheus in the node's namespace: %v", err)
-	}
-	t.Cleanup(func() {
-		p.cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { p.cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-			<-done
-		}
-		logf.Close()
-		if t.Failed() {
-			tailLog(t, p.log, 40)
-		}
-	})
-	t.Logf("Prometheus %s started in the node's namespace in %v, scraping draind and kube-proxy every %v", p.base, time.Since(began).Round(time.Millisecond), scrapeInterval)
+	p := &nodeProm{prom.Start(t, cfg, addr, func(cmd *exec.Cmd) error { return kube.StartCmd(n.NetnsPath, cmd) })}
+	t.Logf("Prometheus %s started in the node's namespace in %v, scraping draind and kube-proxy every %v", p.Base, time.Since(began).Round(time.Millisecond), scrapeInterval)
 	return p
 }
 
@@ -113,82 +73,17 @@ func (p *nodeProm) waitUp(ctx context.Context, t *testing.T) {
 	began := time.Now()
 	deadline := began.Add(time.Minute)
 	for {
-		s, err := p.query(ctx, `count_over_time(up[1m]) >= 2 and up == 1`, time.Time{})
+		s, err := p.Query(ctx, `count_over_time(up[1m]) >= 2 and up == 1`, time.Time{})
 		if err == nil && len(s) == 2 {
 			break
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			tailLog(t, p.log, 40)
+			p.TailLog(t, 40)
 			t.Fatalf("Prometheus in the node's namespace did not scrape draind and kube-proxy within a minute (last answer %v, %v)", s, err)
 		}
 		sleepCtx(ctx, 250*time.Millisecond)
 	}
 	t.Logf("Prometheus scrapes draind and kube-proxy (waited %v)", time.Since(began).Round(time.Millisecond))
-}
-
-// promSeries is one series of an answer: an instant query's has one value.
-type promSeries struct {
-	Metric map[string]string `json:"metric"`
-	Value  [2]any            `json:"value"`
-	Values [][2]any          `json:"values"`
-}
-
-// float returns the series' value (the last one of a range).
-func (s promSeries) float() float64 {
-	v := s.Value
-	if len(s.Values) > 0 {
-		v = s.Values[len(s.Values)-1]
-	}
-	f, err := strconv.ParseFloat(fmt.Sprint(v[1]), 64)
-	if err != nil {
-		return math.NaN()
-	}
-	return f
-}
-
-// query evaluates expr at the instant at (zero: now) through the HTTP API.
-func (p *nodeProm) query(ctx context.Context, expr string, at time.Time) ([]promSeries, error) {
-	v := url.Values{"query": {expr}}
-	if !at.IsZero() {
-		v.Set("time", promTime(at))
-	}
-	return p.get(ctx, "/api/v1/query", v)
-}
-
-// queryRange evaluates expr every step from start to end.
-func (p *nodeProm) queryRange(ctx context.Context, expr string, start, end time.Time, step time.Duration) ([]promSeries, error) {
-	return p.get(ctx, "/api/v1/query_range", url.Values{"query": {expr}, "start": {promTime(start)},
-		"end": {promTime(end)}, "step": {strconv.FormatFloat(step.Seconds(), 'f', -1, 64)}})
-}
-
-func promTime(t time.Time) string {
-	return strconv.FormatFloat(float64(t.UnixNano())/1e9, 'f', 3, 64)
-}
-
-func (p *nodeProm) get(ctx context.Context, path string, v url.Values) ([]promSeries, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.base+path+"?"+v.Encode(), nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	var r struct {
-		Status string `json:"status"`
-		Error  string `json:"error"`
-		Data   struct {
-			Result []promSeries `json:"result"`
-		} `json:"data"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&r); err != nil {
-		return nil, fmt.Errorf("decoding the answer to %s: %w", v.Get("query"), err)
-	}
-	if r.Status != "success" {
-		return nil, fmt.Errorf("query %s: %s", v.Get("query"), r.Error)
-	}
-	return r.Data.Result, nil
 }
 
 // waitScraped waits until Prometheus holds a scrape of both jobs taken
@@ -198,9 +93,9 @@ func (p *nodeProm) waitScraped(ctx context.Context, t *testing.T, at time.Time) 
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		s, err := p.query(ctx, `min(timestamp(up))`, time.Time{})
+		s, err := p.Query(ctx, `min(timestamp(up))`, time.Time{})
 		if err == nil && len(s) == 1 {
-			if ts := s[0].float(); ts > float64(at.UnixNano())/1e9 {
+			if ts := s[0].Float(); ts > float64(at.UnixNano())/1e9 {
 				return time.Unix(0, int64(ts*1e9)).Add(time.Millisecond)
 			}
 		}
@@ -240,7 +135,7 @@ func checkDashboard(ctx context.Context, t *testing.T, p *nodeProm, n *realnode.
 	withData, allowed := 0, 0
 	for _, q := range qs {
 		expr := deploycheck.ExpandGrafana(vars.Replace(q.Expr))
-		s, err := p.queryRange(ctx, expr, from, to, time.Second)
+		s, err := p.QueryRange(ctx, expr, from, to, time.Second)
 		if err != nil {
 			t.Errorf("%s: %v", q.Where, err)
 			continue
@@ -278,7 +173,7 @@ func checkPodSeries(ctx context.Context, t *testing.T, p *nodeProm, res *rollout
 		sel := fmt.Sprintf(`{job="draind", namespace=%q, pod=%q}`, res.namespace, pod.Name)
 		row := "| " + pod.Name
 		for _, m := range []string{"draind_draining_pod_live_connections", "draind_draining_pod_syns_total", "draind_draining_pod_steered_total"} {
-			s, err := p.queryRange(ctx, m+sel, restarted.Add(-10*time.Second), to, scrapeInterval)
+			s, err := p.QueryRange(ctx, m+sel, restarted.Add(-10*time.Second), to, scrapeInterval)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -351,14 +246,14 @@ func ms(sec float64) string {
 // instant is one scalar query: the value of its single series, NaN if none.
 func instant(ctx context.Context, t *testing.T, p *nodeProm, expr string, at time.Time) float64 {
 	t.Helper()
-	s, err := p.query(ctx, expr, at)
+	s, err := p.Query(ctx, expr, at)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(s) != 1 {
 		return math.NaN()
 	}
-	return s[0].float()
+	return s[0].Float()
 }
 
 // renderCurves renders the rollout's per-pod drain curves from Prometheus
@@ -366,7 +261,7 @@ func instant(ctx context.Context, t *testing.T, p *nodeProm, expr string, at tim
 // it to $DRAIND_ROLLOUT_PNG if set.
 func renderCurves(ctx context.Context, t *testing.T, p *nodeProm, res *rolloutResult, from, to time.Time) {
 	t.Helper()
-	c, err := draincurves.FetchRate(ctx, p.base, res.namespace, from, to, scrapeInterval, 4*scrapeInterval)
+	c, err := draincurves.FetchRate(ctx, p.Base, res.namespace, from, to, scrapeInterval, 4*scrapeInterval)
 	if err != nil {
 		t.Fatal(err)
 	}

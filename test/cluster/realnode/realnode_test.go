@@ -77,7 +77,7 @@ func TestRealNode(t *testing.T) {
 	// The rollout with draind is checked through a real Prometheus: it
 	// starts now, while the first rollout runs.
 	promStart := time.Now()
-	prom := startNodeProm(ctx, t, n)
+	prom := startNodeProm(t, n)
 	promCost := time.Since(promStart)
 	must("WithoutDraind", func(t *testing.T) {
 		res := runRollout(ctx, t, n, "without-draind", realnode.SleepPodSpec(5), nil)
