@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -17,12 +18,17 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/draind/draind/bpf"
 )
 
 // The golden scenarios: Kubernetes objects in, `draind bpf dump` of the
 // fake datapath out. Each file of testdata/golden is a txtar archive: its
 // comment says what the scenario shows, its files are steps run in order:
 //
+//	-- config --          first step only: "flag value" lines setting the
+//	                      daemon's configuration as `draind run` flags do
+//	                      (linger, lease-duration, registry-only-policy, …)
 //	-- apply --           YAML documents (Service, EndpointSlice, Pod,
 //	                      Lease), each created or updated
 //	-- delete --          YAML documents naming objects to delete
@@ -95,12 +101,20 @@ func runGolden(t *testing.T, path string) {
 		t.Fatal(err)
 	}
 	comment, files := parseTxtar(b)
-	h := newHarness(t)
+	var mods []func(*Config)
+	if len(files) > 0 && files[0].name == "config" {
+		mods = append(mods, goldenConfig(t, files[0].data))
+	}
+	h := newHarness(t, mods...)
 	dumps := 0
 	for i := range files {
 		f := &files[i]
 		verb, arg, _ := strings.Cut(f.name, " ")
 		switch verb {
+		case "config":
+			if i > 0 {
+				t.Fatalf("%s: a config step must come first", path)
+			}
 		case "apply", "delete":
 			for _, doc := range splitYAML(f.data) {
 				h.goldenObject(verb, doc)
@@ -124,7 +138,7 @@ func runGolden(t *testing.T, path string) {
 				t.Errorf("%s: dump %d (step %d):\n--- want\n%s--- got\n%s", path, dumps, i+1, f.data, got)
 			}
 		default:
-			t.Fatalf("%s: unknown step %q (want apply, delete, advance D, offline IP or dump)", path, f.name)
+			t.Fatalf("%s: unknown step %q (want config, apply, delete, advance D, offline IP or dump)", path, f.name)
 		}
 	}
 	if dumps == 0 {
@@ -135,6 +149,40 @@ func runGolden(t *testing.T, path string) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// goldenConfig sets what a config step's "flag value" lines say: a
+// setting of Config.Settings, or registry-only-policy.
+func goldenConfig(t *testing.T, data []byte) func(*Config) {
+	return func(c *Config) {
+		for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+			flag, val, _ := strings.Cut(strings.TrimSpace(line), " ")
+			if err := setGoldenFlag(c, flag, strings.TrimSpace(val)); err != nil {
+				t.Fatalf("config %q: %v", line, err)
+			}
+		}
+	}
+}
+
+func setGoldenFlag(c *Config, flag, val string) error {
+	if flag == "registry-only-policy" {
+		p, err := bpf.ParsePolicy(val)
+		c.RegistryOnlyPolicy = p
+		return err
+	}
+	for _, s := range c.Settings() {
+		if s.Flag != flag {
+			continue
+		}
+		var err error
+		if s.Dur != nil {
+			*s.Dur, err = time.ParseDuration(val)
+		} else {
+			*s.Int, err = strconv.Atoi(val)
+		}
+		return err
+	}
+	return fmt.Errorf("no setting %q", flag)
 }
 
 // goldenDump runs the daemon's rounds (a model pass, a pass over this
