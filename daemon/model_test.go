@@ -75,137 +75,6 @@ func (h *harness) check(e expect) {
 	}
 }
 
-func TestCategorisation(t *testing.T) {
-	tcp := bpf.TCP
-	for _, tc := range []struct {
-		name string
-		eps  []epSpec
-		want expect
-	}{
-		{"all ready: nothing steered", []epSpec{ready("10.0.0.1", "a"), ready("10.0.0.2", "b"), ready("10.0.0.3", "c")}, expect{}},
-		{"one terminating: VIP steered to the ready ones, pod IP still reachable",
-			[]epSpec{terminating("10.0.0.1", "a"), ready("10.0.0.2", "b"), ready("10.0.0.3", "c")},
-			expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080", "10.0.0.3:8080"}},
-				drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", tcp): bpf.PolicyOff}}},
-		{"one not ready (not terminating) drains too",
-			[]epSpec{notReady("10.0.0.1", "a"), ready("10.0.0.2", "b")},
-			expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}},
-				drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", tcp): bpf.PolicyOff}}},
-		{"no ready endpoint left: serving-terminating ones stay usable, nothing steered",
-			[]epSpec{terminating("10.0.0.1", "a"), terminating("10.0.0.2", "b")},
-			expect{drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", tcp): bpf.PolicyOff, key("10.0.0.2:8080", tcp): bpf.PolicyOff}}},
-		{"ready condition with terminating set is not ready (kube-proxy)",
-			[]epSpec{{ip: "10.0.0.1", uid: "a", ready: true, serving: true, terminating: true, node: testNode}, ready("10.0.0.2", "b")},
-			expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}},
-				drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", tcp): bpf.PolicyOff}}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			h := newHarness(t)
-			h.addService(webService())
-			h.putSlice(slice("web-1", "web", v4, httpPorts(8080), tc.eps...))
-			h.pass()
-			h.check(tc.want)
-		})
-	}
-}
-
-func TestDrainAndRecover(t *testing.T) {
-	h := newHarness(t)
-	h.addService(webService())
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.1", "a"), ready("10.0.0.2", "b")))
-	if ops := h.pass(); ops != 0 {
-		t.Fatalf("nothing drains, yet %d datapath operations", ops)
-	}
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
-	h.pass()
-	h.check(expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}},
-		drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyOff}})
-	// Ready again (a flapping probe): everything goes, nothing lingers.
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.1", "a"), ready("10.0.0.2", "b")))
-	h.pass()
-	h.check(expect{})
-	if len(h.dp.Backends) != 0 {
-		t.Errorf("backends left behind: %v", h.dp.Backends)
-	}
-}
-
-func TestNamedTargetPorts(t *testing.T) {
-	h := newHarness(t)
-	h.addService(webService())
-	// The same port name, different numbers in two slices (two versions of
-	// a Deployment during a rollout).
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
-	h.putSlice(slice("web-2", "web", v4, httpPorts(9090), ready("10.0.0.3", "c")))
-	h.pass()
-	h.check(expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080", "10.0.0.3:9090"}},
-		drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyOff}})
-}
-
-func TestMultiplePortsAndProtocols(t *testing.T) {
-	h := newHarness(t)
-	h.addService(svc("dns", []string{"10.96.0.53"}, []corev1.ServicePort{port("dns", 53, corev1.ProtocolUDP), port("dns-tcp", 53, corev1.ProtocolTCP)}))
-	ports := []slicePort{{"dns", 5353, corev1.ProtocolUDP}, {"dns-tcp", 5353, corev1.ProtocolTCP}}
-	h.putSlice(slice("dns-1", "dns", v4, ports, terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
-	h.pass()
-	h.check(expect{frontends: map[string][]string{"10.96.0.53:53": {"10.0.0.2:5353"}}, nFrontends: 2,
-		drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:5353", bpf.TCP): bpf.PolicyOff, key("10.0.0.1:5353", bpf.UDP): bpf.PolicyOff}})
-	if len(h.dp.Frontends) != 2 {
-		t.Errorf("want a TCP and a UDP frontend:\n%s", h.describe())
-	}
-}
-
-func TestDualStack(t *testing.T) {
-	h := newHarness(t)
-	h.addService(svc("web", []string{"10.96.0.10", "fd00:96::10"}, []corev1.ServicePort{port("http", 80, corev1.ProtocolTCP)}))
-	h.putSlice(slice("web-v4", "web", v4, httpPorts(8080), onNode(ready("10.0.0.1", "a"), "node-b"), ready("10.0.0.2", "b")))
-	h.putSlice(slice("web-v6", "web", v6, httpPorts(8080), onNode(ready("fd00::1", "a"), "node-b"), ready("fd00::2", "b")))
-	h.pass()
-	h.check(expect{})
-	// Pod a asks to go offline: both of its IPs drain.
-	h.lease("a", "default", "pod-a", "node-b", k8s.ReasonOffline, time.Minute, "10.0.0.1", "fd00::1")
-	h.pass()
-	h.check(expect{
-		frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}, "[fd00:96::10]:80": {"[fd00::2]:8080"}},
-		drains: map[bpf.EndpointKey]bpf.Policy{
-			key("10.0.0.1:8080", bpf.TCP): bpf.PolicyRewrite, key("[fd00::1]:8080", bpf.TCP): bpf.PolicyRewrite,
-			// all-ports entries of a listed pod only observe
-			wildcard("10.0.0.1", bpf.TCP): bpf.PolicyOff, wildcard("10.0.0.1", bpf.UDP): bpf.PolicyOff,
-			wildcard("fd00::1", bpf.TCP): bpf.PolicyOff, wildcard("fd00::1", bpf.UDP): bpf.PolicyOff,
-		}})
-	// Families never mix: the v4 frontend's service-port differs from v6's.
-	fe4 := h.dp.Frontends[key("10.96.0.10:80", bpf.TCP)]
-	fe6 := h.dp.Frontends[key("[fd00:96::10]:80", bpf.TCP)]
-	if fe4.Service == fe6.Service {
-		t.Errorf("v4 and v6 frontends share service-port %d", fe4.Service)
-	}
-}
-
-func TestSessionAffinityAndTrafficPolicy(t *testing.T) {
-	t.Run("sessionAffinity ClientIP: VIP never steered", func(t *testing.T) {
-		h := newHarness(t)
-		h.addService(webService(func(s *corev1.Service) { s.Spec.SessionAffinity = corev1.ServiceAffinityClientIP }))
-		h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
-		h.pass()
-		h.check(expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}}, noSteer: []string{"10.96.0.10:80"},
-			drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyOff}})
-	})
-	t.Run("internalTrafficPolicy Local: only this node's endpoints", func(t *testing.T) {
-		h := newHarness(t)
-		local := corev1.ServiceInternalTrafficPolicyLocal
-		h.addService(webService(func(s *corev1.Service) { s.Spec.InternalTrafficPolicy = &local }))
-		h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"),
-			onNode(ready("10.0.0.2", "b"), "node-b"), ready("10.0.0.3", "c")))
-		h.pass()
-		h.check(expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.3:8080"}},
-			drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyOff}})
-		// No local alternative left: kube-proxy would drop, draind does not steer.
-		h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"),
-			onNode(ready("10.0.0.2", "b"), "node-b"), terminating("10.0.0.3", "c")))
-		h.pass()
-		h.check(expect{drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyOff, key("10.0.0.3:8080", bpf.TCP): bpf.PolicyOff}})
-	})
-}
-
 func TestPodIPPolicy(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
@@ -559,6 +428,10 @@ func TestRefreshSpreadOverPasses(t *testing.T) {
 func TestResyncMakesNoOperations(t *testing.T) {
 	h := newHarness(t)
 	h.addService(webService())
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+	if ops := h.pass(); ops != 0 {
+		t.Fatalf("nothing drains, yet %d datapath operations", ops)
+	}
 	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
 	h.pass()
 	// An update that changes nothing the model reads, and passes with no
