@@ -75,75 +75,26 @@ func (h *harness) check(e expect) {
 	}
 }
 
-func TestPodIPPolicy(t *testing.T) {
-	for _, tc := range []struct {
-		name     string
-		svc      *corev1.Service
-		want     bpf.Policy
-		warnings float64
-	}{
-		{"default rewrite", webService(), bpf.PolicyRewrite, 0},
-		{"annotated refuse", webService(withAnnotation("refuse")), bpf.PolicyRefuse, 0},
-		{"annotated off", webService(withAnnotation("off")), bpf.PolicyOff, 0},
-		{"headless defaults to off", svc("web", []string{"None"}, []corev1.ServicePort{port("http", 80, corev1.ProtocolTCP)}), bpf.PolicyOff, 0},
-		{"headless annotated rewrite", svc("web", []string{"None"}, []corev1.ServicePort{port("http", 80, corev1.ProtocolTCP)}, withAnnotation("rewrite")), bpf.PolicyRewrite, 0},
-		{"invalid value: default plus one warning", webService(withAnnotation("yes-please")), bpf.PolicyRewrite, 1},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
+// TestInvalidPolicyAnnotationWarns: an invalid pod-ip-steering value is
+// read as the default (testdata/golden/pod-ip-policy.txtar) and warned
+// about once, however often its Service is recomputed; a valid one never.
+func TestInvalidPolicyAnnotationWarns(t *testing.T) {
+	for value, warnings := range map[string]float64{"refuse": 0, "yes-please": 1} {
+		t.Run(value, func(t *testing.T) {
 			h := newHarness(t)
-			h.addService(tc.svc)
+			h.addService(webService(withAnnotation(value)))
 			h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(terminating("10.0.0.1", "a"), "node-b"), ready("10.0.0.2", "b")))
 			h.lease("a", "default", "pod-a", "node-b", k8s.ReasonOffline, time.Minute, "10.0.0.1")
 			h.pass()
-			// Recompute the Service a few times: still one warning.
 			for i := 0; i < 3; i++ {
 				h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(terminating("10.0.0.1", "a"), "node-b"), ready("10.0.0.2", "b"), ready("10.0.0.9", "z")))
 				h.pass()
 			}
-			if got := h.dp.Drains[key("10.0.0.1:8080", bpf.TCP)].Policy; got != tc.want {
-				t.Errorf("policy %v, want %v\n%s", got, tc.want, h.describe())
-			}
-			if got := testutilValue(t, h.d.Metrics.PolicyInvalid); got != tc.warnings {
-				t.Errorf("%v invalid-annotation warnings, want %v", got, tc.warnings)
+			if got := testutilValue(t, h.d.Metrics.PolicyInvalid); got != warnings {
+				t.Errorf("%v invalid-annotation warnings, want %v", got, warnings)
 			}
 		})
 	}
-}
-
-func TestMostCautiousPolicyWins(t *testing.T) {
-	h := newHarness(t)
-	// A ClusterIP Service and a headless one over the same pods.
-	h.addService(webService())
-	h.addService(svc("web-hl", []string{"None"}, []corev1.ServicePort{port("http", 80, corev1.ProtocolTCP)}))
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(terminating("10.0.0.1", "a"), "node-b"), ready("10.0.0.2", "b")))
-	h.putSlice(slice("web-hl-1", "web-hl", v4, httpPorts(8080), onNode(terminating("10.0.0.1", "a"), "node-b"), ready("10.0.0.2", "b")))
-	h.lease("a", "default", "pod-a", "node-b", k8s.ReasonOffline, time.Minute, "10.0.0.1")
-	h.pass()
-	h.check(expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}},
-		drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyOff,
-			wildcard("10.0.0.1", bpf.TCP): bpf.PolicyOff, wildcard("10.0.0.1", bpf.UDP): bpf.PolicyOff}})
-	// Deleting the headless Service leaves the ClusterIP one's rewrite.
-	h.deleteService("default", "web-hl")
-	h.pass()
-	h.check(expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}},
-		drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyRewrite,
-			wildcard("10.0.0.1", bpf.TCP): bpf.PolicyOff, wildcard("10.0.0.1", bpf.UDP): bpf.PolicyOff}})
-}
-
-func TestEndpointInSeveralSlices(t *testing.T) {
-	h := newHarness(t)
-	h.addService(webService())
-	// During a slice rebalance an endpoint is briefly listed twice; one
-	// listing already says terminating: draining wins.
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.1", "a"), ready("10.0.0.2", "b")))
-	h.putSlice(slice("web-2", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.3", "c")))
-	h.pass()
-	h.check(expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080", "10.0.0.3:8080"}},
-		drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyOff}})
-	// Slice deletion: web-2 goes, the endpoint is listed (ready) only once.
-	h.deleteSlice("default", "web-2")
-	h.pass()
-	h.check(expect{})
 }
 
 func TestServiceDeletion(t *testing.T) {
@@ -159,21 +110,6 @@ func TestServiceDeletion(t *testing.T) {
 	}
 }
 
-func TestFQDNAndNoTargetRef(t *testing.T) {
-	h := newHarness(t)
-	h.addService(webService())
-	fq := slice("web-fqdn", "web", discoveryv1.AddressTypeFQDN, httpPorts(8080))
-	fq.Endpoints = []discoveryv1.Endpoint{{Addresses: []string{"example.com"}}}
-	h.putSlice(fq)
-	// An endpoint without targetRef (a manually managed slice) keeps its
-	// Service's VIP steered away from it, as kube-proxy would; its address
-	// is nobody's as far as the cluster's records go, so it gets no pod-IP
-	// entry (it is not rewritten like a pod's).
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", ""), ready("10.0.0.2", "")))
-	h.pass()
-	h.check(expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}}})
-}
-
 func TestMalformedObjects(t *testing.T) {
 	h := newHarness(t)
 	h.addService(svc("bad", []string{"not-an-ip"}, []corev1.ServicePort{port("http", 80, corev1.ProtocolTCP)}))
@@ -187,71 +123,6 @@ func TestMalformedObjects(t *testing.T) {
 	if n := h.d.inf.Malformed.Load(); n < 3 {
 		t.Errorf("malformed objects counted %d, want ≥3 (service IP, slice addresses, lease)", n)
 	}
-}
-
-func TestPodIPReuse(t *testing.T) {
-	h := newHarness(t)
-	h.addService(webService())
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "old"), ready("10.0.0.2", "b")))
-	h.pass()
-	// The old pod leaves the slice: its IP lingers for stale callers.
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.2", "b")))
-	h.pass()
-	h.check(expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}},
-		drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyRewrite}})
-	// A new pod gets the IP (another Service) and becomes ready: never
-	// steered away from.
-	h.addService(svc("api", []string{"10.96.0.20"}, []corev1.ServicePort{port("http", 80, corev1.ProtocolTCP)}))
-	h.putSlice(slice("api-1", "api", v4, httpPorts(8080), ready("10.0.0.1", "new")))
-	h.pass()
-	h.check(expect{})
-}
-
-func TestPodIPReuseLocal(t *testing.T) {
-	h := newHarness(t)
-	h.podElsewhere("pod-old", "old", "node-b", "10.0.0.7")
-	h.lease("old", "default", "pod-old", "node-b", k8s.ReasonOffline, time.Minute, "10.0.0.7")
-	h.pass()
-	h.check(expect{drains: map[bpf.EndpointKey]bpf.Policy{wildcard("10.0.0.7", bpf.TCP): bpf.PolicyRefuse, wildcard("10.0.0.7", bpf.UDP): bpf.PolicyRefuse}})
-	// This node hosts a new pod with the IP (not even ready yet): the old
-	// drain is void at once here, before any slice says so.
-	h.putPod(pod("pod-new", "new", "10.0.0.7"))
-	h.pass()
-	h.check(expect{})
-}
-
-func TestRegistryOnlyLease(t *testing.T) {
-	h := newHarness(t)
-	h.podElsewhere("nacos-client", "reg", "node-b", "10.0.0.5", "fd00::5")
-	h.lease("reg", "default", "nacos-client", "node-b", k8s.ReasonOffline, time.Minute, "10.0.0.5", "fd00::5")
-	h.pass()
-	h.check(expect{drains: map[bpf.EndpointKey]bpf.Policy{
-		wildcard("10.0.0.5", bpf.TCP): bpf.PolicyRefuse, wildcard("10.0.0.5", bpf.UDP): bpf.PolicyRefuse,
-		wildcard("fd00::5", bpf.TCP): bpf.PolicyRefuse, wildcard("fd00::5", bpf.UDP): bpf.PolicyRefuse,
-	}})
-	// Off, when configured so.
-	h2 := newHarness(t, func(c *Config) { c.RegistryOnlyPolicy = bpf.PolicyOff })
-	h2.podElsewhere("nacos-client", "reg", "node-b", "10.0.0.5")
-	h2.lease("reg", "default", "nacos-client", "node-b", k8s.ReasonOffline, time.Minute, "10.0.0.5")
-	h2.pass()
-	h2.check(expect{drains: map[bpf.EndpointKey]bpf.Policy{wildcard("10.0.0.5", bpf.TCP): bpf.PolicyOff, wildcard("10.0.0.5", bpf.UDP): bpf.PolicyOff}})
-}
-
-func TestLeaseBeforeSlice(t *testing.T) {
-	h := newHarness(t)
-	h.addService(webService())
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(ready("10.0.0.1", "a"), "node-b"), ready("10.0.0.2", "b")))
-	h.pass()
-	// The Lease arrives before any slice changes: the pod drains now.
-	h.lease("a", "default", "pod-a", "node-b", k8s.ReasonOffline, time.Minute, "10.0.0.1")
-	h.pass()
-	h.check(expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}},
-		drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyRewrite,
-			wildcard("10.0.0.1", bpf.TCP): bpf.PolicyOff, wildcard("10.0.0.1", bpf.UDP): bpf.PolicyOff}})
-	// Lease deletion (undrain) ends it everywhere.
-	h.deleteLease("a")
-	h.pass()
-	h.check(expect{})
 }
 
 // TestPodDrainIdentical: a pass keeps the previous pass's pod drain only if
