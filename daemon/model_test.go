@@ -161,46 +161,8 @@ func TestPodDrainIdentical(t *testing.T) {
 	}
 }
 
-// TestLeaseFollowsTheListings: another node's Lease is honoured while
-// trusted slices list its pod on that node, and not from the first pass
-// after a slice lists the pod elsewhere (the Lease unchanged: passes keep
-// their answers only while the listings stay). Once the pod leaves every
-// slice, its departed host answers for the claims' memory, then no more.
-func TestLeaseFollowsTheListings(t *testing.T) {
-	h := newHarness(t, func(c *Config) { c.Linger, c.LeaseDuration = 10*time.Second, 30*time.Second })
-	h.addService(webService())
-	on := func(node string) {
-		h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(ready("10.0.0.1", "a"), node), ready("10.0.0.2", "b")))
-	}
-	on("node-b")
-	h.lease("a", "default", "pod-a", "node-b", k8s.ReasonOffline, 10*time.Minute, "10.0.0.1")
-	h.pass()
-	if got := ipSteered(h, "10.0.0.1"); len(got) == 0 {
-		t.Fatalf("the hosting node's Lease is not honoured:\n%s", h.describe())
-	}
-	on("node-c")
-	h.pass()
-	if got := ipSteered(h, "10.0.0.1"); len(got) != 0 {
-		t.Fatalf("node-b's Lease still drains a pod the slices list on node-c: %v", got)
-	}
-	on("node-b")
-	h.pass()
-	if got := ipSteered(h, "10.0.0.1"); len(got) == 0 {
-		t.Fatalf("node-b's Lease is not honoured once the slices list the pod there again:\n%s", h.describe())
-	}
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.2", "b")))
-	h.clock.Step(20 * time.Second) // the departure's linger (10 s) is over, the host's memory (40 s) is not
-	h.pass()
-	if got := ipSteered(h, "10.0.0.1"); len(got) == 0 {
-		t.Fatalf("the departed pod's Lease is not honoured while its host is remembered:\n%s", h.describe())
-	}
-	h.clock.Step(25 * time.Second)
-	h.pass()
-	if got := ipSteered(h, "10.0.0.1"); len(got) != 0 {
-		t.Fatalf("a Lease is honoured on a departed host's word after it was forgotten (and no Pod object confirms it): %v", got)
-	}
-}
-
+// TestLeaseExpiry: the next pass is due when a Lease expires (the entries
+// expire with it: testdata/golden/lease-expiry.txtar).
 func TestLeaseExpiry(t *testing.T) {
 	h := newHarness(t)
 	h.addService(webService())
@@ -213,15 +175,6 @@ func TestLeaseExpiry(t *testing.T) {
 	if len(h.dp.Drains) == 0 {
 		t.Fatal("lease did not drain")
 	}
-	// Entries never outlive the Lease: if nobody renews it, steering ends.
-	for k, dr := range h.dp.Drains {
-		if dr.Expires.After(h.clock.Now().Add(30 * time.Second)) {
-			t.Errorf("entry %v expires %v, after the Lease", k, dr.Expires)
-		}
-	}
-	h.clock.Step(31 * time.Second)
-	h.pass()
-	h.check(expect{})
 }
 
 func TestRestartWithLeasesPresent(t *testing.T) {
@@ -373,55 +326,16 @@ func (h *harness) departFromWeb1(ep epSpec) {
 	h.pass()
 }
 
-func TestLingerAfterDeparture(t *testing.T) {
-	h := newHarness(t, func(c *Config) { c.Linger = 2 * time.Minute })
+// TestLingeringStatus: an endpoint of this node that left its slice while
+// draining shows as lingering (its datapath:
+// testdata/golden/linger-after-departure.txtar).
+func TestLingeringStatus(t *testing.T) {
+	h := newHarness(t)
 	h.addService(webService())
 	h.departFromWeb1(terminating("10.0.0.1", "a"))
-	lingering := expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}},
-		drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyRewrite}}
-	h.check(lingering)
 	if ps := h.d.PodStatuses(); len(ps) != 1 || ps[0].State != StateLingering {
 		t.Errorf("status during linger: %+v", ps)
 	}
-	h.clock.Step(time.Minute)
-	h.pass()
-	h.check(lingering)
-	h.clock.Step(time.Minute + time.Second)
-	h.pass()
-	h.check(expect{})
-}
-
-// A lingering endpoint rewrites to what its Service selects now: the
-// endpoints listed ready in the very update it departed in, and nothing
-// (it refuses) once the Service lists no endpoint at all.
-func TestLingerRewritesToWhatTheServiceSelectsNow(t *testing.T) {
-	h := newHarness(t, func(c *Config) { c.Linger = 2 * time.Minute })
-	h.addService(webService())
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), notReady("10.0.0.1", "a")))
-	h.pass()
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.2", "b")))
-	h.pass()
-	h.check(expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}},
-		drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyRewrite}})
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080)))
-	h.pass()
-	h.check(expect{drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyRefuse}})
-}
-
-// A departed endpoint lingers (stale callers stay steered away), but not
-// once its pod is listed ready again: the EndpointSlice controller moved a
-// not-ready pod to another slice in two updates, and it became ready.
-func TestLingerEndsWhenListedReadyAgain(t *testing.T) {
-	h := newHarness(t, func(c *Config) { c.Linger = 2 * time.Minute })
-	h.addService(webService())
-	h.departFromWeb1(notReady("10.0.0.1", "a"))
-	h.check(expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}},
-		drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyRewrite}})
-	h.putSlice(slice("web-2", "web", v4, httpPorts(8080), notReady("10.0.0.1", "a")))
-	h.pass()
-	h.putSlice(slice("web-2", "web", v4, httpPorts(8080), ready("10.0.0.1", "a")))
-	h.pass()
-	h.check(expect{}) // nothing drains: nothing steered
 }
 
 // peersService stands for a headless Service with publishNotReadyAddresses
