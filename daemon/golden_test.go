@@ -25,7 +25,8 @@ import (
 )
 
 // The golden scenarios: Kubernetes objects in, `draind bpf dump` of the
-// fake datapath out. Each file of testdata/golden is a txtar archive: its
+// fake datapath out, for a daemon on node node-a (drain Leases in
+// namespace draind-system). Each file of testdata/golden is a txtar archive: its
 // comment says what the scenario shows, its files are steps run in order:
 //
 //	-- config --          first step only: "flag value" lines setting the
