@@ -2,12 +2,15 @@ package daemon
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -17,18 +20,27 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/draind/draind/bpf"
 )
 
 // The golden scenarios: Kubernetes objects in, `draind bpf dump` of the
-// fake datapath out. Each file of testdata/golden is a txtar archive: its
+// fake datapath out, for a daemon on node node-a (drain Leases in
+// namespace draind-system). Each file of testdata/golden is a txtar archive: its
 // comment says what the scenario shows, its files are steps run in order:
 //
+//	-- config --          first step only: "flag value" lines setting the
+//	                      daemon's configuration as `draind run` flags do
+//	                      (linger, lease-duration, registry-only-policy, …)
 //	-- apply --           YAML documents (Service, EndpointSlice, Pod,
 //	                      Lease), each created or updated
 //	-- delete --          YAML documents naming objects to delete
 //	-- advance 30s --     the clock steps (a Go duration)
 //	-- offline 10.0.0.1 --  the pod at that IP calls /v1/offline?wait=2m
 //	-- dump --            a pass runs; the datapath must print as written
+//
+// Service-port ids are renumbered in the order the dump shows them (see
+// renumber); everything else is printed as the datapath holds it.
 //
 // go test -run TestGolden ./daemon -update rewrites the dump steps from
 // what the daemon writes; read the diff before committing it.
@@ -95,12 +107,20 @@ func runGolden(t *testing.T, path string) {
 		t.Fatal(err)
 	}
 	comment, files := parseTxtar(b)
-	h := newHarness(t)
+	var mods []func(*Config)
+	if len(files) > 0 && files[0].name == "config" {
+		mods = append(mods, goldenConfig(t, files[0].data))
+	}
+	h := newHarness(t, mods...)
 	dumps := 0
 	for i := range files {
 		f := &files[i]
 		verb, arg, _ := strings.Cut(f.name, " ")
 		switch verb {
+		case "config":
+			if i > 0 {
+				t.Fatalf("%s: a config step must come first", path)
+			}
 		case "apply", "delete":
 			for _, doc := range splitYAML(f.data) {
 				h.goldenObject(verb, doc)
@@ -124,7 +144,7 @@ func runGolden(t *testing.T, path string) {
 				t.Errorf("%s: dump %d (step %d):\n--- want\n%s--- got\n%s", path, dumps, i+1, f.data, got)
 			}
 		default:
-			t.Fatalf("%s: unknown step %q (want apply, delete, advance D, offline IP or dump)", path, f.name)
+			t.Fatalf("%s: unknown step %q (want config, apply, delete, advance D, offline IP or dump)", path, f.name)
 		}
 	}
 	if dumps == 0 {
@@ -137,13 +157,52 @@ func runGolden(t *testing.T, path string) {
 	}
 }
 
+// goldenConfig sets what a config step's "flag value" lines say: a
+// setting of Config.Settings, or registry-only-policy.
+func goldenConfig(t *testing.T, data []byte) func(*Config) {
+	return func(c *Config) {
+		for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+			flag, val, _ := strings.Cut(strings.TrimSpace(line), " ")
+			if err := setGoldenFlag(c, flag, strings.TrimSpace(val)); err != nil {
+				t.Fatalf("config %q: %v", line, err)
+			}
+		}
+	}
+}
+
+func setGoldenFlag(c *Config, flag, val string) error {
+	if flag == "registry-only-policy" {
+		p, err := bpf.ParsePolicy(val)
+		c.RegistryOnlyPolicy = p
+		return err
+	}
+	for _, s := range c.Settings() {
+		if s.Flag != flag {
+			continue
+		}
+		var err error
+		if s.Dur != nil {
+			*s.Dur, err = time.ParseDuration(val)
+		} else {
+			*s.Int, err = strconv.Atoi(val)
+		}
+		return err
+	}
+	return fmt.Errorf("no setting %q", flag)
+}
+
 // goldenDump runs the daemon's rounds (a model pass, a pass over this
 // node's drains, the Lease writes they want) until a round writes nothing
-// to the datapath, and prints it as `draind bpf dump` does.
+// to the datapath, and prints it as `draind bpf dump` does. A pass right
+// after a pass, with nothing new in between, must write nothing: a pass
+// that a later one corrects unprompted would not show in the dump.
 func (h *harness) goldenDump() []byte {
 	h.t.Helper()
 	for i := 0; ; i++ {
 		n := h.pass()
+		if ops := h.pass(); ops != 0 {
+			h.t.Errorf("a pass right after a pass wrote %d datapath operations", ops)
+		}
 		h.d.hosted.reconcile(h.ctx)
 		h.d.hosted.writer.flush(h.ctx)
 		h.d.leaseTrust.flush(h.ctx)
@@ -159,11 +218,49 @@ func (h *harness) goldenDump() []byte {
 	if err != nil {
 		h.t.Fatal(err)
 	}
+	renumber(d)
 	var b bytes.Buffer
 	if err := d.WriteText(&b, h.clock.Now()); err != nil {
 		h.t.Fatal(err)
 	}
 	return b.Bytes()
+}
+
+// renumber gives d's service-port ids in an order fixed by what the dump
+// shows: first the frontends' (in the dump's order), then the drains',
+// then the other backend sets' by their backends. The daemon numbers
+// service-ports as it activates them, and when several Services activate
+// in one pass that order is the order of a map's iteration.
+func renumber(d *bpf.Dump) {
+	ids := map[bpf.ServicePortID]bpf.ServicePortID{}
+	see := func(id bpf.ServicePortID) {
+		if _, ok := ids[id]; id != 0 && !ok {
+			ids[id] = bpf.ServicePortID(len(ids) + 1)
+		}
+	}
+	for _, f := range d.Frontends {
+		see(f.Service)
+	}
+	for _, dr := range d.Drains {
+		see(dr.Service)
+	}
+	rest := slices.Clone(d.Backends)
+	slices.SortStableFunc(rest, func(a, b bpf.Backends) int {
+		return strings.Compare(backendSetKey(a.Backends), backendSetKey(b.Backends))
+	})
+	for _, b := range rest {
+		see(b.Service)
+	}
+	for i := range d.Frontends {
+		d.Frontends[i].Service = ids[d.Frontends[i].Service]
+	}
+	for i := range d.Drains {
+		d.Drains[i].Service = ids[d.Drains[i].Service]
+	}
+	for i := range d.Backends {
+		d.Backends[i].Service = ids[d.Backends[i].Service]
+	}
+	slices.SortFunc(d.Backends, func(a, b bpf.Backends) int { return cmp.Compare(a.Service, b.Service) })
 }
 
 // splitYAML splits YAML documents at "---" lines.
