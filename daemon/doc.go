@@ -15,8 +15,8 @@
 //     datapath.go (the interface; its fake is package
 //     datapathtest), kernelfeatures.go;
 //   - drains hosted here: hosted.go (measure, settle, Events, their
-//     Leases; local pods that vanished without draining), offline.go (the offline and online calls; the HTTP API is
-//     package nodeapi);
+//     Leases; local pods that vanished without draining), offline.go (the
+//     offline and online calls; the HTTP API is package nodeapi);
 //   - what is expired: conntrackpolicy.go;
 //   - the socket hooks: sockets.go (live connections), sockets_gone.go
 //     (the model's read-only view for the gone peers, and their wiring;
