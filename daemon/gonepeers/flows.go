@@ -69,6 +69,24 @@ func (f *goneFlows) drop(ip netip.Addr) {
 	f.wake()
 }
 
+// flowsRetry is how long a peer whose flows could not be listed waits
+// before they are listed again.
+const flowsRetry = 500 * time.Millisecond
+
+// requeue puts back a new peer whose flows could not be listed, for the
+// retry, unless it was unlisted meanwhile or asked for again (with a newer
+// entry); it does not wake the lister.
+func (f *goneFlows) requeue(ip netip.Addr, p bpf.GonePeer) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, gone := f.dropped[ip]; gone {
+		return
+	}
+	if _, queued := f.fresh[ip]; !queued {
+		f.fresh[ip] = p
+	}
+}
+
 func (f *goneFlows) wake() {
 	select {
 	case f.kick <- struct{}{}:
@@ -118,14 +136,18 @@ func (f *goneFlows) work(ctx context.Context) {
 		ips = append(ips, ip)
 	}
 	slices.SortFunc(ips, netip.Addr.Compare)
+	retry := false
 	for _, ip := range ips {
 		if !f.list(ctx, ip, fresh[ip]) {
 			if ctx.Err() != nil {
 				return // stopping
 			}
-			f.want(ip, fresh[ip], true) // retried at the next kick
-			time.AfterFunc(500*time.Millisecond, f.wake)
+			f.requeue(ip, fresh[ip])
+			retry = true
 		}
+	}
+	if retry { // not at once: a conntrack that keeps failing is not read in a loop
+		time.AfterFunc(flowsRetry, f.wake)
 	}
 	for ip, p := range refresh {
 		f.mu.Lock()

@@ -126,13 +126,16 @@ func (f *fakeSockets) peersNow() map[netip.Addr]bpf.GonePeer {
 
 const entryTTL = 5 * time.Minute
 
-// newTestPeers is Peers over sd and st, without conntrack.
-func newTestPeers(sd *fakeSockets, st fakeState) *Peers {
-	return New(Config{Sockets: sd, State: st, EntryTTL: entryTTL,
+// testConfig is a Config over sd and st, without conntrack.
+func testConfig(sd *fakeSockets, st fakeState) Config {
+	return Config{Sockets: sd, State: st, EntryTTL: entryTTL,
 		DatapathErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "datapath_errors_total"}, []string{"kind"}),
 		CTErrors:       prometheus.NewCounter(prometheus.CounterOpts{Name: "conntrack_errors_total"}),
-		Log:            slog.New(slog.NewTextHandler(io.Discard, nil))})
+		Log:            slog.New(slog.NewTextHandler(io.Discard, nil))}
 }
+
+// newTestPeers is Peers over sd and st, without conntrack.
+func newTestPeers(sd *fakeSockets, st fakeState) *Peers { return New(testConfig(sd, st)) }
 
 // service is a Service with the draind.io/end-dead-connections value
 // endDead ("": none).
