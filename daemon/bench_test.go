@@ -527,8 +527,11 @@ func benchClusterScale(b *testing.B, sc scaleCase) {
 		b.Fatalf("synced %d local pods, want %d", n, scaleLocalPods)
 	}
 	d.modelMu.Lock()
-	drains, gone := len(d.model.podDrains), len(d.gone.applied)
+	drains := len(d.model.podDrains)
 	d.modelMu.Unlock()
+	dp.mu.Lock()
+	gone := len(dp.gone)
+	dp.mu.Unlock()
 	if drains != scaleDrainLeases {
 		b.Fatalf("%d pods drain, want the %d of the drain Leases", drains, scaleDrainLeases)
 	}
@@ -727,6 +730,7 @@ type benchDatapath struct {
 	ops       int
 	frontends map[bpf.EndpointKey]struct{}
 	drains    map[bpf.EndpointKey]struct{}
+	gone      map[bpf.EndpointKey]struct{} // gone peers, by address
 }
 
 var (
@@ -737,10 +741,12 @@ var (
 func (f *benchDatapath) SocketsLoaded() bool                           { return true }
 func (f *benchDatapath) Connections(netip.Addr) (bpf.ConnCount, error) { return bpf.ConnCount{}, nil }
 func (f *benchDatapath) CountingSince() (time.Time, error)             { return time.Time{}, nil }
-func (f *benchDatapath) UpsertGonePeer(bpf.GonePeer) error {
-	return f.set(nil, bpf.EndpointKey{}, true)
+func (f *benchDatapath) UpsertGonePeer(p bpf.GonePeer) error {
+	return f.set(f.gone, bpf.EndpointKey{Addr: p.Addr}, true)
 }
-func (f *benchDatapath) DeleteGonePeer(netip.Addr) error { return f.set(nil, bpf.EndpointKey{}, false) }
+func (f *benchDatapath) DeleteGonePeer(a netip.Addr) error {
+	return f.set(f.gone, bpf.EndpointKey{Addr: a}, false)
+}
 func (f *benchDatapath) UpsertGoneFlow(bpf.GoneFlow) error {
 	return f.set(nil, bpf.EndpointKey{}, true)
 }
@@ -756,7 +762,8 @@ func (f *benchDatapath) PruneConnections(func(netip.Addr) bool) (int, error) {
 }
 
 func newBenchDatapath() *benchDatapath {
-	return &benchDatapath{frontends: map[bpf.EndpointKey]struct{}{}, drains: map[bpf.EndpointKey]struct{}{}}
+	return &benchDatapath{frontends: map[bpf.EndpointKey]struct{}{}, drains: map[bpf.EndpointKey]struct{}{},
+		gone: map[bpf.EndpointKey]struct{}{}}
 }
 
 func (f *benchDatapath) set(m map[bpf.EndpointKey]struct{}, k bpf.EndpointKey, present bool) error {
@@ -764,7 +771,7 @@ func (f *benchDatapath) set(m map[bpf.EndpointKey]struct{}, k bpf.EndpointKey, p
 	defer f.mu.Unlock()
 	f.ops++
 	switch {
-	case m == nil: // a gone entry: counted only
+	case m == nil: // a gone flow: counted only
 	case present:
 		m[k] = struct{}{}
 	default:

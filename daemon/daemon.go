@@ -17,6 +17,7 @@ import (
 
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/conntrack"
+	"github.com/draind/draind/daemon/gonepeers"
 	"github.com/draind/draind/daemon/nodeapi"
 	"github.com/draind/draind/k8s"
 )
@@ -58,7 +59,7 @@ type Config struct {
 	MinSyncInterval    time.Duration // bounded frequency: at most one pass per interval
 	RegistryOnlyPolicy bpf.Policy
 	UDPReexpire        time.Duration // UDP flows of draining endpoints are expired again this often
-	// FlowLister lists a gone pod's client flows (sockets_gone.go); nil: the
+	// FlowLister lists a gone pod's client flows (package gonepeers); nil: the
 	// conntrack handle New is given, shared with expiry and counting. Its
 	// own handle keeps a long expiry pass from delaying it.
 	FlowLister conntrack.FlowLister
@@ -135,8 +136,8 @@ type Daemon struct {
 	conntrackPolicy *conntrackPolicy
 	hosted          *hostedDrains
 	leaseTrust      *leaseTrust
-	gone            *gonePeers   // sockets_gone.go
-	vanished        vanishIntake // sockets_vanish.go
+	gone            *gonepeers.Peers // sockets_gone.go wires it
+	vanished        vanishIntake     // sockets_vanish.go
 
 	synced    atomic.Bool
 	attached  atomic.Bool
@@ -277,7 +278,7 @@ func (d *Daemon) adoptDatapath() error {
 	}
 	d.reconciler.adopt(dump)
 	d.model.ids.adopt(dump)
-	if err := d.gone.adopt(); err != nil {
+	if err := d.gone.Adopt(); err != nil {
 		return fmt.Errorf("reading pinned gone peers: %w", err)
 	}
 	return nil

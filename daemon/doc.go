@@ -15,12 +15,14 @@
 //     datapath.go (the interface; its fake is package
 //     datapathtest), kernelfeatures.go;
 //   - drains hosted here: hosted.go (measure, settle, Events, their
-//     Leases), offline.go (the offline and online calls; the HTTP API is
-//     package nodeapi);
+//     Leases; local pods that vanished without draining), offline.go (the
+//     offline and online calls; the HTTP API is package nodeapi);
 //   - what is expired: conntrackpolicy.go;
 //   - the socket hooks: sockets.go (live connections), sockets_gone.go
-//     (ending client sockets to gone peers), sockets_vanish.go (endpoints
-//     that left without draining), sockets_status.go;
+//     (the model's read-only view for the gone peers, and their wiring;
+//     ending client sockets to gone peers is package gonepeers),
+//     sockets_vanish.go (endpoints that left without draining),
+//     sockets_status.go;
 //   - wiring: config.go (the one place defaults live), daemon.go
 //     (construction), lifecycle.go, intake.go (informer events), pass.go
 //     (one reconciler pass), runner.go; status.go, statusserver.go (the
@@ -40,7 +42,7 @@
 // daemon's): the model (model.go: podDrainsGen, notesGen), the pod drains'
 // memos (poddrains.go: podDrainsState.modelGen, leaseDrainsMemo), the
 // Lease answers (leasetrust.go: leaseHosts, leaseTrust.gen; claims.go:
-// claims.gen), the gone peers (sockets_gone.go: noted, wantYet), the
+// claims.gen), the gone peers (package gonepeers: noted, wantYet), the
 // vanished endpoints (sockets_vanish.go: markedGen), the deleting pods'
 // drains (hosted.go: looked), the informer snapshots (daemon.go: local,
 // leases) and the reconciler's view of the datapath (reconcile.go).

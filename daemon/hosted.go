@@ -139,7 +139,7 @@ type hostedDrains struct {
 	nwait    int                             // waits of every pod
 	podWaits map[types.UID]int               // waits per pod
 	keysFor  map[types.UID][]bpf.EndpointKey // from the last pass
-	seen     map[types.UID]*k8s.Pod          // local pods at the last look (sockets_gone.go)
+	seen     map[types.UID]*k8s.Pod          // local pods at the last look (drainVanished)
 	// looked is the snapshot of that look and unlisted the count of
 	// drains forgotten then: drainDeleting decides again only if either
 	// changed since (a forgotten drain of a deleting pod starts again).
@@ -457,6 +457,60 @@ func (l *hostedDrains) drainDeleting(lp *localPods, now time.Time) {
 			}
 		}
 	}
+}
+
+// ReasonVanished is the drain reason of a pod that left its node without
+// draining (force deleted, or deleted while draind was not looking).
+const ReasonVanished = "vanished"
+
+// drainVanished gives local pods that disappeared without a drain (a force
+// delete: ready, then gone) or are being deleted with no grace (killed now)
+// a hosted drain that is gone from the start, so that its drain Lease tells
+// every node at once; and makes the Lease of a drained pod that just went
+// say so at once too (l.mu held).
+func (l *hostedDrains) drainVanished(pods map[types.UID]*k8s.Pod, now time.Time) {
+	for uid, p := range pods {
+		if !p.KilledWithoutGrace() || p.HostNetwork || p.Finished() || len(p.IPs) == 0 {
+			continue
+		}
+		ld := l.pods[uid]
+		if ld != nil && ld.state == StateGone {
+			continue
+		}
+		if ld == nil || ld.state == StateCancelled {
+			ld = l.start(p, ReasonVanished, now, false)
+			l.cfg.Metrics.DrainStarts.WithLabelValues(ReasonVanished).Inc()
+		}
+		ld.state, ld.goneAt, ld.lastRenew = StateGone, now, time.Time{}
+		l.finishWaiters(ld, now, StateGone, 200)
+		l.cfg.Metrics.DrainOutcomes.WithLabelValues("gone").Inc()
+		l.cfg.Log.Info("pod killed without grace: gone", logKeyPod, p.Namespace+"/"+p.Name)
+	}
+	for uid, p := range l.seen {
+		// A finished pod (a Job's, an evicted one) released its IPs when
+		// it finished: removing its object later ends nobody's connections,
+		// and its IPs may be another pod's by then.
+		if pods[uid] != nil || p.HostNetwork || p.Finished() || len(p.IPs) == 0 {
+			continue
+		}
+		if ld := l.pods[uid]; ld != nil && ld.state != StateCancelled {
+			continue // draining already: the usual path makes it gone
+		}
+		ld := l.start(p, ReasonVanished, now, false)
+		ld.state, ld.goneAt = StateGone, now
+		l.cfg.Metrics.DrainStarts.WithLabelValues(ReasonVanished).Inc()
+		l.cfg.Metrics.DrainOutcomes.WithLabelValues("gone").Inc()
+		l.cfg.Log.Info("pod vanished without a drain", logKeyPod, p.Namespace+"/"+p.Name)
+	}
+	// A draining pod that is about to turn gone in this reconcile: its
+	// Lease is renewed at once, so every node learns it now, not at the next
+	// periodic renewal.
+	for uid, ld := range l.pods {
+		if pods[uid] == nil && ld.state != StateGone && ld.state != StateCancelled {
+			ld.lastRenew = time.Time{}
+		}
+	}
+	l.seen = pods // a localPods snapshot's: nothing writes to it
 }
 
 // ownLease returns this node's drain Lease of pod uid (nil: none).

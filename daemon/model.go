@@ -193,11 +193,11 @@ type model struct {
 	podDrains   map[types.UID]*podDrain
 	// podDrainsGen changes whenever setPodDrains replaces podDrains;
 	// notesGen whenever podDrains, listings or vanish.services change (what
-	// gonePeers notes of the pod drains). Invariant: a reader that keeps
-	// what it derived from those (podDrainsState.modelGen,
-	// vanishState.markedGen, gonePeers.noted) with the generation it read
-	// may reuse it while the generation is the same. Checked by
-	// FuzzSequenceDifferential.
+	// the gone peers note of the pod drains, through goneView). Invariant:
+	// a reader that keeps what it derived from those
+	// (podDrainsState.modelGen, vanishState.markedGen,
+	// gonepeers.Peers.noted) with the generation it read may reuse it while
+	// the generation is the same. Checked by FuzzSequenceDifferential.
 	podDrainsGen, notesGen uint64
 	podDrainsEnd           time.Time // the earliest end of a pod drain (zero: none)
 	// drainsByPod holds podDrains by the key slices compare pods by.

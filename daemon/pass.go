@@ -109,7 +109,7 @@ func (d *Daemon) syncLocked(loop bool) time.Time {
 	m.expireLingering(now)
 	m.forgetVanishedServices(now)
 	first := d.apply(now, changedAt, programmed, loop)
-	d.gone.pass(m, now, dirty.ips, dirty.services)
+	d.gone.Pass(goneView{m}, now, dirty.ips, dirty.services)
 	d.hosted.setKeys(m.keysOf(d.hosted.uids()))
 	for _, dep := range m.takeDepartures() {
 		d.conntrackPolicy.departed(dep)

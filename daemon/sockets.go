@@ -12,7 +12,7 @@ import (
 // The socket hooks in the daemon: a draining pod's live
 // connections are read from its own sockets (the sock_ops counts), with the
 // node's conntrack table as a cross-check where it has the flows; client
-// sockets to gone pods are ended (sockets_gone.go); endpoints that vanish
+// sockets to gone pods are ended (package gonepeers); endpoints that vanish
 // from their Service without draining are steered away from like departed
 // ones (sockets_vanish.go).
 //

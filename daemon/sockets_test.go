@@ -347,11 +347,12 @@ func TestGonePeersRememberAServiceThatListedTheDrainingPod(t *testing.T) {
 	}
 }
 
-// TestGonePeersForgetServicesOfLingeringPods: the Services noted for a pod
-// whose drain ended (its Lease expired) are kept while its departed
-// endpoint lingers, and forgotten when the linger ends, with nothing else
-// changing.
-func TestGonePeersForgetServicesOfLingeringPods(t *testing.T) {
+// TestGoneViewLingeringPods: the gone peers' view of a pod whose drain
+// ended (its Lease expired) says it lingers while its departed endpoint
+// does, and no longer when the linger ends, with nothing else changing
+// (package gonepeers keeps the pod's Services so long:
+// TestServicesKeptWhileLingering).
+func TestGoneViewLingeringPods(t *testing.T) {
 	h, _ := newSocketHarness(t, func(c *Config) { c.Linger = time.Minute })
 	h.addService(webService())
 	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(ready("10.0.0.1", "a"), "node-b"), onNode(ready("10.0.0.2", "b"), "node-b")))
@@ -364,13 +365,14 @@ func TestGonePeersForgetServicesOfLingeringPods(t *testing.T) {
 	if h.d.model.podDrains["a"] != nil {
 		t.Fatal("the expired Lease still drains")
 	}
-	if _, ok := h.d.gone.services["a"]; !ok {
-		t.Fatalf("the Services of a departed pod whose endpoint lingers are forgotten at once:\n%s", h.describe())
+	v := goneView{h.d.model}
+	if _, drains := v.PodDrain("a"); drains || !v.Lingering("a") {
+		t.Fatalf("a departed pod whose endpoint lingers: drains %v, lingers %v:\n%s", drains, v.Lingering("a"), h.describe())
 	}
 	h.clock.Step(time.Minute)
 	h.pass()
-	if got, ok := h.d.gone.services["a"]; ok {
-		t.Errorf("the Services of pod a are kept after its linger ended: %v", got)
+	if v.Lingering("a") {
+		t.Errorf("pod a lingers after its linger ended:\n%s", h.describe())
 	}
 }
 
@@ -428,8 +430,8 @@ func TestGoneFlowsFromConntrack(t *testing.T) {
 	}
 	h.ct.AddFlow(flow("10.0.1.5:40000", vip, now.Add(-time.Minute)), flow("10.0.1.5:40001", pod, now.Add(-time.Minute)),
 		flow("10.0.1.6:40002", vip, now.Add(time.Minute)))
-	h.d.gone.flows.loop.start(h.ctx, h.d.gone.flows.run)
-	t.Cleanup(h.d.gone.flows.loop.stop)
+	h.d.gone.Start(h.ctx)
+	t.Cleanup(h.d.gone.Stop)
 	// The pod was listed on node-b (whose Lease is believed only so), and
 	// left its slice before its node said it is gone.
 	h.addService(webService())
@@ -642,23 +644,6 @@ func TestGoneLeaseBelievedOnlyFromTheDepartedHost(t *testing.T) {
 	}
 }
 
-// TestGonePeersForgetPodsNoServiceListed: the Services recorded for a pod's
-// opt-out are forgotten with its pod drain, also for a pod no Service ever
-// listed (a Job's pod, a registry-only workload).
-func TestGonePeersForgetPodsNoServiceListed(t *testing.T) {
-	h, _ := newSocketHarness(t)
-	h.putPod(pod("pod-j", "j", "10.0.0.7"))
-	h.pass()
-	h.lease("j", "default", "pod-j", testNode, k8s.ReasonOffline, time.Minute, "10.0.0.7")
-	h.pass()
-	h.deleteLease("j")
-	h.deletePod("default", "pod-j")
-	h.pass()
-	if n := len(h.d.gone.services); n != 0 {
-		t.Errorf("%d pods' Services kept after their drains ended: %v", n, h.d.gone.services)
-	}
-}
-
 // TestFinishedLocalPodNeverVanishes: a pod that finished (its IPs released
 // when it did) and whose object is removed later is no vanished pod: no
 // gone drain, so no node ends connections to an IP another pod may hold.
@@ -697,15 +682,15 @@ func TestGoneEntriesAdoptedAfterRestart(t *testing.T) {
 	client := netip.MustParseAddrPort("10.0.1.5:40000")
 	h.ct.AddFlow(conntrack.Flow{Proto: conntrack.TCP, Orig: conntrack.Tuple{Src: client, Dst: vip},
 		Reply: conntrack.Tuple{Src: pod, Dst: client}, Start: now.Add(-2 * time.Minute), State: conntrack.TCPEstablished})
-	h.d.gone.flows.loop.start(h.ctx, h.d.gone.flows.run)
-	t.Cleanup(h.d.gone.flows.loop.stop)
+	h.d.gone.Start(h.ctx)
+	t.Cleanup(h.d.gone.Stop)
 	// What the restarted draind's informers list before its first pass:
 	// the pod left its slice on node-b, which says it is gone.
 	h.addService(webService())
 	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(ready("10.0.0.1", "a"), "node-b")))
 	h.putSlice(slice("web-1", "web", v4, httpPorts(8080)))
 	h.goneLease("a", "pod-a", "node-b", "10.0.0.1")
-	if err := h.d.gone.adopt(); err != nil {
+	if err := h.d.gone.Adopt(); err != nil {
 		t.Fatal(err)
 	}
 	sd.mu.Lock()

@@ -22,7 +22,7 @@ import (
 //
 // An endpoint that left its slices while ready is a candidate; it vanished
 // once its pod is gone, as the node hosting it says (a drain Lease with
-// state gone, sockets_gone.go). A pod that only left its Service (a label
+// state gone, package gonepeers). A pod that only left its Service (a label
 // change) or a slice that was rebalanced never vanishes: no gone Lease
 // comes, and the candidate is dropped after vanishWait. A vanished endpoint
 // drains for one pass (reason "vanished": the VIP is steered to the
