@@ -266,7 +266,13 @@ func listEndpoints(svc *k8s.Service, sl *k8s.Slice, port uint16, drains map[k8s.
 		identified := trusted && sl.HasPod(i)
 		var pd *podDrain
 		if identified && len(drains) > 0 {
-			if pd = drains[sl.PodKey(i)]; pd != nil {
+			// A pod drain drains its pod's own IPs only: a listing of the
+			// pod at another address is not the pod's (a Lease is honoured
+			// for its pod's IPs alone).
+			if pd = drains[sl.PodKey(i)]; pd != nil && !slices.Contains(pd.IPs, sl.Addr(i)) {
+				pd = nil
+			}
+			if pd != nil {
 				out.addDrainedPod(pd.UID)
 			}
 		}

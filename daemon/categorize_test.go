@@ -50,7 +50,7 @@ func catService(mod ...func(*k8s.Service)) *k8s.Service {
 // selectable, which drain and why, per service-port and family.
 func TestCategorize(t *testing.T) {
 	leaseExp := time.Date(2026, 11, 29, 12, 0, 30, 0, time.UTC)
-	drains := map[types.UID]*podDrain{"d": {UID: "d", Reason: k8s.ReasonOffline, Expires: leaseExp}}
+	drains := map[types.UID]*podDrain{"d": {UID: "d", Reason: k8s.ReasonOffline, Expires: leaseExp, IPs: addrs("10.0.0.1")}}
 	type want struct {
 		selectable []string
 		draining   map[string]string // endpoint -> reason
@@ -158,7 +158,7 @@ func byPod(drains map[types.UID]*podDrain) map[k8s.PodKey]*podDrain {
 // (departure detection), and drained pods are reported. The listing
 // reuses the last one's array and keeps nothing of it.
 func TestCategorizeListed(t *testing.T) {
-	drains := map[types.UID]*podDrain{"d": {UID: "d", Reason: k8s.ReasonOffline}}
+	drains := map[types.UID]*podDrain{"d": {UID: "d", Reason: k8s.ReasonOffline, IPs: addrs("10.0.0.1")}}
 	last := listedEndpoints{{key("10.0.0.9:8080", bpf.TCP), k8s.PodKeyOf("x")}, {key("10.0.0.1:8080", bpf.TCP), k8s.PodKeyOf("x")}}
 	scratch := &catScratch{listed: last[:0], selectable: make([]netip.AddrPort, 1, 4)}
 	got := categorize(catService(), []*k8s.Slice{catSlice(k8s.IPv4, 8080, bpf.TCP,
@@ -186,8 +186,8 @@ func TestCategorizeListed(t *testing.T) {
 func TestCategorizeListingOrder(t *testing.T) {
 	exp1 := time.Date(2026, 11, 29, 12, 0, 30, 0, time.UTC)
 	drains := map[types.UID]*podDrain{
-		"d1": {UID: "d1", Reason: k8s.ReasonOffline, Expires: exp1},
-		"d2": {UID: "d2", Reason: k8s.ReasonOperator, Expires: exp1.Add(time.Minute)},
+		"d1": {UID: "d1", Reason: k8s.ReasonOffline, Expires: exp1, IPs: addrs("10.0.0.1")},
+		"d2": {UID: "d2", Reason: k8s.ReasonOperator, Expires: exp1.Add(time.Minute), IPs: addrs("10.0.0.1")},
 	}
 	named := func(name string, eps ...k8s.Endpoint) *k8s.Slice {
 		s := catSlice(k8s.IPv4, 8080, bpf.TCP, eps...)
@@ -234,4 +234,13 @@ func TestCategorizeListingOrder(t *testing.T) {
 			}
 		})
 	}
+}
+
+// addrs parses addresses.
+func addrs(s ...string) []netip.Addr {
+	out := make([]netip.Addr, len(s))
+	for i, a := range s {
+		out[i] = netip.MustParseAddr(a)
+	}
+	return out
 }

@@ -41,7 +41,8 @@ func nodeHint(node, zone string) *k8s.Hints {
 // controller writes for it), topology-mode Auto's hints, and the
 // fallbacks. "d" is a pod that asked to go offline (ready, draining).
 func TestTopologyBackendSet(t *testing.T) {
-	drains := byPod(map[types.UID]*podDrain{"d": {UID: "d", Reason: k8s.ReasonOffline}})
+	// Pod d is listed at one of these addresses in each case.
+	drains := byPod(map[types.UID]*podDrain{"d": {UID: "d", Reason: k8s.ReasonOffline, IPs: addrs("10.0.0.1", "10.0.0.2", "10.0.0.3")}})
 	local := func(s *k8s.Service) { s.InternalLocal = true }
 	here := place{node: "this-node", zone: "zone-a"}
 	for _, tc := range []struct {
