@@ -439,8 +439,14 @@ func (m *model) updateListings(key string, old, next *serviceResult, policy bpf.
 // lingerDeparted lets endpoints that drained and are now gone from every
 // slice of the Service linger, so stale callers are still steered away,
 // and records their departure. It reports whether any departed.
+//
+// A Service that is itself deleted departs nothing: its slices go with it
+// (`kubectl delete -f` deletes a Service and its pods together), so its
+// leaving says nothing of its pods, which may still be serving their
+// connections through their grace period. Their addresses are not
+// lingered, and their TCP flows are not expired.
 func (m *model) lingerDeparted(svc string, old, next *serviceResult, listed listedEndpoints, now time.Time) (departed bool) {
-	if old == nil {
+	if old == nil || m.state.Service(svc) == nil {
 		return false
 	}
 	for _, d := range old.draining {

@@ -98,7 +98,7 @@ func TestInvalidPolicyAnnotationWarns(t *testing.T) {
 }
 
 func TestServiceDeletion(t *testing.T) {
-	h := newHarness(t, func(c *Config) { c.Linger = -1 })
+	h := newHarness(t)
 	h.addService(webService())
 	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
 	h.pass()
@@ -438,6 +438,31 @@ func TestTCPExpiredOnlyOnceGone(t *testing.T) {
 	if n := len(h.ct.ExpireCalls()); n != 1 {
 		t.Errorf("a departure is expired once, got %d calls", n)
 	}
+}
+
+// TestTCPKeptWhenTheServiceIsDeleted: a Service deleted with its pods
+// (kubectl delete -f) while they terminate: its endpoints did not leave
+// because their pods are gone, so their connections are not cut, however
+// long after.
+func TestTCPKeptWhenTheServiceIsDeleted(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.GoneGrace = 5 * time.Second })
+	h.addService(webService())
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+	h.pass()
+	h.deleteService("default", "web")
+	h.deleteSlice("default", "web-1")
+	h.pass()
+	h.clock.Step(time.Minute)
+	h.pass()
+	h.d.conntrackPolicy.pass(h.ctx)
+	for _, call := range h.ct.ExpireCalls() {
+		for _, f := range call {
+			if f.Proto == 6 {
+				t.Fatalf("TCP flows of a terminating pod expired after its Service was deleted: %+v", f)
+			}
+		}
+	}
+	h.check(expect{})
 }
 
 // A draining pod the EndpointSlice controller moves to another slice, in
