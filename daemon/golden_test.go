@@ -145,8 +145,8 @@ func (h *harness) goldenDump() []byte {
 	for i := 0; ; i++ {
 		n := h.pass()
 		h.d.hosted.reconcile(h.ctx)
-		h.d.hosted.writer.flush(h.ctx)
-		h.d.leaseTrust.flush(h.ctx)
+		h.d.hosted.writer.Flush(h.ctx)
+		h.d.leaseTrust.Flush(h.ctx)
 		h.syncLeases()
 		if n+h.pass() == 0 {
 			break

@@ -20,6 +20,7 @@ import (
 
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/conntrack"
+	"github.com/draind/draind/daemon/lease"
 	"github.com/draind/draind/daemon/nodeapi"
 	"github.com/draind/draind/k8s"
 )
@@ -127,7 +128,7 @@ type hostedDrainsConfig struct {
 // hostedDrains are the drains of the pods this node hosts.
 type hostedDrains struct {
 	cfg    hostedDrainsConfig
-	writer *leaseWriter
+	writer *lease.Writer
 	wakeCh chan struct{}
 
 	broadcaster   record.EventBroadcaster // between startEvents and stopEvents
@@ -153,7 +154,7 @@ type hostedDrains struct {
 func newHostedDrains(cfg hostedDrainsConfig) *hostedDrains {
 	l := &hostedDrains{cfg: cfg, wakeCh: make(chan struct{}, 1),
 		pods: map[types.UID]*hostedDrain{}, podWaits: map[types.UID]int{}, keysFor: map[types.UID][]bpf.EndpointKey{}}
-	l.writer = newLeaseWriter(cfg.Leases, cfg.LeaseDuration, cfg.Clock, cfg.Log, l.leaseWritten)
+	l.writer = lease.NewWriter(cfg.Leases, cfg.LeaseDuration, cfg.Clock, l.leaseWritten)
 	return l
 }
 
@@ -161,7 +162,7 @@ func newHostedDrains(cfg hostedDrainsConfig) *hostedDrains {
 // and settles drains.
 func (l *hostedDrains) Start(ctx context.Context) {
 	l.startEvents()
-	l.writing.start(ctx, l.writer.run)
+	l.writing.start(ctx, l.writer.Run)
 	l.loop.start(ctx, l.run)
 }
 
@@ -392,9 +393,9 @@ func (l *hostedDrains) step(uid types.UID, ld *hostedDrain, dl *k8s.DrainLease, 
 	}
 	switch {
 	case !ld.published:
-		l.writer.want(name, leaseWrite{kind: leasePublish, req: l.request(ld)})
+		l.writer.Want(name, lease.Write{Kind: lease.Publish, Req: l.request(ld)})
 	case now.Sub(ld.lastRenew) >= l.cfg.LeaseDuration/3:
-		l.writer.want(name, leaseWrite{kind: leaseRenew, req: l.request(ld), ann: ld.renewAnnotations(now)})
+		l.writer.Want(name, lease.Write{Kind: lease.Renew, Req: l.request(ld), Ann: ld.renewAnnotations(now)})
 	}
 }
 
@@ -507,7 +508,7 @@ func (l *hostedDrains) cleanStaleLeases(leases map[types.UID]*k8s.DrainLease, po
 			}
 		}
 		if stale {
-			l.writer.want(dl.Name, leaseWrite{kind: leaseDelete})
+			l.writer.Want(dl.Name, lease.Write{Kind: lease.Delete})
 		}
 	}
 }
@@ -516,9 +517,9 @@ func (l *hostedDrains) cleanStaleLeases(leases map[types.UID]*k8s.DrainLease, po
 func (l *hostedDrains) forget(uid types.UID, deleteLease bool) {
 	l.unlist(uid)
 	if deleteLease {
-		l.writer.want(k8s.LeaseName(uid), leaseWrite{kind: leaseDelete})
+		l.writer.Want(k8s.LeaseName(uid), lease.Write{Kind: lease.Delete})
 	} else {
-		l.writer.drop(k8s.LeaseName(uid))
+		l.writer.Drop(k8s.LeaseName(uid))
 	}
 }
 
@@ -534,41 +535,41 @@ func (l *hostedDrains) request(ld *hostedDrain) k8s.DrainRequest {
 
 // leaseWritten records a Lease write that landed or failed (the writer's
 // goroutine).
-func (l *hostedDrains) leaseWritten(r leaseResult) {
-	op := r.kind.String()
+func (l *hostedDrains) leaseWritten(r lease.Result) {
+	op := r.Kind.String()
 	switch {
-	case r.err == nil:
+	case r.Err == nil:
 		l.cfg.Metrics.LeaseOps.WithLabelValues(op, "ok").Inc()
-	case leaseGone(r.kind, r.err):
+	case lease.Gone(r.Kind, r.Err):
 		l.cfg.Metrics.LeaseOps.WithLabelValues(op, "refused").Inc()
-		l.cfg.Log.Info("drain lease deleted, not renewed again", "lease", r.name)
-	case permanentLeaseError(r.kind, r.err):
+		l.cfg.Log.Info("drain lease deleted, not renewed again", "lease", r.Name)
+	case lease.Permanent(r.Kind, r.Err):
 		l.cfg.Metrics.LeaseOps.WithLabelValues(op, "refused").Inc()
-		l.cfg.Log.Warn("drain lease write refused, retried with backoff up to "+leaseRefusedMax.String(),
-			"lease", r.name, "op", op, logKeyErr, r.err)
+		l.cfg.Log.Warn("drain lease write refused, retried with backoff up to "+lease.RefusedMax.String(),
+			"lease", r.Name, "op", op, logKeyErr, r.Err)
 	default:
 		l.cfg.Metrics.LeaseOps.WithLabelValues(op, "error").Inc()
-		l.cfg.Log.Error("writing drain lease, will retry", "lease", r.name, "op", op, logKeyErr, r.err)
+		l.cfg.Log.Error("writing drain lease, will retry", "lease", r.Name, "op", op, logKeyErr, r.Err)
 	}
-	if strings.HasPrefix(r.name, k8s.ClaimPrefix) {
+	if strings.HasPrefix(r.Name, k8s.ClaimPrefix) {
 		l.claimWritten(r)
 		return
 	}
-	if r.kind == leaseDelete {
+	if r.Kind == lease.Delete {
 		return
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, ld := range l.pods {
-		if k8s.LeaseName(ld.uid) != r.name {
+		if k8s.LeaseName(ld.uid) != r.Name {
 			continue
 		}
 		switch {
-		case r.err == nil:
-			ld.published, ld.lastRenew = true, r.at
-		case apierrors.IsNotFound(r.err) && !ld.leaseSeen:
+		case r.Err == nil:
+			ld.published, ld.lastRenew = true, r.At
+		case apierrors.IsNotFound(r.Err) && !ld.leaseSeen:
 			ld.published = false // never landed: create it
-		case leaseGone(r.kind, r.err):
+		case lease.Gone(r.Kind, r.Err):
 			ld.leaseLost = true // deleted: reconcile ends the drain
 		}
 	}
@@ -604,7 +605,7 @@ func (l *hostedDrains) publish(ctx context.Context, ld *hostedDrain, now time.Ti
 	l.mu.Lock()
 	req := l.request(ld)
 	l.mu.Unlock()
-	ctx, cancel := context.WithTimeout(ctx, leaseCallTimeout)
+	ctx, cancel := context.WithTimeout(ctx, lease.CallTimeout)
 	defer cancel()
 	_, created, err := l.cfg.Leases.Publish(ctx, req, now)
 	op := "renew"
