@@ -121,7 +121,7 @@ func (l *hostedDrains) publishClaims(leases map[types.UID]*k8s.DrainLease, lp *l
 	want := map[types.UID]*k8s.Pod{}
 	for _, dl := range leases {
 		if dl.Holder == l.cfg.Node || !dl.Expires().After(now) {
-			continue // ours: cleanStaleLeases deletes it
+			continue // ours: cleanStaleLeases decides whether to delete it
 		}
 		for _, ip := range dl.IPs {
 			if p := lp.byIP[ip]; p != nil && p.UID != dl.PodUID && claimant(p) {
@@ -135,12 +135,12 @@ func (l *hostedDrains) publishClaims(leases map[types.UID]*k8s.DrainLease, lp *l
 	for uid := range l.claimed {
 		if want[uid] == nil {
 			delete(l.claimed, uid)
-			l.writer.Want(k8s.ClaimName(uid), lease.Write{Kind: lease.Delete})
+			l.deleteLease(k8s.ClaimName(uid), l.cfg.Node)
 		}
 	}
 	for _, cl := range claimLeasesOf(l.cfg.State) {
-		if cl.Holder == l.cfg.Node && want[cl.PodUID] == nil && !l.writer.Has(cl.Name) {
-			l.writer.Want(cl.Name, lease.Write{Kind: lease.Delete}) // left by an earlier run
+		if want[cl.PodUID] == nil && !l.writer.Has(cl.Name) {
+			l.deleteLease(cl.Name, cl.Holder) // ours, left by an earlier run
 		}
 	}
 	for uid, p := range want {

@@ -508,16 +508,37 @@ func (l *hostedDrains) cleanStaleLeases(leases map[types.UID]*k8s.DrainLease, po
 			}
 		}
 		if stale {
-			l.writer.Want(dl.Name, lease.Write{Kind: lease.Delete})
+			l.deleteLease(dl.Name, dl.Holder)
 		}
 	}
+}
+
+// deleteLease is the one place this node decides to delete a Lease (l.mu
+// held), through the writer. Only a Lease's holder deletes it: the shipped
+// Lease policy denies any other node, and a local pod at the IP of another
+// node's drain Lease claims the IP instead (publishClaims), so a Lease of
+// another holder is never deleted here. The holder deletes:
+//   - a drain Lease whose drain ended: its pod gone and the linger over,
+//     or its IP claimed elsewhere (forget);
+//   - a drain Lease it holds naming an IP a different pod now holds, or
+//     whose pod is gone and that expired (cleanStaleLeases);
+//   - a claim Lease no longer needed, or left by an earlier run
+//     (publishClaims).
+//
+// The one other deletion is /v1/online's (hostedDrains.online): the pod's
+// own drain Lease, deleted at once because the call's answer waits for it.
+func (l *hostedDrains) deleteLease(name, holder string) {
+	if holder != l.cfg.Node {
+		return
+	}
+	l.writer.Want(name, lease.Write{Kind: lease.Delete})
 }
 
 // forget drops a drain (l.mu held); deleteLease also deletes its Lease.
 func (l *hostedDrains) forget(uid types.UID, deleteLease bool) {
 	l.unlist(uid)
 	if deleteLease {
-		l.writer.Want(k8s.LeaseName(uid), lease.Write{Kind: lease.Delete})
+		l.deleteLease(k8s.LeaseName(uid), l.cfg.Node)
 	} else {
 		l.writer.Drop(k8s.LeaseName(uid))
 	}

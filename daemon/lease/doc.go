@@ -11,8 +11,8 @@
 //     pod's own IPs count), off the runner's path; its generation is the
 //     cache invariant the daemon's memos rely on.
 //
-// Whether a Lease is believed is decided in package daemon (honouredIPs),
-// which asks Trust only for pods no trusted slice lists; which Leases this
-// node deletes is decided there too. Terms are
-// those of the daemon's glossary (package daemon's doc, docs/glossary.md).
+// Package daemon decides whether a Lease is believed (honouredIPs, which
+// asks Trust only for pods no trusted slice lists) and which Leases this
+// node deletes (hostedDrains.deleteLease, the one place). Terms are those
+// of the daemon's glossary (package daemon's doc, docs/glossary.md).
 package lease
