@@ -496,9 +496,7 @@ func (l *hostedDrains) cleanStaleLeases(leases map[types.UID]*k8s.DrainLease, po
 		mine := dl.Holder == l.cfg.Node
 		stale := mine && l.pods[uid] == nil && !dl.Expires().After(now)
 		for _, ip := range dl.IPs {
-			// Only the holder deletes a Lease (the shipped Lease policy
-			// denies any other node): a local pod at the IP of another
-			// node's Lease claims it instead (publishClaims).
+			// Only the holder deletes a Lease (deleteLease).
 			if mine && l.cfg.Claims.claimedByOther(ip, uid) {
 				stale = true
 				if ld := l.pods[uid]; ld != nil {
@@ -513,11 +511,12 @@ func (l *hostedDrains) cleanStaleLeases(leases map[types.UID]*k8s.DrainLease, po
 	}
 }
 
-// deleteLease is the one place this node decides to delete a Lease (l.mu
-// held), through the writer. Only a Lease's holder deletes it: the shipped
-// Lease policy denies any other node, and a local pod at the IP of another
-// node's drain Lease claims the IP instead (publishClaims), so a Lease of
-// another holder is never deleted here. The holder deletes:
+// deleteLease is the one place that decides who deletes a Lease, and the
+// one place this node asks for a deletion (l.mu held; the writer performs
+// it). Only a Lease's holder deletes it: the shipped Lease policy denies
+// any other node, and a local pod at the IP of another node's drain Lease
+// claims the IP instead (publishClaims), so a Lease of another holder is
+// never deleted here. The holder deletes:
 //   - a drain Lease whose drain ended: its pod gone and the linger over,
 //     or its IP claimed elsewhere (forget);
 //   - a drain Lease it holds naming an IP a different pod now holds, or
