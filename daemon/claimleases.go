@@ -8,6 +8,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/draind/draind/daemon/lease"
 	"github.com/draind/draind/k8s"
 )
 
@@ -62,7 +63,7 @@ type claimsMemo struct {
 func (d *Daemon) readClaims(local *localPods, now time.Time) []netip.Addr {
 	mm := &d.drainsState.claimsMemo
 	leases := d.drainLeasesNow()
-	claimsGen, trustGen := d.claims.generation(), d.leaseTrust.generation()
+	claimsGen, trustGen := d.claims.generation(), d.leaseTrust.Generation()
 	if mm.initialized && mm.leases == leases && mm.local == local && mm.claimsGen == claimsGen &&
 		mm.trustGen == trustGen && (mm.until.IsZero() || now.Before(mm.until)) {
 		return nil
@@ -120,7 +121,7 @@ func (l *hostedDrains) publishClaims(leases map[types.UID]*k8s.DrainLease, lp *l
 	want := map[types.UID]*k8s.Pod{}
 	for _, dl := range leases {
 		if dl.Holder == l.cfg.Node || !dl.Expires().After(now) {
-			continue // ours: cleanStaleLeases deletes it
+			continue // ours: cleanStaleLeases decides whether to delete it
 		}
 		for _, ip := range dl.IPs {
 			if p := lp.byIP[ip]; p != nil && p.UID != dl.PodUID && claimant(p) {
@@ -134,12 +135,12 @@ func (l *hostedDrains) publishClaims(leases map[types.UID]*k8s.DrainLease, lp *l
 	for uid := range l.claimed {
 		if want[uid] == nil {
 			delete(l.claimed, uid)
-			l.writer.want(k8s.ClaimName(uid), leaseWrite{kind: leaseDelete})
+			l.deleteLease(k8s.ClaimName(uid), l.cfg.Node)
 		}
 	}
 	for _, cl := range claimLeasesOf(l.cfg.State) {
-		if cl.Holder == l.cfg.Node && want[cl.PodUID] == nil && !l.writer.has(cl.Name) {
-			l.writer.want(cl.Name, leaseWrite{kind: leaseDelete}) // left by an earlier run
+		if want[cl.PodUID] == nil && !l.writer.Has(cl.Name) {
+			l.deleteLease(cl.Name, cl.Holder) // ours, left by an earlier run
 		}
 	}
 	for uid, p := range want {
@@ -152,23 +153,23 @@ func (l *hostedDrains) publishClaims(leases map[types.UID]*k8s.DrainLease, lp *l
 		}
 		switch {
 		case !c.published:
-			l.writer.want(k8s.ClaimName(uid), leaseWrite{kind: leasePublish, req: c.req})
+			l.writer.Want(k8s.ClaimName(uid), lease.Write{Kind: lease.Publish, Req: c.req})
 		case now.Sub(c.lastRenew) >= l.cfg.LeaseDuration/3:
-			l.writer.want(k8s.ClaimName(uid), leaseWrite{kind: leaseRenew})
+			l.writer.Want(k8s.ClaimName(uid), lease.Write{Kind: lease.Renew})
 		}
 	}
 }
 
 // claimWritten records a write of a claim Lease (the writer's goroutine).
-func (l *hostedDrains) claimWritten(r leaseResult) {
+func (l *hostedDrains) claimWritten(r lease.Result) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	c := l.claimed[types.UID(strings.TrimPrefix(r.name, k8s.ClaimPrefix))]
+	c := l.claimed[types.UID(strings.TrimPrefix(r.Name, k8s.ClaimPrefix))]
 	switch {
-	case c == nil || r.kind == leaseDelete:
-	case r.err == nil:
-		c.published, c.lastRenew = true, r.at
-	case apierrors.IsNotFound(r.err):
+	case c == nil || r.Kind == lease.Delete:
+	case r.Err == nil:
+		c.published, c.lastRenew = true, r.At
+	case apierrors.IsNotFound(r.Err):
 		c.published = false // deleted under us: create it again
 	}
 }

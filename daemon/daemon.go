@@ -18,6 +18,7 @@ import (
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/conntrack"
 	"github.com/draind/draind/daemon/gonepeers"
+	"github.com/draind/draind/daemon/lease"
 	"github.com/draind/draind/daemon/nodeapi"
 	"github.com/draind/draind/k8s"
 )
@@ -135,7 +136,7 @@ type Daemon struct {
 	zoneLoop        loopRunner
 	conntrackPolicy *conntrackPolicy
 	hosted          *hostedDrains
-	leaseTrust      *leaseTrust
+	leaseTrust      *lease.Trust
 	gone            *gonepeers.Peers // sockets_gone.go wires it
 	vanished        vanishIntake     // sockets_vanish.go
 
@@ -181,7 +182,7 @@ func New(cfg Config, client kubernetes.Interface, dp Datapath, ct conntrack.Inte
 		Events: client.CoreV1().Events(""), Metrics: d.Metrics, Log: cfg.Logger, Clock: cfg.Clock,
 		RequestPass: d.runner.Run,
 	})
-	d.leaseTrust = newLeaseTrust(client.CoreV1(), cfg.Clock, cfg.Logger, d.runner.Run)
+	d.leaseTrust = lease.NewTrust(client.CoreV1(), cfg.Clock, cfg.Logger, d.runner.Run)
 	d.api = nodeapi.New(d, nodeapi.Config{Quiet: cfg.Quiet, MaxWait: cfg.MaxWait, BodyTimeout: cfg.BodyTimeout,
 		HeaderTimeout: cfg.HeaderTimeout, MaxConnections: cfg.MaxConnections,
 		Requests: d.Metrics.OfflineRequests, ConnsRefused: d.Metrics.OfflineConnsRefused.Inc})
@@ -266,7 +267,7 @@ func (d *Daemon) checkLeases(ctx context.Context) {
 	d.modelMu.Lock()
 	d.podDrains(d.localPodsNow(), d.clock.Now())
 	d.modelMu.Unlock()
-	d.leaseTrust.flush(ctx)
+	d.leaseTrust.Flush(ctx)
 }
 
 // adoptDatapath seeds the reconciler (and the model's ids) from the pinned

@@ -10,7 +10,9 @@
 //     entries the kernel should hold);
 //   - which Leases are believed, and who writes them: leasetrust.go (the
 //     one place a drain or claim Lease is believed), claimleases.go (an IP
-//     reused on another node), leasewriter.go (Lease writes off the loop);
+//     reused on another node); package lease writes this node's Leases
+//     off the loop (lease.Writer) and checks a Lease against its Pod
+//     object (lease.Trust);
 //   - what the kernel gets: reconcile.go (the minimal, ordered diff),
 //     datapath.go (the interface; its fake is package
 //     datapathtest), kernelfeatures.go;
@@ -41,7 +43,7 @@
 // every pass of random event sequences, the datapath with a fresh
 // daemon's): the model (model.go: podDrainsGen, notesGen), the pod drains'
 // memos (poddrains.go: podDrainsState.modelGen, leaseDrainsMemo), the
-// Lease answers (leasetrust.go: leaseHosts, leaseTrust.gen; claims.go:
+// Lease answers (leasetrust.go: leaseHosts, lease.Trust's gen; claims.go:
 // claims.gen), the gone peers (package gonepeers: noted, wantYet), the
 // vanished endpoints (sockets_vanish.go: markedGen), the deleting pods'
 // drains (hosted.go: looked), the informer snapshots (daemon.go: local,

@@ -15,6 +15,7 @@ import (
 
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/daemon/datapathtest"
+	"github.com/draind/draind/daemon/lease"
 	"github.com/draind/draind/k8s"
 )
 
@@ -291,7 +292,7 @@ func TestFaultAPIOutageHostingNode(t *testing.T) {
 		h.clock.Step(200 * time.Millisecond)
 		h.pass()
 		h.d.hosted.reconcile(h.ctx)
-		h.d.hosted.writer.flush(h.ctx)
+		h.d.hosted.writer.Flush(h.ctx)
 	}
 	if r, answered := call.answered(t); answered {
 		t.Fatalf("the waiter was answered during the outage: %+v", r)
@@ -311,7 +312,7 @@ func TestFaultAPIOutageHostingNode(t *testing.T) {
 	// The API is back: the Lease is renewed at the next retry.
 	h.outage(false)
 	back := h.clock.Now()
-	h.tick(leaseRetryMax)
+	h.tick(lease.RetryMax)
 	h.waitLeases(1)
 	l := h.d.state.DrainLeases()[0]
 	if l.Renewed.Before(back) || !l.Expires().After(back) {
@@ -343,7 +344,7 @@ func TestFaultAPIOutageRecreatesLease(t *testing.T) {
 		h.tick(time.Second)
 	}
 	h.outage(false)
-	h.tick(leaseRetryMax)
+	h.tick(lease.RetryMax)
 	h.waitLeases(1)
 	if l := h.d.state.DrainLeases()[0]; l.PodUID != "p0" || l.Holder != testNode {
 		t.Fatalf("lease %+v", l)

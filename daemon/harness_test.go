@@ -134,8 +134,7 @@ func (h *harness) do(kind *atomic.Uint64, n int, fn func(context.Context) error)
 func (h *harness) pass() int {
 	before := h.dp.OpCount()
 	h.d.sync()
-	if h.d.leaseTrust.hasPending() {
-		h.d.leaseTrust.flush(h.ctx)
+	if h.d.leaseTrust.Flush(h.ctx) {
 		h.d.sync()
 	}
 	return h.dp.OpCount() - before

@@ -20,6 +20,7 @@ import (
 
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/conntrack"
+	"github.com/draind/draind/daemon/lease"
 	"github.com/draind/draind/daemon/nodeapi"
 	"github.com/draind/draind/k8s"
 )
@@ -127,7 +128,7 @@ type hostedDrainsConfig struct {
 // hostedDrains are the drains of the pods this node hosts.
 type hostedDrains struct {
 	cfg    hostedDrainsConfig
-	writer *leaseWriter
+	writer *lease.Writer
 	wakeCh chan struct{}
 
 	broadcaster   record.EventBroadcaster // between startEvents and stopEvents
@@ -153,7 +154,7 @@ type hostedDrains struct {
 func newHostedDrains(cfg hostedDrainsConfig) *hostedDrains {
 	l := &hostedDrains{cfg: cfg, wakeCh: make(chan struct{}, 1),
 		pods: map[types.UID]*hostedDrain{}, podWaits: map[types.UID]int{}, keysFor: map[types.UID][]bpf.EndpointKey{}}
-	l.writer = newLeaseWriter(cfg.Leases, cfg.LeaseDuration, cfg.Clock, cfg.Log, l.leaseWritten)
+	l.writer = lease.NewWriter(cfg.Leases, cfg.LeaseDuration, cfg.Clock, l.leaseWritten)
 	return l
 }
 
@@ -161,7 +162,7 @@ func newHostedDrains(cfg hostedDrainsConfig) *hostedDrains {
 // and settles drains.
 func (l *hostedDrains) Start(ctx context.Context) {
 	l.startEvents()
-	l.writing.start(ctx, l.writer.run)
+	l.writing.start(ctx, l.writer.Run)
 	l.loop.start(ctx, l.run)
 }
 
@@ -392,9 +393,9 @@ func (l *hostedDrains) step(uid types.UID, ld *hostedDrain, dl *k8s.DrainLease, 
 	}
 	switch {
 	case !ld.published:
-		l.writer.want(name, leaseWrite{kind: leasePublish, req: l.request(ld)})
+		l.writer.Want(name, lease.Write{Kind: lease.Publish, Req: l.request(ld)})
 	case now.Sub(ld.lastRenew) >= l.cfg.LeaseDuration/3:
-		l.writer.want(name, leaseWrite{kind: leaseRenew, req: l.request(ld), ann: ld.renewAnnotations(now)})
+		l.writer.Want(name, lease.Write{Kind: lease.Renew, Req: l.request(ld), Ann: ld.renewAnnotations(now)})
 	}
 }
 
@@ -549,9 +550,7 @@ func (l *hostedDrains) cleanStaleLeases(leases map[types.UID]*k8s.DrainLease, po
 		mine := dl.Holder == l.cfg.Node
 		stale := mine && l.pods[uid] == nil && !dl.Expires().After(now)
 		for _, ip := range dl.IPs {
-			// Only the holder deletes a Lease (the shipped Lease policy
-			// denies any other node): a local pod at the IP of another
-			// node's Lease claims it instead (publishClaims).
+			// Only the holder deletes a Lease (deleteLease).
 			if mine && l.cfg.Claims.claimedByOther(ip, uid) {
 				stale = true
 				if ld := l.pods[uid]; ld != nil {
@@ -561,18 +560,40 @@ func (l *hostedDrains) cleanStaleLeases(leases map[types.UID]*k8s.DrainLease, po
 			}
 		}
 		if stale {
-			l.writer.want(dl.Name, leaseWrite{kind: leaseDelete})
+			l.deleteLease(dl.Name, dl.Holder)
 		}
 	}
+}
+
+// deleteLease is the one place that decides who deletes a Lease, and the
+// one place this node asks for a deletion (l.mu held; the writer performs
+// it). Only a Lease's holder deletes it: the shipped Lease policy denies
+// any other node, and a local pod at the IP of another node's drain Lease
+// claims the IP instead (publishClaims), so a Lease of another holder is
+// never deleted here. The holder deletes:
+//   - a drain Lease whose drain ended: its pod gone and the linger over,
+//     or its IP claimed elsewhere (forget);
+//   - a drain Lease it holds naming an IP a different pod now holds, or
+//     whose pod is gone and that expired (cleanStaleLeases);
+//   - a claim Lease no longer needed, or left by an earlier run
+//     (publishClaims).
+//
+// The one other deletion is /v1/online's (hostedDrains.online): the pod's
+// own drain Lease, deleted at once because the call's answer waits for it.
+func (l *hostedDrains) deleteLease(name, holder string) {
+	if holder != l.cfg.Node {
+		return
+	}
+	l.writer.Want(name, lease.Write{Kind: lease.Delete})
 }
 
 // forget drops a drain (l.mu held); deleteLease also deletes its Lease.
 func (l *hostedDrains) forget(uid types.UID, deleteLease bool) {
 	l.unlist(uid)
 	if deleteLease {
-		l.writer.want(k8s.LeaseName(uid), leaseWrite{kind: leaseDelete})
+		l.deleteLease(k8s.LeaseName(uid), l.cfg.Node)
 	} else {
-		l.writer.drop(k8s.LeaseName(uid))
+		l.writer.Drop(k8s.LeaseName(uid))
 	}
 }
 
@@ -588,41 +609,41 @@ func (l *hostedDrains) request(ld *hostedDrain) k8s.DrainRequest {
 
 // leaseWritten records a Lease write that landed or failed (the writer's
 // goroutine).
-func (l *hostedDrains) leaseWritten(r leaseResult) {
-	op := r.kind.String()
+func (l *hostedDrains) leaseWritten(r lease.Result) {
+	op := r.Kind.String()
 	switch {
-	case r.err == nil:
+	case r.Err == nil:
 		l.cfg.Metrics.LeaseOps.WithLabelValues(op, "ok").Inc()
-	case leaseGone(r.kind, r.err):
+	case lease.Gone(r.Kind, r.Err):
 		l.cfg.Metrics.LeaseOps.WithLabelValues(op, "refused").Inc()
-		l.cfg.Log.Info("drain lease deleted, not renewed again", "lease", r.name)
-	case permanentLeaseError(r.kind, r.err):
+		l.cfg.Log.Info("drain lease deleted, not renewed again", "lease", r.Name)
+	case lease.Permanent(r.Kind, r.Err):
 		l.cfg.Metrics.LeaseOps.WithLabelValues(op, "refused").Inc()
-		l.cfg.Log.Warn("drain lease write refused, retried with backoff up to "+leaseRefusedMax.String(),
-			"lease", r.name, "op", op, logKeyErr, r.err)
+		l.cfg.Log.Warn("drain lease write refused, retried with backoff up to "+lease.RefusedMax.String(),
+			"lease", r.Name, "op", op, logKeyErr, r.Err)
 	default:
 		l.cfg.Metrics.LeaseOps.WithLabelValues(op, "error").Inc()
-		l.cfg.Log.Error("writing drain lease, will retry", "lease", r.name, "op", op, logKeyErr, r.err)
+		l.cfg.Log.Error("writing drain lease, will retry", "lease", r.Name, "op", op, logKeyErr, r.Err)
 	}
-	if strings.HasPrefix(r.name, k8s.ClaimPrefix) {
+	if strings.HasPrefix(r.Name, k8s.ClaimPrefix) {
 		l.claimWritten(r)
 		return
 	}
-	if r.kind == leaseDelete {
+	if r.Kind == lease.Delete {
 		return
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, ld := range l.pods {
-		if k8s.LeaseName(ld.uid) != r.name {
+		if k8s.LeaseName(ld.uid) != r.Name {
 			continue
 		}
 		switch {
-		case r.err == nil:
-			ld.published, ld.lastRenew = true, r.at
-		case apierrors.IsNotFound(r.err) && !ld.leaseSeen:
+		case r.Err == nil:
+			ld.published, ld.lastRenew = true, r.At
+		case apierrors.IsNotFound(r.Err) && !ld.leaseSeen:
 			ld.published = false // never landed: create it
-		case leaseGone(r.kind, r.err):
+		case lease.Gone(r.Kind, r.Err):
 			ld.leaseLost = true // deleted: reconcile ends the drain
 		}
 	}
@@ -658,7 +679,7 @@ func (l *hostedDrains) publish(ctx context.Context, ld *hostedDrain, now time.Ti
 	l.mu.Lock()
 	req := l.request(ld)
 	l.mu.Unlock()
-	ctx, cancel := context.WithTimeout(ctx, leaseCallTimeout)
+	ctx, cancel := context.WithTimeout(ctx, lease.CallTimeout)
 	defer cancel()
 	_, created, err := l.cfg.Leases.Publish(ctx, req, now)
 	op := "renew"

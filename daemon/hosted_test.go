@@ -14,6 +14,7 @@ import (
 
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/conntrack"
+	"github.com/draind/draind/daemon/lease"
 	"github.com/draind/draind/k8s"
 )
 
@@ -104,8 +105,8 @@ func (h *harness) tick(d time.Duration) {
 	h.clock.Step(d)
 	h.pass()
 	h.d.hosted.reconcile(h.ctx)
-	h.d.hosted.writer.flush(h.ctx)
-	h.d.leaseTrust.flush(h.ctx)
+	h.d.hosted.writer.Flush(h.ctx)
+	h.d.leaseTrust.Flush(h.ctx)
 	h.syncLeases()
 }
 
@@ -326,7 +327,7 @@ func TestLeaseExpiryWhileWaiting(t *testing.T) {
 	}
 	// Renewals land again: the Lease is live for every node.
 	h.failLeaseUpdate.Store(false)
-	h.tick(leaseRetryMax)
+	h.tick(lease.RetryMax)
 	if l := h.d.state.DrainLeases(); len(l) != 1 || !l[0].Expires().After(h.clock.Now()) {
 		t.Fatalf("lease not renewed after the API accepted writes again: %+v", l)
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/conntrack"
+	"github.com/draind/draind/daemon/lease"
 	"github.com/draind/draind/k8s"
 )
 
@@ -211,7 +212,7 @@ func TestHostileRegistryOnlyLeaseRechecked(t *testing.T) {
 	}
 	h.podElsewhere("nacos-client", "reg", "node-b", "10.0.0.5")
 	h.tick(0) // refused a moment ago: not checked again yet
-	h.tick(recheckAfter)
+	h.tick(lease.RecheckAfter)
 	eventually(t, 5*time.Second, "the Lease to be checked again and honoured", func() bool {
 		h.tick(0)
 		return len(ipSteered(h, "10.0.0.5")) == 2

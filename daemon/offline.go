@@ -9,6 +9,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/draind/draind/daemon/lease"
 	"github.com/draind/draind/daemon/nodeapi"
 	"github.com/draind/draind/k8s"
 )
@@ -131,8 +132,8 @@ func (l *hostedDrains) online(ctx context.Context, ip netip.Addr) OfflineResult 
 		res.Error, res.Code = "the pod is being deleted: its drain cannot be undone", http.StatusConflict
 		return res
 	}
-	l.writer.drop(k8s.LeaseName(p.UID))
-	dctx, cancel := context.WithTimeout(ctx, leaseCallTimeout)
+	l.writer.Drop(k8s.LeaseName(p.UID))
+	dctx, cancel := context.WithTimeout(ctx, lease.CallTimeout)
 	err := l.cfg.Leases.Delete(dctx, k8s.LeaseName(p.UID))
 	cancel()
 	l.cfg.Metrics.LeaseOps.WithLabelValues("delete", result(err)).Inc()

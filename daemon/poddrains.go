@@ -99,10 +99,10 @@ func (d *Daemon) readLeaseDrains(local *localPods, prev map[types.UID]*podDrain,
 	if leases != st.leasesSeen {
 		st.leasesSeen = leases
 		st.forgetHostAnswers(leases.names)
-		d.leaseTrust.forgetExcept(leases.names)
+		d.leaseTrust.ForgetExcept(leases.names)
 		d.claims.watch(otherNodesIPs(leases, d.cfg.Node))
 	}
-	claimsGen, trustGen := d.claims.generation(), d.leaseTrust.generation()
+	claimsGen, trustGen := d.claims.generation(), d.leaseTrust.Generation()
 	if mm.initialized && mm.leases == leases && (mm.local == local || !mm.ownLeases) && mm.claimsGen == claimsGen &&
 		mm.trustGen == trustGen && (mm.until.IsZero() || now.Before(mm.until)) {
 		return false

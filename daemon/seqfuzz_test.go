@@ -352,7 +352,7 @@ func (s *seqRun) settle() {
 	for range 3 {
 		before := s.apiLeaseEvents.Load()
 		h.d.hosted.reconcile(h.ctx)
-		h.d.hosted.writer.flush(h.ctx)
+		h.d.hosted.writer.Flush(h.ctx)
 		s.syncLeases()
 		h.pass() // the pass the hosted drains ask for
 		if s.apiLeaseEvents.Load() == before {

@@ -412,7 +412,7 @@ func TestVanishedLocalPodPublishesGone(t *testing.T) {
 }
 
 // flush runs the Lease writer once.
-func flush(h *harness) { h.d.hosted.writer.flush(h.ctx) }
+func flush(h *harness) { h.d.hosted.writer.Flush(h.ctx) }
 
 // TestGoneFlowsFromConntrack: client flows this node translated from a VIP
 // to the gone pod are listed gone (the socket knows only the VIP); a flow

@@ -12,12 +12,5 @@ func (s backendSet) addrPorts() []netip.AddrPort {
 	return s.appendAddrPorts(make([]netip.AddrPort, 0, len(s)/7))
 }
 
-// hasPending reports whether Leases wait for a check.
-func (t *leaseTrust) hasPending() bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return len(t.pending) > 0
-}
-
 // openConnections is how many connections the offline API holds open.
 func (d *Daemon) openConnections() int { return d.api.OpenConnections() }

@@ -1,8 +1,6 @@
-package daemon
+package lease
 
 import (
-	"io"
-	"log/slog"
 	"slices"
 	"sync"
 	"testing"
@@ -19,12 +17,12 @@ import (
 	"github.com/draind/draind/k8s"
 )
 
-// TestLeaseWriterRunBacksOff drives the writer's own goroutine (run) in a
+// TestWriterRunBacksOff drives the writer's own goroutine (Run) in a
 // synctest bubble, where time moves only while every goroutine waits: a
 // write the API server refuses for good is tried again after 1 s, 2 s,
 // 4 s, ... (never at the transient step), and once it goes through the
 // writer stops calling. The times are exact: no polling, no tolerance.
-func TestLeaseWriterRunBacksOff(t *testing.T) {
+func TestWriterRunBacksOff(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		gr := schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}
 		t0 := time.Now()
@@ -41,16 +39,15 @@ func TestLeaseWriterRunBacksOff(t *testing.T) {
 			}
 			return true, nil, nil
 		})
-		var results []leaseResult
-		lw := newLeaseWriter(&k8s.Leases{Client: client, Namespace: testNS}, 30*time.Second, clock.RealClock{},
-			slog.New(slog.NewTextHandler(io.Discard, nil)), func(r leaseResult) {
-				mu.Lock()
-				results = append(results, r)
-				mu.Unlock()
-			})
-		lw.want("drain-x", leaseWrite{kind: leaseDelete})
+		var results []Result
+		lw := NewWriter(&k8s.Leases{Client: client, Namespace: testNamespace}, 30*time.Second, clock.RealClock{}, func(r Result) {
+			mu.Lock()
+			results = append(results, r)
+			mu.Unlock()
+		})
+		lw.Want("drain-x", Write{Kind: Delete})
 		done := make(chan struct{})
-		go func() { lw.run(t.Context()); close(done) }()
+		go func() { lw.Run(t.Context()); close(done) }()
 
 		time.Sleep(7*time.Second + 500*time.Millisecond)
 		synctest.Wait()
@@ -68,8 +65,8 @@ func TestLeaseWriterRunBacksOff(t *testing.T) {
 		n := len(calls)
 		last := results[len(results)-1]
 		mu.Unlock()
-		if n != 5 || last.err != nil {
-			t.Fatalf("after the refusal ended: %d calls (want 5), last result %v", n, last.err)
+		if n != 5 || last.Err != nil {
+			t.Fatalf("after the refusal ended: %d calls (want 5), last result %v", n, last.Err)
 		}
 		time.Sleep(time.Minute)
 		synctest.Wait()

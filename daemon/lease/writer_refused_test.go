@@ -1,9 +1,7 @@
-package daemon
+package lease
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,10 +16,13 @@ import (
 	"github.com/draind/draind/k8s"
 )
 
-// TestLeaseWriterRefusedAfterOutage: the refused backoff starts at
-// leaseRefusedMin after an outage's transient failures (an API server
+// testNamespace is where the tests' Leases live.
+const testNamespace = "draind-system"
+
+// TestWriterRefusedAfterOutage: the refused backoff starts at
+// refusedMin after an outage's transient failures (an API server
 // that has just started answers 403 until its authorizer has synced).
-func TestLeaseWriterRefusedAfterOutage(t *testing.T) {
+func TestWriterRefusedAfterOutage(t *testing.T) {
 	gr := schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}
 	client := fake.NewClientset()
 	var calls atomic.Int32
@@ -32,39 +33,38 @@ func TestLeaseWriterRefusedAfterOutage(t *testing.T) {
 		return true, nil, apierrors.NewForbidden(gr, "x", nil)
 	})
 	clk := testingclock.NewFakeClock(time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC))
-	lw := newLeaseWriter(&k8s.Leases{Client: client, Namespace: testNS}, 30*time.Second, clk,
-		slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
-	lw.want("drain-x", leaseWrite{kind: leaseDelete})
+	lw := NewWriter(&k8s.Leases{Client: client, Namespace: testNamespace}, 30*time.Second, clk, nil)
+	lw.Want("drain-x", Write{Kind: Delete})
 	for calls.Load() < 21 {
-		lw.flush(context.Background())
-		clk.Step(leaseRetryMax)
+		lw.Flush(context.Background())
+		clk.Step(RetryMax)
 	}
 	lw.mu.Lock()
 	next := lw.pending["drain-x"].next
 	lw.mu.Unlock()
-	if got := next.Sub(clk.Now()); got > leaseRefusedMin {
-		t.Fatalf("first refusal after 20 transient failures retried in %v, want at most %v", got, leaseRefusedMin)
+	if got := next.Sub(clk.Now()); got > refusedMin {
+		t.Fatalf("first refusal after 20 transient failures retried in %v, want at most %v", got, refusedMin)
 	}
 }
 
-// TestLeaseWriterRefusedNotRetriedHot: a write the API server refuses for
-// good (an admission policy's 403, a 422) is retried after leaseRefusedMin
+// TestWriterRefusedNotRetriedHot: a write the API server refuses for
+// good (an admission policy's 403, a 422) is retried after refusedMin
 // (then doubling), not every retry step; a transient error is retried
-// within leaseRetryMax; deleting a Lease already gone is done, and so is
+// within RetryMax; deleting a Lease already gone is done, and so is
 // renewing one (its owner is told, and never renews it in a loop).
-func TestLeaseWriterRefusedNotRetriedHot(t *testing.T) {
+func TestWriterRefusedNotRetriedHot(t *testing.T) {
 	gr := schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}
 	for _, tc := range []struct {
 		name      string
-		kind      leaseWriteKind
+		kind      Kind
 		err       error
 		wantRetry time.Duration // 0: the write is done
 	}{
-		{"delete denied by the Lease policy", leaseDelete, apierrors.NewForbidden(gr, "x", nil), leaseRefusedMin},
-		{"renew of a deleted Lease", leaseRenew, apierrors.NewNotFound(gr, "x"), 0},
-		{"renew invalid", leaseRenew, apierrors.NewInvalid(schema.GroupKind{Group: gr.Group, Kind: "Lease"}, "x", nil), leaseRefusedMin},
-		{"delete of a Lease already gone", leaseDelete, apierrors.NewNotFound(gr, "x"), 0},
-		{"API server unavailable", leaseDelete, apierrors.NewServiceUnavailable("down"), leaseRetryMin},
+		{"delete denied by the Lease policy", Delete, apierrors.NewForbidden(gr, "x", nil), refusedMin},
+		{"renew of a deleted Lease", Renew, apierrors.NewNotFound(gr, "x"), 0},
+		{"renew invalid", Renew, apierrors.NewInvalid(schema.GroupKind{Group: gr.Group, Kind: "Lease"}, "x", nil), refusedMin},
+		{"delete of a Lease already gone", Delete, apierrors.NewNotFound(gr, "x"), 0},
+		{"API server unavailable", Delete, apierrors.NewServiceUnavailable("down"), retryMin},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			client := fake.NewClientset()
@@ -74,11 +74,10 @@ func TestLeaseWriterRefusedNotRetriedHot(t *testing.T) {
 				return true, nil, tc.err
 			})
 			clk := testingclock.NewFakeClock(time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC))
-			var results []leaseResult
-			lw := newLeaseWriter(&k8s.Leases{Client: client, Namespace: testNS}, 30*time.Second, clk,
-				slog.New(slog.NewTextHandler(io.Discard, nil)), func(r leaseResult) { results = append(results, r) })
-			lw.want("drain-x", leaseWrite{kind: tc.kind})
-			lw.flush(context.Background())
+			var results []Result
+			lw := NewWriter(&k8s.Leases{Client: client, Namespace: testNamespace}, 30*time.Second, clk, func(r Result) { results = append(results, r) })
+			lw.Want("drain-x", Write{Kind: tc.kind})
+			lw.Flush(context.Background())
 			if calls.Load() != 1 || len(results) != 1 {
 				t.Fatalf("first flush: %d API calls, %d results; want 1 and 1", calls.Load(), len(results))
 			}
@@ -86,11 +85,11 @@ func TestLeaseWriterRefusedNotRetriedHot(t *testing.T) {
 			p := lw.pending["drain-x"]
 			lw.mu.Unlock()
 			if tc.wantRetry == 0 {
-				if p != nil || (results[0].err != nil) != leaseGone(tc.kind, tc.err) {
-					t.Fatalf("pending %v, result error %v: want the write done", p, results[0].err)
+				if p != nil || (results[0].Err != nil) != Gone(tc.kind, tc.err) {
+					t.Fatalf("pending %v, result error %v: want the write done", p, results[0].Err)
 				}
-				clk.Step(leaseRefusedMax)
-				lw.flush(context.Background())
+				clk.Step(RefusedMax)
+				lw.Flush(context.Background())
 				if calls.Load() != 1 {
 					t.Fatalf("%d API calls, want the write never made again", calls.Load())
 				}
@@ -102,17 +101,17 @@ func TestLeaseWriterRefusedNotRetriedHot(t *testing.T) {
 			if got := p.next.Sub(clk.Now()); got != tc.wantRetry {
 				t.Fatalf("next try in %v, want %v", got, tc.wantRetry)
 			}
-			if permanentLeaseError(tc.kind, results[0].err) != (tc.wantRetry == leaseRefusedMin) {
-				t.Fatalf("result error %v classified wrongly", results[0].err)
+			if Permanent(tc.kind, results[0].Err) != (tc.wantRetry == refusedMin) {
+				t.Fatalf("result error %v classified wrongly", results[0].Err)
 			}
 			// Flushing before the retry is due makes no call.
 			clk.Step(tc.wantRetry - time.Millisecond)
-			lw.flush(context.Background())
+			lw.Flush(context.Background())
 			if calls.Load() != 1 {
 				t.Fatalf("%d API calls before the retry was due, want 1", calls.Load())
 			}
 			clk.Step(time.Millisecond)
-			lw.flush(context.Background())
+			lw.Flush(context.Background())
 			if calls.Load() != 2 {
 				t.Fatalf("%d API calls once the retry was due, want 2", calls.Load())
 			}

@@ -1,0 +1,140 @@
+package lease
+
+import (
+	"io"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/utils/clock"
+	testingclock "k8s.io/utils/clock/testing"
+
+	"github.com/draind/draind/k8s"
+)
+
+// trustPod is a pod of node-b at 10.0.0.7 and fd00::7.
+func trustPod() *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web-1", UID: "uid-web-1"},
+		Spec:       corev1.PodSpec{NodeName: "node-b"},
+		Status:     corev1.PodStatus{PodIPs: []corev1.PodIP{{IP: "10.0.0.7"}, {IP: "fd00::7"}}},
+	}
+}
+
+// trustLease is node-b's drain Lease of trustPod, naming one IP of the
+// pod and one that is not.
+func trustLease() *k8s.DrainLease {
+	return &k8s.DrainLease{ObjectMeta: metav1.ObjectMeta{Name: k8s.LeaseName("uid-web-1")},
+		PodNamespace: "shop", PodName: "web-1", PodUID: "uid-web-1", Holder: "node-b",
+		IPs: []netip.Addr{netip.MustParseAddr("10.0.0.7"), netip.MustParseAddr("10.0.0.99")}}
+}
+
+func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// TestTrustVerdicts: a Lease is believed only once its Pod object is read
+// (never on the asking call), for the pod's own IPs only; each verdict
+// changes the generation and asks for a pass; a Lease whose holder does
+// not host the pod is refused until RecheckAfter, then checked again; a
+// Lease with another claim is checked again at once; ForgetExcept drops
+// the verdicts of Leases that are gone.
+func TestTrustVerdicts(t *testing.T) {
+	clk := testingclock.NewFakeClock(time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC))
+	client := fake.NewClientset(trustPod())
+	var passes atomic.Int32
+	tr := NewTrust(client.CoreV1(), clk, quietLog(), func() { passes.Add(1) })
+	ctx := t.Context()
+
+	l := trustLease()
+	if ips, ok, _ := tr.Verified(l); ok || ips != nil {
+		t.Fatalf("unchecked Lease believed: %v %v", ips, ok)
+	}
+	gen := tr.Generation()
+	if !tr.Flush(ctx) || passes.Load() != 1 || tr.Generation() == gen {
+		t.Fatalf("flush of a pending check: passes %d, generation %d -> %d; want a pass and a new generation",
+			passes.Load(), gen, tr.Generation())
+	}
+	ips, ok, recheck := tr.Verified(l)
+	if !ok || !slices.Equal(ips, []netip.Addr{netip.MustParseAddr("10.0.0.7")}) || !recheck.IsZero() {
+		t.Fatalf("Verified = %v, %v, %v; want only the pod's own IP, no recheck", ips, ok, recheck)
+	}
+	if tr.Flush(ctx) {
+		t.Fatal("a believed Lease was checked again")
+	}
+
+	// Another holder: the pod runs on node-b, not node-c.
+	other := trustLease()
+	other.Holder = "node-c"
+	if _, ok, _ := tr.Verified(other); ok {
+		t.Fatal("a Lease with a changed holder kept the old verdict")
+	}
+	tr.Flush(ctx)
+	_, ok, recheck = tr.Verified(other)
+	if ok || !recheck.Equal(clk.Now().Add(RecheckAfter)) {
+		t.Fatalf("holder not hosting the pod: ok %v, recheck %v; want refused until %v", ok, recheck, clk.Now().Add(RecheckAfter))
+	}
+	if tr.Flush(ctx) {
+		t.Fatal("a refused Lease was checked again before its recheck")
+	}
+	clk.Step(RecheckAfter)
+	if _, ok, _ := tr.Verified(other); ok || !tr.Flush(ctx) {
+		t.Fatal("a refused Lease was not checked again at its recheck")
+	}
+
+	tr.ForgetExcept(map[string]bool{})
+	if _, ok, _ := tr.Verified(l); ok {
+		t.Fatal("a forgotten verdict still answered")
+	}
+}
+
+// TestTrustRefusesMissingPod: a Lease whose pod does not exist, or exists
+// with another UID, is refused.
+func TestTrustRefusesMissingPod(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		pods []*corev1.Pod
+	}{
+		{"no pod", nil},
+		{"another pod of the same name", []*corev1.Pod{func() *corev1.Pod { p := trustPod(); p.UID = "uid-web-2"; return p }()}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			client := fake.NewClientset()
+			for _, p := range tc.pods {
+				if err := client.Tracker().Add(p); err != nil {
+					t.Fatal(err)
+				}
+			}
+			tr := NewTrust(client.CoreV1(), testingclock.NewFakeClock(time.Now()), quietLog(), nil)
+			tr.Verified(trustLease())
+			tr.Flush(t.Context())
+			if ips, ok, _ := tr.Verified(trustLease()); ok || len(ips) != 0 {
+				t.Fatalf("Verified = %v, %v; want refused", ips, ok)
+			}
+		})
+	}
+}
+
+// TestTrustStartChecks: between Start and Stop the checker's own
+// goroutine answers a Verified call's request and asks for a pass; Stop
+// waits for it to end.
+func TestTrustStartChecks(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(trustPod())
+		passed := make(chan struct{}, 1)
+		tr := NewTrust(client.CoreV1(), clock.RealClock{}, quietLog(), func() { passed <- struct{}{} })
+		tr.Start(t.Context())
+		tr.Verified(trustLease())
+		<-passed
+		if _, ok, _ := tr.Verified(trustLease()); !ok {
+			t.Fatal("checked Lease not believed")
+		}
+		tr.Stop()
+		tr.Stop() // a second Stop returns at once
+	})
+}
