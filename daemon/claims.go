@@ -50,17 +50,14 @@ type claims struct {
 	// gen changes whenever what hostOf answers for a watched IP may
 	// change, but for the passing of time (a departed host's end): a slice
 	// lists other pods there, or the same ones elsewhere or on other
-	// nodes. Invariant: an answer of hostOf read at gen (leaseDrainsMemo,
-	// leaseHosts) holds while gen stays and until its end. Checked by
-	// FuzzSequenceDifferential.
+	// nodes. Invariant: an answer of hostOf for a watched IP read at gen
+	// (leaseDrainsMemo) holds while gen stays and until its end. Checked
+	// by FuzzSequenceDifferential and TestClaimsMatchReference.
 	gen uint64
 	// watched is the IPs gen follows (watch): those the drain Leases of
-	// other nodes name, each with the gen at which its listings last
-	// changed (or it was first watched). nil: every IP. A rollout moves
-	// pods on most slice updates of the cluster; the Leases' answers need
-	// not be read again for those, and a Lease's answer only when its own
-	// IPs' listings changed.
-	watched map[netip.Addr]uint64
+	// other nodes name. nil: every IP. A rollout moves pods on most slice
+	// updates of the cluster; the Leases need not be read again for those.
+	watched map[netip.Addr]struct{}
 
 	clock    clock.PassiveClock
 	keep     time.Duration // how long a departed host is remembered
@@ -582,70 +579,43 @@ func (c *claims) pruneDeparted() {
 func (c *claims) watch(ips []netip.Addr) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	next := make(map[netip.Addr]uint64, len(ips))
+	next := make(map[netip.Addr]struct{}, len(ips))
 	bumped := false
 	for _, ip := range ips {
-		at, ok := c.watched[ip]
-		if !ok && c.watched != nil {
-			if !bumped {
-				c.gen++
-				bumped = true
-			}
-			at = c.gen
-		} else if !ok {
-			at = c.gen
+		if _, ok := c.watched[ip]; !ok && c.watched != nil && !bumped {
+			c.gen++
+			bumped = true
 		}
-		next[ip] = at
+		next[ip] = struct{}{}
 	}
 	c.watched = next
 }
 
-// noteWatched changes gen, and the generation of each watched IP, if old
-// or s (a slice's state before and after a change of its pods) lists a pod
-// at a watched IP (c.mu held).
+// noteWatched changes gen if old or s (a slice's state before and after a
+// change of its pods) lists a pod at a watched IP (c.mu held).
 func (c *claims) noteWatched(old, s *k8s.Slice) {
 	if c.watched != nil && len(c.watched) == 0 {
 		return
 	}
-	bumped := false
 	for _, sl := range [2]*k8s.Slice{old, s} {
 		for i := 0; sl != nil && i < sl.Len(); i++ {
 			if !sl.HasPod(i) {
 				continue
 			}
-			ip := sl.Addr(i)
-			if _, ok := c.watched[ip]; !ok && c.watched != nil {
-				continue
-			}
-			if !bumped {
+			if _, ok := c.watched[sl.Addr(i)]; ok || c.watched == nil {
 				c.gen++
-				bumped = true
-			}
-			if c.watched == nil {
 				return
 			}
-			c.watched[ip] = c.gen
 		}
 	}
 }
 
-// ipsGeneration returns a generation of the listings of ips: an answer of
-// hostOf for them holds while it stays (or until the end hostOf gives).
-// ok is false if one of them is not watched (no such generation).
-func (c *claims) ipsGeneration(ips []netip.Addr) (gen uint64, ok bool) {
+// isWatched reports whether gen follows ip.
+func (c *claims) isWatched(ip netip.Addr) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.watched == nil {
-		return c.gen, true
-	}
-	for _, ip := range ips {
-		at, ok := c.watched[ip]
-		if !ok {
-			return 0, false
-		}
-		gen += at // each only grows: the sum changes when one does
-	}
-	return gen, true
+	_, ok := c.watched[ip]
+	return ok || c.watched == nil
 }
 
 // generation returns gen: an answer of hostOf for a watched IP read after

@@ -34,7 +34,7 @@ func (d *Daemon) honouredIPs(l *k8s.DrainLease, local map[netip.Addr]*k8s.Pod, b
 		}
 		return ips, len(ips) > 0, time.Time{}
 	}
-	switch h := d.drainsState.hostsOf(d.claims, l, now); {
+	switch h := hostsOf(d.claims, l); {
 	case h.elsewhere:
 		return ips, false, h.until // the pod runs elsewhere: not the holder's to drain
 	case len(h.ips) > 0:
@@ -48,56 +48,30 @@ func (d *Daemon) honouredIPs(l *k8s.DrainLease, local map[netip.Addr]*k8s.Pod, b
 	}
 }
 
-// leaseHosts is what trusted slices said of a Lease's pod: the IPs they
+// leaseHosts is what trusted slices say of a Lease's pod: the IPs they
 // list it at on the Lease's holder, or that they list it on another node.
-// Invariant: it is hostOf's answer for the Lease's IPs while the Lease
-// object, the generation of those IPs' listings (gen, claims.ipsGeneration)
-// and a departed host's answer (until) last. Checked by
-// FuzzSequenceDifferential.
 type leaseHosts struct {
-	lease     *k8s.DrainLease
-	gen       uint64    // the generation of its IPs' listings it was read at
-	cached    bool      // gen is one (the IPs were watched)
 	until     time.Time // a departed host's answer ends (zero: none)
 	ips       []netip.Addr
 	elsewhere bool
 }
 
 // hostsOf returns what trusted slices say of the pod of l, a Lease of
-// another node: one index lookup per IP, kept (by Lease name) while the
-// Lease object, the generation of its IPs' listings and a departed host's
-// answer last.
-func (st *podDrainsState) hostsOf(c *claims, l *k8s.DrainLease, now time.Time) *leaseHosts {
-	gen, cached := c.ipsGeneration(l.IPs)
-	if h := st.hostAnswers[l.Name]; h != nil && cached && h.cached && h.lease == l && h.gen == gen && (h.until.IsZero() || now.Before(h.until)) {
-		return h
-	}
-	h := &leaseHosts{lease: l, gen: gen, cached: cached}
+// another node: one index lookup per IP. It is asked only when the Leases
+// are read again (leaseDrainsMemo), so its answers are not kept.
+func hostsOf(c *claims, l *k8s.DrainLease) leaseHosts {
+	var h leaseHosts
 	for _, ip := range l.IPs {
 		node, listed, until := c.hostOf(ip, l.PodUID)
 		if !until.IsZero() && (h.until.IsZero() || until.Before(h.until)) {
 			h.until = until
 		}
 		if listed && node != l.Holder {
-			h.elsewhere, h.ips = true, nil
-			break
+			return leaseHosts{until: h.until, elsewhere: true}
 		}
 		if listed {
 			h.ips = append(h.ips, ip)
 		}
 	}
-	if st.hostAnswers == nil {
-		st.hostAnswers = map[string]*leaseHosts{}
-	}
-	st.hostAnswers[l.Name] = h
 	return h
-}
-
-// forgetHostAnswers drops the answers of Leases that are gone.
-func (st *podDrainsState) forgetHostAnswers(names map[string]bool) {
-	for name := range st.hostAnswers {
-		if !names[name] {
-			delete(st.hostAnswers, name)
-		}
-	}
 }

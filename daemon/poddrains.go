@@ -21,15 +21,12 @@ import (
 
 // podDrainsState is podDrains' own, kept from pass to pass (modelMu).
 type podDrainsState struct {
-	leases leaseDrainsMemo
-	hosted map[types.UID]*podDrain // this node's drains of the last pass
-	merged map[types.UID]*podDrain // scratch
-	ips    []netip.Addr            // scratch
-	// hostAnswers keeps what trusted slices said of other nodes' Leases'
-	// pods (hostsOf) for the Leases of leasesSeen.
-	hostAnswers map[string]*leaseHosts
-	leasesSeen  *drainLeases
-	claimsMemo  claimsMemo // readClaims'
+	leases     leaseDrainsMemo
+	hosted     map[types.UID]*podDrain // this node's drains of the last pass
+	merged     map[types.UID]*podDrain // scratch
+	ips        []netip.Addr            // scratch
+	leasesSeen *drainLeases
+	claimsMemo claimsMemo // readClaims'
 	// modelGen is the model's podDrainsGen once it took the last answer:
 	// any other (an answer not taken, a model changed elsewhere) and the
 	// memos are not the model's, so podDrains reads everything again.
@@ -98,7 +95,6 @@ func (d *Daemon) readLeaseDrains(local *localPods, prev map[types.UID]*podDrain,
 	leases := d.drainLeasesNow()
 	if leases != st.leasesSeen {
 		st.leasesSeen = leases
-		st.forgetHostAnswers(leases.names)
 		d.leaseTrust.ForgetExcept(leases.names)
 		d.claims.watch(otherNodesIPs(leases, d.cfg.Node))
 	}
