@@ -117,8 +117,8 @@ type seqRun struct {
 	ops []string
 	// apiLeaseEvents counts the Lease events the API sent (watchLeases).
 	apiLeaseEvents atomic.Uint64
-	// deleted are the pod identities deleted from the API: a pod UID is
-	// never created again.
+	// deleted are the pod identities deleted from the API, or named by a
+	// Lease while they did not exist: a pod UID is never created (again).
 	deleted map[int]bool
 }
 
@@ -273,7 +273,18 @@ func (s *seqRun) putLease(r *seqReader) {
 	case 2:
 		req.State = StateGone
 	}
+	if req.Node == testNode && s.hosts(req.PodUID) {
+		return // this node's draind alone writes the Lease of a drain it holds
+	}
 	l := req.Lease(testNS, h.clock.Now())
+	if _, err := h.client.CoreV1().Pods("default").Get(h.ctx, req.PodName, metav1.GetOptions{}); err != nil && !s.deleted[i] {
+		// A Lease of a pod that does not exist: a node writes one only
+		// for a pod it hosts, and a pod UID cannot be guessed, so this
+		// pod identity is never created from now on (a Lease check that
+		// found it missing stays right).
+		s.logf("pod %s will never exist", req.PodName)
+		s.deleted[i] = true
+	}
 	s.logf("put lease of %s holder %s ips %v reason %s steer %v state %q for %v", req.PodUID, req.Node, req.IPs, req.Reason, req.SteerPodIP, req.State, req.Duration)
 	h.do(&h.d.events.leases, 1, func(ctx context.Context) error {
 		api := h.client.CoordinationV1().Leases(testNS)
@@ -284,6 +295,14 @@ func (s *seqRun) putLease(r *seqReader) {
 		_, err := api.Create(ctx, l, metav1.CreateOptions{})
 		return err
 	})
+}
+
+// hosts reports whether this node's draind holds a drain of the pod.
+func (s *seqRun) hosts(uid types.UID) bool {
+	l := s.h.d.hosted
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.pods[uid] != nil
 }
 
 // leaseCall runs an offline or online call, or the hosted drains' own
@@ -604,10 +623,11 @@ func (s *seqRun) checkServicePorts() string {
 //     finds only the Lease, which no local pod confirms any more, and
 //     fails open, as the trust rule says (a restart ends that steering
 //     early);
-//   - the addresses of another node's Lease that the claims honour only
-//     from memory of the pod's last listing (claims.departed: a pod deleted
-//     without grace leaves its slice before its gone Lease comes), which a
-//     fresh daemon never saw.
+//   - the addresses of another node's Lease that the claims honour, or
+//     refuse, only from memory of the pod's last listing (claims.departed:
+//     a pod deleted without grace leaves its slice before its gone Lease
+//     comes; a listing on another node voids the Lease for a while), which
+//     a fresh daemon never saw.
 func (s *seqRun) historyKeys() map[bpf.EndpointKey]bool {
 	m := s.h.d.model
 	out := map[bpf.EndpointKey]bool{}
@@ -622,13 +642,16 @@ func (s *seqRun) historyKeys() map[bpf.EndpointKey]bool {
 			skipAddr(out, m, ip) // its all-ports keys, and its listings'
 		}
 	}
-	for _, pd := range m.podDrains {
-		if !pd.Lease || pd.Holder == testNode {
+	for _, l := range s.h.d.drainLeasesNow().list {
+		if l.Holder == testNode {
 			continue
 		}
-		for _, ip := range pd.IPs {
-			if _, _, until := s.h.d.claims.hostOf(ip, pd.UID); !until.IsZero() {
-				skipAddr(out, m, ip) // the answer of a departed host
+		for _, ip := range l.IPs {
+			if _, _, until := s.h.d.claims.hostOf(ip, l.PodUID); !until.IsZero() {
+				for _, ip := range l.IPs {
+					skipAddr(out, m, ip) // the answer of a departed host
+				}
+				break
 			}
 		}
 	}
