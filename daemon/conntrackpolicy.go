@@ -11,6 +11,7 @@ import (
 
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/conntrack"
+	"github.com/draind/draind/daemon/internal/runloop"
 )
 
 // udpSettle is how long after a drain starts its UDP flows are first
@@ -77,7 +78,7 @@ type conntrackPolicyConfig struct {
 type conntrackPolicy struct {
 	cfg  conntrackPolicyConfig
 	wake chan struct{}
-	loop loopRunner
+	loop runloop.Loop
 
 	mu        sync.Mutex
 	udp       map[bpf.EndpointKey]udpDue // draining UDP keys -> next expiry
@@ -93,12 +94,12 @@ func newConntrackPolicy(cfg conntrackPolicyConfig) *conntrackPolicy {
 // Start runs the expiry loop (nothing without conntrack); Stop ends it.
 func (w *conntrackPolicy) Start(ctx context.Context) {
 	if w.cfg.Conntrack != nil {
-		w.loop.start(ctx, w.run)
+		w.loop.Start(ctx, w.run)
 	}
 }
 
 // Stop stops what Start began.
-func (w *conntrackPolicy) Stop() { w.loop.stop() }
+func (w *conntrackPolicy) Stop() { w.loop.Stop() }
 
 func (w *conntrackPolicy) kick() {
 	select {

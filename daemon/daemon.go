@@ -18,6 +18,7 @@ import (
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/conntrack"
 	"github.com/draind/draind/daemon/gonepeers"
+	"github.com/draind/draind/daemon/internal/runloop"
 	"github.com/draind/draind/daemon/lease"
 	"github.com/draind/draind/daemon/nodeapi"
 	"github.com/draind/draind/k8s"
@@ -133,7 +134,7 @@ type Daemon struct {
 	inlineAfter  atomic.Int64 // UnixNano: no such pass before (passNow)
 
 	nodes           typedcorev1.NodeInterface // this node's zone (zone.go)
-	zoneLoop        loopRunner
+	zoneLoop        runloop.Loop
 	conntrackPolicy *conntrackPolicy
 	hosted          *hostedDrains
 	leaseTrust      *lease.Trust
@@ -255,7 +256,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.hosted.Stop("draind is stopping")
 	d.gone.Stop()
 	d.leaseTrust.Stop()
-	d.zoneLoop.stop()
+	d.zoneLoop.Stop()
 	d.conntrackPolicy.Stop()
 	return nil
 }

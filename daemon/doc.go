@@ -26,7 +26,8 @@
 //     sockets_vanish.go (endpoints that left without draining),
 //     sockets_status.go;
 //   - wiring: config.go (the one place defaults live), daemon.go
-//     (construction), lifecycle.go, intake.go (informer events), pass.go
+//     (construction; each part's goroutine is a runloop.Loop, package
+//     internal/runloop), intake.go (informer events), pass.go
 //     (one reconciler pass), runner.go; status.go, statusserver.go (the
 //     root-only status socket), metrics.go, programming.go
 //     (network-programming latency).

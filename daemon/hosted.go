@@ -20,6 +20,7 @@ import (
 
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/conntrack"
+	"github.com/draind/draind/daemon/internal/runloop"
 	"github.com/draind/draind/daemon/lease"
 	"github.com/draind/draind/daemon/nodeapi"
 	"github.com/draind/draind/k8s"
@@ -133,7 +134,7 @@ type hostedDrains struct {
 
 	broadcaster   record.EventBroadcaster // between startEvents and stopEvents
 	recorder      record.EventRecorder
-	loop, writing loopRunner
+	loop, writing runloop.Loop
 
 	mu       sync.Mutex
 	pods     map[types.UID]*hostedDrain
@@ -162,16 +163,16 @@ func newHostedDrains(cfg hostedDrainsConfig) *hostedDrains {
 // and settles drains.
 func (l *hostedDrains) Start(ctx context.Context) {
 	l.startEvents()
-	l.writing.start(ctx, l.writer.Run)
-	l.loop.start(ctx, l.run)
+	l.writing.Start(ctx, l.writer.Run)
+	l.loop.Start(ctx, l.run)
 }
 
 // Stop stops what Start began: waiters are answered with why (503), and
 // queued Events are flushed.
 func (l *hostedDrains) Stop(why string) {
-	l.loop.stop()
+	l.loop.Stop()
 	l.cancelAll(why)
-	l.writing.stop()
+	l.writing.Stop()
 	l.stopEvents()
 }
 

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"k8s.io/utils/clock"
+
+	"github.com/draind/draind/daemon/internal/runloop"
 )
 
 // runner calls fn on demand, at most once per minInterval (bursts of
@@ -21,16 +23,16 @@ type runner struct {
 	maxInterval time.Duration
 	fn          func() (next time.Time)
 	signal      chan struct{}
-	loop        loopRunner
+	loop        runloop.Loop
 	// due is when the loop's timer fires next (UnixNano), for Schedule.
 	due atomic.Int64
 }
 
 // Start runs the loop until Stop.
-func (r *runner) Start(ctx context.Context) { r.loop.start(ctx, r.Loop) }
+func (r *runner) Start(ctx context.Context) { r.loop.Start(ctx, r.Loop) }
 
 // Stop ends the loop and waits for a pass in progress.
-func (r *runner) Stop() { r.loop.stop() }
+func (r *runner) Stop() { r.loop.Stop() }
 
 func newRunner(c clock.WithTicker, minInterval, maxInterval time.Duration, fn func() time.Time) *runner {
 	return &runner{clock: c, minInterval: minInterval, maxInterval: maxInterval, fn: fn, signal: make(chan struct{}, 1)}

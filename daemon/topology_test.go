@@ -186,7 +186,7 @@ func TestTopologyDatapath(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.d.followZone(h.ctx)
-	t.Cleanup(h.d.zoneLoop.stop)
+	t.Cleanup(h.d.zoneLoop.Stop)
 	waitZone := func(zone string, step time.Duration) {
 		t.Helper()
 		eventually(t, 10*time.Second, "the zone label "+zone+" to be read", func() bool {

@@ -69,7 +69,7 @@ func (d *Daemon) followZone(ctx context.Context) {
 			d.runner.Run()
 		}
 	}
-	d.zoneLoop.start(ctx, func(ctx context.Context) {
+	d.zoneLoop.Start(ctx, func(ctx context.Context) {
 		t := d.clock.NewTicker(zoneRefresh)
 		defer t.Stop()
 		read(ctx)

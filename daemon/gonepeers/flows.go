@@ -9,6 +9,7 @@ import (
 
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/conntrack"
+	"github.com/draind/draind/daemon/internal/runloop"
 )
 
 // goneFlows lists, for each new gone peer, the client flows this node's
@@ -17,10 +18,9 @@ import (
 // peer (a flow that reaches a gone address later belongs to whoever holds
 // it then), newest peers first, so a refresh of older ones never delays it.
 type goneFlows struct {
-	cfg    Config
-	kick   chan struct{}
-	cancel context.CancelFunc // nil: not started
-	done   chan struct{}
+	cfg  Config
+	kick chan struct{}
+	loop runloop.Loop
 
 	mu      sync.Mutex
 	fresh   map[netip.Addr]bpf.GonePeer   // new peers: flows to be listed
@@ -95,23 +95,10 @@ func (f *goneFlows) wake() {
 }
 
 // start runs the lister on its own goroutine until stop.
-func (f *goneFlows) start(ctx context.Context) {
-	ctx, f.cancel = context.WithCancel(ctx)
-	f.done = make(chan struct{})
-	go func() {
-		defer close(f.done)
-		f.run(ctx)
-	}()
-}
+func (f *goneFlows) start(ctx context.Context) { f.loop.Start(ctx, f.run) }
 
 // stop stops what start began and waits for it.
-func (f *goneFlows) stop() {
-	if f.cancel == nil {
-		return
-	}
-	f.cancel()
-	<-f.done
-}
+func (f *goneFlows) stop() { f.loop.Stop() }
 
 func (f *goneFlows) run(ctx context.Context) {
 	for {

@@ -13,6 +13,7 @@ import (
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/utils/clock"
 
+	"github.com/draind/draind/daemon/internal/runloop"
 	"github.com/draind/draind/k8s"
 )
 
@@ -33,8 +34,7 @@ type Trust struct {
 	log         *slog.Logger
 	requestPass func()
 	kick        chan struct{}
-	cancel      context.CancelFunc // between Start and Stop
-	done        chan struct{}      // closed when run returns
+	loop        runloop.Loop
 
 	mu       sync.Mutex
 	verdicts map[string]*verdict // by Lease name
@@ -105,23 +105,10 @@ func (t *Trust) ForgetExcept(names map[string]bool) {
 }
 
 // Start runs the checks on a goroutine of their own; Stop ends them.
-func (t *Trust) Start(ctx context.Context) {
-	ctx, t.cancel = context.WithCancel(ctx)
-	t.done = make(chan struct{})
-	go func() {
-		defer close(t.done)
-		t.run(ctx)
-	}()
-}
+func (t *Trust) Start(ctx context.Context) { t.loop.Start(ctx, t.run) }
 
 // Stop stops what Start began and waits for it.
-func (t *Trust) Stop() {
-	if t.cancel == nil {
-		return
-	}
-	t.cancel()
-	<-t.done
-}
+func (t *Trust) Stop() { t.loop.Stop() }
 
 func (t *Trust) run(ctx context.Context) {
 	for {
