@@ -1,6 +1,7 @@
 //go:build tools
 
-// Package tools pins the Kubernetes components the cluster bed builds, so that
+// Package tools pins the Kubernetes components the cluster bed builds and
+// agnhost, the upstream e2e suite's test server (package e2ebin), so that
 // go.mod and go.sum carry everything `go build` of them needs.
 package tools
 
@@ -11,4 +12,6 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubectl"
 	_ "k8s.io/kubernetes/cmd/kubelet"
+	_ "k8s.io/kubernetes/test/images/agnhost"
+	_ "k8s.io/kubernetes/test/images/regression-issue-74839"
 )

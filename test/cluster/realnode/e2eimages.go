@@ -1,0 +1,204 @@
+package realnode
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"debug/elf"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	imageutils "k8s.io/kubernetes/test/utils/image"
+
+	"github.com/draind/draind/deploy/image"
+	"github.com/draind/draind/test/cluster/e2ebin"
+	"github.com/draind/draind/test/cluster/kubebin"
+)
+
+// The upstream e2e suite's images, built offline from source and from the
+// host's static busybox, under the names and tags test/utils/image of the
+// k8s.io/kubernetes version in go.mod expects (so no spec pulls):
+//
+//   - agnhost: the module's agnhost (static), porter's TLS files, /uploads,
+//     busybox's applets in /bin (sh, wget, nc, …) and the host's curl with
+//     the shared libraries it loads, as upstream's image has curl;
+//   - busybox: busybox-static with its applets;
+//   - pause: agnhost's pause;
+//   - nginx: only ever run as a pod that listens (EndpointSlice specs),
+//     here agnhost's netexec on port 80;
+//   - regression-issue-74839: the module's program of that name.
+//
+// glibc-dns-testing (the DNS specs' dig) is not built: the bed has no
+// cluster DNS (CoreDNS is not in this machine's module proxy), so the DNS
+// specs are skipped (docs/conformance.md).
+
+// E2EImages returns the references BuildE2EImages writes.
+func E2EImages() []string {
+	return []string{
+		imageutils.GetE2EImage(imageutils.Agnhost),
+		imageutils.GetE2EImage(imageutils.BusyBox),
+		imageutils.GetPauseImageName(),
+		imageutils.GetE2EImage(imageutils.Nginx),
+		imageutils.GetE2EImage(imageutils.RegressionIssue74839),
+	}
+}
+
+// BuildE2EImages writes the e2e suite's images to an OCI archive in dir.
+func BuildE2EImages(ctx context.Context, dir string, bins *e2ebin.Set) (string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("creating %s: %w", dir, err)
+	}
+	agnhost, err := os.ReadFile(bins.Path(e2ebin.Agnhost))
+	if err != nil {
+		return "", fmt.Errorf("reading agnhost: %w", err)
+	}
+	regression, err := os.ReadFile(bins.Path(e2ebin.Regression74839))
+	if err != nil {
+		return "", fmt.Errorf("reading regression-issue-74839: %w", err)
+	}
+	bb, err := busyboxFiles()
+	if err != nil {
+		return "", err
+	}
+	curl, err := dynamicFiles(ctx, "curl")
+	if err != nil {
+		return "", err
+	}
+	porter, err := porterFiles()
+	if err != nil {
+		return "", err
+	}
+	agn := append([]image.File{
+		{Path: "/agnhost", Mode: 0o755, Data: agnhost},
+		{Path: "/agnhost-2", Link: "agnhost"},
+		{Path: "/uploads/.keep", Mode: 0o644},
+	}, porter...)
+	agn = append(append(agn, bb...), curl...)
+	specs := map[string]image.Spec{
+		imageutils.GetE2EImage(imageutils.Agnhost):              {Files: agn, Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"}},
+		imageutils.GetE2EImage(imageutils.BusyBox):              {Files: bb, Cmd: []string{"sh"}},
+		imageutils.GetPauseImageName():                          {Files: agn[:1], Entrypoint: []string{"/agnhost", "pause"}},
+		imageutils.GetE2EImage(imageutils.Nginx):                {Files: agn, Entrypoint: []string{"/agnhost", "netexec", "--http-port=80"}},
+		imageutils.GetE2EImage(imageutils.RegressionIssue74839): {Files: []image.File{{Path: "/regression-issue-74839", Mode: 0o755, Data: regression}}, Entrypoint: []string{"/regression-issue-74839"}},
+	}
+	imgs := map[string]v1.Image{}
+	for ref, s := range specs {
+		if imgs[ref], err = image.Build(s); err != nil {
+			return "", fmt.Errorf("building %s: %w", ref, err)
+		}
+	}
+	out := filepath.Join(dir, "e2e-images.tar")
+	if err := image.WriteArchive(out, imgs); err != nil {
+		return "", err
+	}
+	return out, nil
+}
+
+// busyboxFiles is a static busybox at /bin/busybox and a link in /bin for
+// each of its applets. A dynamic busybox is refused: the image has no libc.
+func busyboxFiles() ([]image.File, error) {
+	path, err := exec.LookPath("busybox")
+	if err != nil {
+		return nil, fmt.Errorf("the e2e images need a static busybox (Debian: busybox-static): %w", err)
+	}
+	if dyn, err := isDynamic(path); err != nil || dyn {
+		return nil, fmt.Errorf("%s is not a static busybox (Debian: apt-get install busybox-static): %v", path, err)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	out, err := exec.Command(path, "--list").Output()
+	if err != nil {
+		return nil, fmt.Errorf("listing busybox's applets: %w", err)
+	}
+	files := []image.File{{Path: "/bin/busybox", Mode: 0o755, Data: data}}
+	for _, a := range strings.Fields(string(out)) {
+		if a != "busybox" && !strings.Contains(a, "/") {
+			files = append(files, image.File{Path: "/bin/" + a, Link: "busybox"})
+		}
+	}
+	return files, nil
+}
+
+func isDynamic(path string) (bool, error) {
+	f, err := elf.Open(path)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// dynamicFiles is the host's program name at /usr/bin/<name> and every
+// shared object ldd says it loads, each at its path on the host.
+func dynamicFiles(ctx context.Context, name string) ([]image.File, error) {
+	path, err := exec.LookPath(name)
+	if err != nil {
+		return nil, fmt.Errorf("the agnhost image needs %s (Debian: %s): %w", name, name, err)
+	}
+	out, err := exec.CommandContext(ctx, "ldd", path).Output()
+	if err != nil {
+		return nil, fmt.Errorf("ldd %s: %w", path, err)
+	}
+	paths := []string{path}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		// "libz.so.1 => /lib/x86_64-linux-gnu/libz.so.1 (0x…)" or
+		// "/lib64/ld-linux-x86-64.so.2 (0x…)"; vdso has no path.
+		f := strings.Fields(sc.Text())
+		if len(f) >= 3 && f[1] == "=>" && strings.HasPrefix(f[2], "/") {
+			paths = append(paths, f[2])
+		} else if len(f) >= 1 && strings.HasPrefix(f[0], "/") {
+			paths = append(paths, f[0])
+		}
+	}
+	var files []image.File
+	for i, p := range paths {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return nil, err
+		}
+		dst := filepath.Clean(p)
+		if i == 0 {
+			dst = "/usr/bin/" + name
+		}
+		files = append(files, image.File{Path: dst, Mode: 0o755, Data: data})
+	}
+	return files, nil
+}
+
+// porterFiles are agnhost porter's TLS certificate and key, read from the
+// k8s.io/kubernetes module, at the image's working directory as upstream
+// places them.
+func porterFiles() ([]image.File, error) {
+	mod, err := kubebin.ModuleDir()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command("go", "list", "-f", "{{.Dir}}", "k8s.io/kubernetes/test/images/agnhost/porter")
+	cmd.Dir = mod
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("locating agnhost's porter in the module cache: %w", err)
+	}
+	dir := strings.TrimSpace(string(out))
+	var files []image.File
+	for _, n := range []string{"localhost.crt", "localhost.key"} {
+		data, err := os.ReadFile(filepath.Join(dir, n))
+		if err != nil {
+			return nil, err
+		}
+		files = append(files, image.File{Path: "/" + n, Mode: 0o644, Data: data})
+	}
+	return files, nil
+}

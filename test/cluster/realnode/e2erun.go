@@ -1,0 +1,132 @@
+package realnode
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/draind/draind/test/cluster/e2ebin"
+)
+
+// RouteForE2E adds what the upstream e2e suite needs of the network beyond
+// the rollout tests': each node reaches the other nodes' addresses (their
+// InternalIPs, which NodePort specs dial) over the fabric, and the host's
+// namespace, where the apiserver runs, reaches every node's pods over the
+// node's link (the apiserver's pod and service proxy, which the Proxy specs
+// use). Nothing of it leaves the machine. Calling it again is harmless.
+func (m *Multi) RouteForE2E(ctx context.Context) error {
+	var steps [][]string
+	for i, n := range m.Nodes {
+		steps = append(steps, []string{"ip", "route", "replace", nodePodCIDR(i), "via", n.NodeIP.String()})
+		for j, o := range m.Nodes {
+			if i != j {
+				steps = append(steps, []string{"ip", "-n", filepath.Base(n.NetnsPath), "route", "replace", o.NodeIP.String() + "/32", "via", fabricIP(j).String(), "dev", "eth1"})
+			}
+		}
+	}
+	return runSteps(ctx, "routing for the e2e suite", steps)
+}
+
+// E2EConfig is one run of the e2e suite against a Multi.
+type E2EConfig struct {
+	Bins    *e2ebin.Set
+	Kubectl string // the bed's kubectl (--kubectl-path)
+	Focus   string // ginkgo focus regular expression
+	Skip    string // ginkgo skip regular expression
+	Dir     string // where the report and the log go
+	DryRun  bool   // list the specs only
+}
+
+// E2EResult is what the suite's JSON report says of a run.
+type E2EResult struct {
+	Passed, Failed, Skipped []string // spec names, sorted
+	Took                    time.Duration
+	Log                     string // the suite's output
+}
+
+// Ran is the number of specs that ran (passed or failed).
+func (r *E2EResult) Ran() int { return len(r.Passed) + len(r.Failed) }
+
+// RunE2E runs the suite against m with the admin kubeconfig and returns
+// its outcome. A failed spec is no error; a suite that did not report is.
+func (m *Multi) RunE2E(ctx context.Context, cfg E2EConfig) (*E2EResult, error) {
+	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+		return nil, err
+	}
+	report := filepath.Join(cfg.Dir, "report.json")
+	logPath := filepath.Join(cfg.Dir, "e2e.log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	args := []string{
+		"--kubeconfig=" + m.Kubeconfig, "--kubectl-path=" + cfg.Kubectl,
+		"--provider=skeleton", "--minStartupPods=0", "--allowed-not-ready-nodes=0",
+		"--disable-log-dump", "--dump-logs-on-failure=false", "--report-dir=" + cfg.Dir,
+		"--ginkgo.focus=" + cfg.Focus, "--ginkgo.skip=" + cfg.Skip,
+		"--ginkgo.json-report=" + report, "--ginkgo.timeout=3h", "--ginkgo.no-color", "-test.timeout=0",
+	}
+	if cfg.DryRun {
+		args = append(args, "--ginkgo.dry-run")
+	}
+	cmd := exec.CommandContext(ctx, cfg.Bins.Path(e2ebin.Suite), args...)
+	cmd.Dir = cfg.Dir
+	cmd.Stdout, cmd.Stderr = logf, logf
+	start := time.Now()
+	runErr := cmd.Run()
+	res, err := readE2EReport(report)
+	if err != nil {
+		return nil, fmt.Errorf("the e2e suite (%v, log %s) left no report: %w", runErr, logPath, err)
+	}
+	res.Took, res.Log = time.Since(start), logPath
+	return res, nil
+}
+
+// ginkgoReport is the part of ginkgo's JSON report read here.
+type ginkgoReport struct {
+	SpecReports []struct {
+		ContainerHierarchyTexts []string
+		LeafNodeText            string
+		LeafNodeType            string
+		State                   string
+	}
+}
+
+func readE2EReport(path string) (*E2EResult, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var reports []ginkgoReport
+	if err := json.Unmarshal(b, &reports); err != nil {
+		return nil, fmt.Errorf("decoding %s: %w", path, err)
+	}
+	res := &E2EResult{}
+	for _, r := range reports {
+		for _, s := range r.SpecReports {
+			if s.LeafNodeType != "It" {
+				continue
+			}
+			name := strings.Join(append(append([]string{}, s.ContainerHierarchyTexts...), s.LeafNodeText), " ")
+			switch s.State {
+			case "passed":
+				res.Passed = append(res.Passed, name)
+			case "skipped", "pending":
+				res.Skipped = append(res.Skipped, name)
+			default:
+				res.Failed = append(res.Failed, name)
+			}
+		}
+	}
+	for _, l := range [][]string{res.Passed, res.Failed, res.Skipped} {
+		sort.Strings(l)
+	}
+	return res, nil
+}
