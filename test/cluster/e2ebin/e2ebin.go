@@ -1,8 +1,10 @@
 // Package e2ebin builds the upstream Kubernetes e2e suite's sig-network test
 // binary (package conformance/suite: the framework and test/e2e/network,
-// compiled with `go test -c -vet=off -tags e2esuite`), agnhost, the
-// suite's test server, and the Conntrack spec's regression-issue-74839, from the k8s.io/kubernetes module this Go module
-// requires, and caches both per Kubernetes version like package kubebin.
+// compiled with `go test -c -vet=off -tags e2esuite`), agnhost, the suite's
+// test server, the Conntrack spec's regression-issue-74839 and the ginkgo
+// command that runs the suite in parallel, from the k8s.io/kubernetes module
+// this Go module requires, and caches them per Kubernetes version like
+// package kubebin.
 //
 // The test binary is the slow part: about half an hour cold on two cores,
 // a re-link of a minute or two with the Go build cache warm, free once
@@ -39,10 +41,13 @@ const (
 	// Regression74839 is the Conntrack spec's sender of out-of-window
 	// packets.
 	Regression74839 = "regression-issue-74839"
+	// Ginkgo is the ginkgo command at the version the suite links, which
+	// runs the suite's specs in parallel processes.
+	Ginkgo = "ginkgo"
 )
 
 // binaries are what a complete cache directory holds.
-var binaries = []string{Suite, Agnhost, Regression74839}
+var binaries = []string{Suite, Agnhost, Regression74839, Ginkgo}
 
 // SuitePackage is the package compiled into Suite, relative to the module,
 // and SuiteTag the build tag that lets it compile.
@@ -50,6 +55,7 @@ const (
 	SuitePackage = "./conformance/suite"
 	SuiteTag     = "e2esuite"
 	imagesPkg    = "k8s.io/kubernetes/test/images/"
+	ginkgoPkg    = "github.com/onsi/ginkgo/v2/ginkgo"
 )
 
 // Set is a directory holding one built version of the binaries.
@@ -150,7 +156,7 @@ func Ensure(ctx context.Context, log *slog.Logger) (*Set, error) {
 func commands(out string) [][]string {
 	ld := kubebin.LDFlags()
 	return [][]string{
-		{"go", "build", "-trimpath", "-ldflags", "-s -w " + ld, "-o", out + string(filepath.Separator), imagesPkg + Agnhost, imagesPkg + Regression74839},
+		{"go", "build", "-trimpath", "-ldflags", "-s -w " + ld, "-o", out + string(filepath.Separator), imagesPkg + Agnhost, imagesPkg + Regression74839, ginkgoPkg},
 		{"go", "test", "-c", "-vet=off", "-tags", SuiteTag, "-ldflags", ld, "-o", filepath.Join(out, Suite), SuitePackage},
 	}
 }

@@ -26,6 +26,10 @@ const (
 		`should provide DNS|by name|hostname|\[Serial\]`
 )
 
+// conformanceProcs is the number of ginkgo processes: the specs mostly
+// wait for pods and Services, so four share two cores well.
+const conformanceProcs = 4
+
 // withoutDraindFile lists the specs that pass on the bed without draind;
 // DRAIND_CONFORMANCE_WITHOUT=1 measures and rewrites it.
 const withoutDraindFile = "testdata/conformance-pass-without-draind.txt"
@@ -50,7 +54,7 @@ func TestConformanceSigNetwork(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Hour)
 	defer cancel()
 	prepareE2E(ctx, t, b.m, bins)
-	cfg := realnode.E2EConfig{Bins: bins, Kubectl: kube.Binaries(t).Path(kubebin.Kubectl), Focus: conformanceFocus, Skip: conformanceSkip}
+	cfg := realnode.E2EConfig{Bins: bins, Kubectl: kube.Binaries(t).Path(kubebin.Kubectl), Focus: conformanceFocus, Skip: conformanceSkip, Procs: conformanceProcs}
 	if os.Getenv(EnvConformanceWithout) == "1" {
 		if b.installed {
 			t.Fatalf("draind is already installed on the shared bed; run TestConformanceSigNetwork alone to measure without it")
@@ -89,8 +93,8 @@ func e2eBinaries(t *testing.T) *e2ebin.Set {
 	return set
 }
 
-// prepareE2E routes the bed for the suite and imports its images on every
-// node, once per bed.
+// prepareE2E routes the bed for the suite, starts its cluster DNS and
+// imports the suite's images on every node, once per bed.
 func prepareE2E(ctx context.Context, t *testing.T, m *realnode.Multi, bins *e2ebin.Set) {
 	t.Helper()
 	if _, done := e2ePrepared.Load(m); done {
@@ -98,6 +102,11 @@ func prepareE2E(ctx context.Context, t *testing.T, m *realnode.Multi, bins *e2eb
 	}
 	start := time.Now()
 	if err := m.RouteForE2E(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The DNS serves as long as this process: the bed is shared, and it
+	// outlives this test.
+	if _, err := m.StartClusterDNS(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	archive, err := realnode.BuildE2EImages(ctx, filepath.Join(m.Dir, "e2e-images"), bins)

@@ -39,6 +39,7 @@ type E2EConfig struct {
 	Kubectl string // the bed's kubectl (--kubectl-path)
 	Focus   string // ginkgo focus regular expression
 	Skip    string // ginkgo skip regular expression
+	Procs   int    // parallel ginkgo processes ([Serial] specs run alone at the end)
 	Dir     string // where the report and the log go
 	DryRun  bool   // list the specs only
 }
@@ -53,40 +54,48 @@ type E2EResult struct {
 // Ran is the number of specs that ran (passed or failed).
 func (r *E2EResult) Ran() int { return len(r.Passed) + len(r.Failed) }
 
-// RunE2E runs the suite against m with the admin kubeconfig and returns
-// its outcome. A failed spec is no error; a suite that did not report is.
+// RunE2E runs the suite against m with the admin kubeconfig, through
+// ginkgo, and returns its outcome. A failed spec is no error; a suite that
+// did not report is.
 func (m *Multi) RunE2E(ctx context.Context, cfg E2EConfig) (*E2EResult, error) {
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 		return nil, err
 	}
-	report := filepath.Join(cfg.Dir, "report.json")
 	logPath := filepath.Join(cfg.Dir, "e2e.log")
 	logf, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
 	}
 	defer logf.Close()
-	args := []string{
-		"--kubeconfig=" + m.Kubeconfig, "--kubectl-path=" + cfg.Kubectl,
-		"--provider=skeleton", "--minStartupPods=0", "--allowed-not-ready-nodes=0",
-		"--disable-log-dump", "--dump-logs-on-failure=false", "--report-dir=" + cfg.Dir,
-		"--ginkgo.focus=" + cfg.Focus, "--ginkgo.skip=" + cfg.Skip,
-		"--ginkgo.json-report=" + report, "--ginkgo.timeout=3h", "--ginkgo.no-color", "-test.timeout=0",
-	}
-	if cfg.DryRun {
-		args = append(args, "--ginkgo.dry-run")
-	}
-	cmd := exec.CommandContext(ctx, cfg.Bins.Path(e2ebin.Suite), args...)
+	cmd := exec.CommandContext(ctx, cfg.Bins.Path(e2ebin.Ginkgo), m.e2eArgs(cfg)...)
 	cmd.Dir = cfg.Dir
 	cmd.Stdout, cmd.Stderr = logf, logf
 	start := time.Now()
 	runErr := cmd.Run()
-	res, err := readE2EReport(report)
+	res, err := readE2EReport(filepath.Join(cfg.Dir, "report.json"))
 	if err != nil {
 		return nil, fmt.Errorf("the e2e suite (%v, log %s) left no report: %w", runErr, logPath, err)
 	}
 	res.Took, res.Log = time.Since(start), logPath
 	return res, nil
+}
+
+// e2eArgs are ginkgo's arguments: its own, the suite binary, then the
+// suite's (the framework's flags).
+func (m *Multi) e2eArgs(cfg E2EConfig) []string {
+	procs := max(cfg.Procs, 1)
+	args := []string{
+		fmt.Sprintf("--procs=%d", procs), "--focus=" + cfg.Focus, "--skip=" + cfg.Skip,
+		"--output-dir=" + cfg.Dir, "--json-report=report.json", "--timeout=3h", "--no-color", "--silence-skips",
+	}
+	if cfg.DryRun {
+		args = append(args, "--dry-run", "-v")
+	}
+	return append(args, cfg.Bins.Path(e2ebin.Suite), "--",
+		"--kubeconfig="+m.Kubeconfig, "--kubectl-path="+cfg.Kubectl,
+		"--provider=skeleton", "--minStartupPods=0", "--allowed-not-ready-nodes=0",
+		"--cluster-ip-range="+ClusterCIDR, "--e2e-output-dir="+cfg.Dir,
+		"--disable-log-dump", "--dump-logs-on-failure=false", "--report-dir="+cfg.Dir)
 }
 
 // ginkgoReport is the part of ginkgo's JSON report read here.
