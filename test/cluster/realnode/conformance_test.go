@@ -23,7 +23,7 @@ import (
 const (
 	conformanceFocus = `\[sig-network\] (Services|EndpointSlice|EndpointSliceMirroring|Conntrack|DNS|Connectivity|Networking Granular Checks)|\[sig-network\].*\[Conformance\]`
 	conformanceSkip  = `\[Disruptive\]|\[Flaky\]|\[Slow\]|\[Feature:|\[FeatureGate:|\[Alpha\]|\[Beta\]|\[Provider:|LoadBalancer|ESIPP|IPVS|\[sig-network\] DNS|` +
-		`should provide DNS|by name|hostname|\[Serial\]`
+		`should provide DNS`
 )
 
 // conformanceProcs is the number of ginkgo processes: the specs mostly
