@@ -24,8 +24,9 @@ import (
 // k8s.io/kubernetes version in go.mod expects (so no spec pulls):
 //
 //   - agnhost: the module's agnhost (static), porter's TLS files, /uploads,
-//     busybox's applets in /bin (sh, wget, nc, …) and the host's curl with
-//     the shared libraries it loads, as upstream's image has curl;
+//     busybox's applets in /bin (sh, wget, …) and the host's curl and
+//     OpenBSD nc with the shared libraries they load, as upstream's image
+//     has them;
 //   - busybox: busybox-static with its applets;
 //   - pause: agnhost's pause;
 //   - nginx: only ever run as a pod that listens (EndpointSlice specs),
@@ -64,7 +65,9 @@ func BuildE2EImages(ctx context.Context, dir string, bins *e2ebin.Set) (string, 
 	if err != nil {
 		return "", err
 	}
-	curl, err := dynamicFiles(ctx, "curl")
+	// curl and OpenBSD's nc, as upstream's image has them (busybox's nc
+	// lacks -v, -t, -u, -z, which the specs pass).
+	curl, err := dynamicFiles(ctx, "curl", "nc")
 	if err != nil {
 		return "", err
 	}
@@ -139,18 +142,53 @@ func isDynamic(path string) (bool, error) {
 	return false, nil
 }
 
-// dynamicFiles is the host's program name at /usr/bin/<name> and every
-// shared object ldd says it loads, each at its path on the host.
-func dynamicFiles(ctx context.Context, name string) ([]image.File, error) {
-	path, err := exec.LookPath(name)
-	if err != nil {
-		return nil, fmt.Errorf("the agnhost image needs %s (Debian: %s): %w", name, name, err)
+// dynamicFiles are the host's programs, each at /usr/bin/<name> (the
+// image's PATH has /usr/bin before busybox's /bin), and every shared
+// object ldd says they load, each at its path on the host.
+func dynamicFiles(ctx context.Context, names ...string) ([]image.File, error) {
+	var files []image.File
+	seen := map[string]bool{}
+	add := func(src, dst string) error {
+		if seen[dst] {
+			return nil
+		}
+		seen[dst] = true
+		data, err := os.ReadFile(src)
+		if err != nil {
+			return err
+		}
+		files = append(files, image.File{Path: dst, Mode: 0o755, Data: data})
+		return nil
 	}
+	for _, name := range names {
+		path, err := exec.LookPath(name)
+		if err != nil {
+			return nil, fmt.Errorf("the agnhost image needs %s (test/deps.sh installs it): %w", name, err)
+		}
+		libs, err := sharedObjects(ctx, path)
+		if err != nil {
+			return nil, err
+		}
+		if err := add(path, "/usr/bin/"+name); err != nil {
+			return nil, err
+		}
+		for _, l := range libs {
+			if err := add(l, filepath.Clean(l)); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return files, nil
+}
+
+// sharedObjects returns the paths ldd gives for a program's libraries
+// and its loader.
+func sharedObjects(ctx context.Context, path string) ([]string, error) {
 	out, err := exec.CommandContext(ctx, "ldd", path).Output()
 	if err != nil {
 		return nil, fmt.Errorf("ldd %s: %w", path, err)
 	}
-	paths := []string{path}
+	var paths []string
 	sc := bufio.NewScanner(bytes.NewReader(out))
 	for sc.Scan() {
 		// "libz.so.1 => /lib/x86_64-linux-gnu/libz.so.1 (0x…)" or
@@ -162,19 +200,7 @@ func dynamicFiles(ctx context.Context, name string) ([]image.File, error) {
 			paths = append(paths, f[0])
 		}
 	}
-	var files []image.File
-	for i, p := range paths {
-		data, err := os.ReadFile(p)
-		if err != nil {
-			return nil, err
-		}
-		dst := filepath.Clean(p)
-		if i == 0 {
-			dst = "/usr/bin/" + name
-		}
-		files = append(files, image.File{Path: dst, Mode: 0o755, Data: data})
-	}
-	return files, nil
+	return paths, sc.Err()
 }
 
 // porterFiles are agnhost porter's TLS certificate and key, read from the

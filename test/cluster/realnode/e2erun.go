@@ -7,6 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -77,6 +79,11 @@ func (m *Multi) RunE2E(ctx context.Context, cfg E2EConfig) (*E2EResult, error) {
 		return nil, fmt.Errorf("the e2e suite (%v, log %s) left no report: %w", runErr, logPath, err)
 	}
 	res.Took, res.Log = time.Since(start), logPath
+	// The report lists every spec of the binary; skipped are those the
+	// focus selects that the skip expression or the spec itself skipped.
+	if focus, err := regexp.Compile(cfg.Focus); err == nil {
+		res.Skipped = slices.DeleteFunc(res.Skipped, func(s string) bool { return !focus.MatchString(s) })
+	}
 	return res, nil
 }
 
