@@ -24,9 +24,8 @@ import (
 // k8s.io/kubernetes version in go.mod expects (so no spec pulls):
 //
 //   - agnhost: the module's agnhost (static), porter's TLS files, /uploads,
-//     busybox's applets in /bin (sh, wget, …) and the host's curl and
-//     OpenBSD nc with the shared libraries they load, as upstream's image
-//     has them;
+//     busybox's applets in /bin (sh, seq, …) and the host's curl, OpenBSD
+//     nc and GNU wget with the shared libraries they load;
 //   - busybox: busybox-static with its applets;
 //   - pause: agnhost's pause;
 //   - nginx: only ever run as a pod that listens (EndpointSlice specs),
@@ -66,8 +65,9 @@ func BuildE2EImages(ctx context.Context, dir string, bins *e2ebin.Set) (string, 
 		return "", err
 	}
 	// curl and OpenBSD's nc, as upstream's image has them (busybox's nc
-	// lacks -v, -t, -u, -z, which the specs pass).
-	curl, err := dynamicFiles(ctx, "curl", "nc")
+	// lacks -v, -t, -u, -z, which the specs pass), and GNU wget: a static
+	// glibc busybox's wget crashes in an image without glibc's NSS set-up.
+	curl, err := dynamicFiles(ctx, "curl", "nc", "wget")
 	if err != nil {
 		return "", err
 	}
