@@ -27,8 +27,8 @@ const (
 )
 
 // conformanceProcs is the number of ginkgo processes: the specs mostly
-// wait for pods and Services, so four share two cores well.
-const conformanceProcs = 4
+// wait for pods and Services, so six share two cores well.
+const conformanceProcs = 6
 
 // withoutDraindFile lists the specs that pass on the bed without draind;
 // DRAIND_CONFORMANCE_WITHOUT=1 measures and rewrites it.

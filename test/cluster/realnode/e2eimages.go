@@ -67,7 +67,7 @@ func BuildE2EImages(ctx context.Context, dir string, bins *e2ebin.Set) (string, 
 	// curl and OpenBSD's nc, as upstream's image has them (busybox's nc
 	// lacks -v, -t, -u, -z, which the specs pass), and GNU wget: a static
 	// glibc busybox's wget crashes in an image without glibc's NSS set-up.
-	curl, err := dynamicFiles(ctx, "curl", "nc", "wget")
+	curl, err := dynamicFiles(ctx, "curl", "nc", "wget", "dash")
 	if err != nil {
 		return "", err
 	}
@@ -80,7 +80,15 @@ func BuildE2EImages(ctx context.Context, dir string, bins *e2ebin.Set) (string, 
 		{Path: "/agnhost-2", Link: "agnhost"},
 		{Path: "/uploads/.keep", Mode: 0o644},
 	}, porter...)
-	agn = append(append(agn, bb...), curl...)
+	// /bin/sh is dash: Debian's static busybox's sh runs its own applets
+	// before PATH's programs, so its nc and wget would win.
+	agn = append(agn, image.File{Path: "/bin/sh", Link: "/usr/bin/dash"})
+	for _, f := range bb {
+		if f.Path != "/bin/sh" {
+			agn = append(agn, f)
+		}
+	}
+	agn = append(agn, curl...)
 	specs := map[string]image.Spec{
 		imageutils.GetE2EImage(imageutils.Agnhost):              {Files: agn, Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"}},
 		imageutils.GetE2EImage(imageutils.BusyBox):              {Files: bb, Cmd: []string{"sh"}},
