@@ -11,6 +11,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/draind/draind/test/cluster/e2ebin"
@@ -72,6 +73,11 @@ func (m *Multi) RunE2E(ctx context.Context, cfg E2EConfig) (*E2EResult, error) {
 	cmd := exec.CommandContext(ctx, cfg.Bins.Path(e2ebin.Ginkgo), m.e2eArgs(cfg)...)
 	cmd.Dir = cfg.Dir
 	cmd.Stdout, cmd.Stderr = logf, logf
+	// If this process dies, ginkgo is told to stop and stops the suite's
+	// processes, which would otherwise go on against a dead bed.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = time.Minute
 	start := time.Now()
 	runErr := cmd.Run()
 	res, err := readE2EReport(filepath.Join(cfg.Dir, "report.json"))
