@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"debug/elf"
 	"fmt"
 	"os"
 	"os/exec"
@@ -26,7 +25,8 @@ import (
 //   - agnhost: the module's agnhost (static), porter's TLS files, /uploads,
 //     busybox's applets in /bin (sh, seq, …) and the host's curl, OpenBSD
 //     nc and GNU wget with the shared libraries they load;
-//   - busybox: busybox-static with its applets;
+//   - busybox: the host's busybox with its applets (and, if it is not
+//     Debian's busybox-static, the shared objects it loads);
 //   - pause: agnhost's pause;
 //   - nginx: only ever run as a pod that listens (EndpointSlice specs),
 //     here agnhost's netexec on port 80;
@@ -60,14 +60,15 @@ func BuildE2EImages(ctx context.Context, dir string, bins *e2ebin.Set) (string, 
 	if err != nil {
 		return "", fmt.Errorf("reading regression-issue-74839: %w", err)
 	}
-	bb, err := busyboxFiles()
+	bb, err := busyboxFiles(ctx)
 	if err != nil {
 		return "", err
 	}
 	// curl and OpenBSD's nc, as upstream's image has them (busybox's nc
-	// lacks -v, -t, -u, -z, which the specs pass), and GNU wget: a static
-	// glibc busybox's wget crashes in an image without glibc's NSS set-up.
-	curl, err := dynamicFiles(ctx, "curl", "nc", "wget", "dash")
+	// lacks -v, -t, -u, -z, which the specs pass), and GNU wget: Debian's
+	// static busybox's wget crashes in an image without glibc's NSS set-up.
+	curl, err := hostPrograms(ctx, map[string]string{
+		"curl": "/usr/bin/curl", "nc": "/usr/bin/nc", "wget": "/usr/bin/wget", "dash": "/usr/bin/dash"})
 	if err != nil {
 		return "", err
 	}
@@ -80,15 +81,9 @@ func BuildE2EImages(ctx context.Context, dir string, bins *e2ebin.Set) (string, 
 		{Path: "/agnhost-2", Link: "agnhost"},
 		{Path: "/uploads/.keep", Mode: 0o644},
 	}, porter...)
-	// /bin/sh is dash: Debian's static busybox's sh runs its own applets
-	// before PATH's programs, so its nc and wget would win.
-	agn = append(agn, image.File{Path: "/bin/sh", Link: "/usr/bin/dash"})
-	for _, f := range bb {
-		if f.Path != "/bin/sh" {
-			agn = append(agn, f)
-		}
-	}
-	agn = append(agn, curl...)
+	// /bin/sh is dash: Debian's busybox sh runs its own applets before
+	// PATH's programs, so its nc and wget would win.
+	agn = mergeFiles(agn, []image.File{{Path: "/bin/sh", Link: "/usr/bin/dash"}}, bb, curl)
 	specs := map[string]image.Spec{
 		imageutils.GetE2EImage(imageutils.Agnhost):              {Files: agn, Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"}},
 		imageutils.GetE2EImage(imageutils.BusyBox):              {Files: bb, Cmd: []string{"sh"}},
@@ -109,25 +104,18 @@ func BuildE2EImages(ctx context.Context, dir string, bins *e2ebin.Set) (string, 
 	return out, nil
 }
 
-// busyboxFiles is a static busybox at /bin/busybox and a link in /bin for
-// each of its applets. A dynamic busybox is refused: the image has no libc.
-func busyboxFiles() ([]image.File, error) {
-	path, err := exec.LookPath("busybox")
-	if err != nil {
-		return nil, fmt.Errorf("the e2e images need a static busybox (Debian: busybox-static): %w", err)
-	}
-	if dyn, err := isDynamic(path); err != nil || dyn {
-		return nil, fmt.Errorf("%s is not a static busybox (Debian: apt-get install busybox-static): %v", path, err)
-	}
-	data, err := os.ReadFile(path)
+// busyboxFiles is the host's busybox at /bin/busybox, the shared objects
+// it loads (none for busybox-static) and a link in /bin for each of its
+// applets.
+func busyboxFiles(ctx context.Context) ([]image.File, error) {
+	files, err := hostPrograms(ctx, map[string]string{"busybox": "/bin/busybox"})
 	if err != nil {
 		return nil, err
 	}
-	out, err := exec.Command(path, "--list").Output()
+	out, err := exec.CommandContext(ctx, "busybox", "--list").Output()
 	if err != nil {
 		return nil, fmt.Errorf("listing busybox's applets: %w", err)
 	}
-	files := []image.File{{Path: "/bin/busybox", Mode: 0o755, Data: data}}
 	for _, a := range strings.Fields(string(out)) {
 		if a != "busybox" && !strings.Contains(a, "/") {
 			files = append(files, image.File{Path: "/bin/" + a, Link: "busybox"})
@@ -136,57 +124,46 @@ func busyboxFiles() ([]image.File, error) {
 	return files, nil
 }
 
-func isDynamic(path string) (bool, error) {
-	f, err := elf.Open(path)
-	if err != nil {
-		return false, err
-	}
-	defer f.Close()
-	for _, p := range f.Progs {
-		if p.Type == elf.PT_INTERP {
-			return true, nil
-		}
-	}
-	return false, nil
-}
-
-// dynamicFiles are the host's programs, each at /usr/bin/<name> (the
-// image's PATH has /usr/bin before busybox's /bin), and every shared
-// object ldd says they load, each at its path on the host.
-func dynamicFiles(ctx context.Context, names ...string) ([]image.File, error) {
+// hostPrograms are the host's programs (name → path in the image) and
+// every shared object ldd says they load, each at its path on the host.
+func hostPrograms(ctx context.Context, progs map[string]string) ([]image.File, error) {
 	var files []image.File
-	seen := map[string]bool{}
-	add := func(src, dst string) error {
-		if seen[dst] {
-			return nil
-		}
-		seen[dst] = true
-		data, err := os.ReadFile(src)
-		if err != nil {
-			return err
-		}
-		files = append(files, image.File{Path: dst, Mode: 0o755, Data: data})
-		return nil
-	}
-	for _, name := range names {
+	for name, dst := range progs {
 		path, err := exec.LookPath(name)
 		if err != nil {
-			return nil, fmt.Errorf("the agnhost image needs %s (test/deps.sh installs it): %w", name, err)
+			return nil, fmt.Errorf("the e2e images need %s (test/deps.sh installs it): %w", name, err)
 		}
 		libs, err := sharedObjects(ctx, path)
 		if err != nil {
 			return nil, err
 		}
-		if err := add(path, "/usr/bin/"+name); err != nil {
-			return nil, err
-		}
-		for _, l := range libs {
-			if err := add(l, filepath.Clean(l)); err != nil {
+		for i, src := range append([]string{path}, libs...) {
+			data, err := os.ReadFile(src)
+			if err != nil {
 				return nil, err
+			}
+			if i > 0 {
+				dst = filepath.Clean(src)
+			}
+			files = append(files, image.File{Path: dst, Mode: 0o755, Data: data})
+		}
+	}
+	return mergeFiles(files), nil
+}
+
+// mergeFiles drops every file whose path came earlier in the lists.
+func mergeFiles(lists ...[]image.File) []image.File {
+	var out []image.File
+	seen := map[string]bool{}
+	for _, l := range lists {
+		for _, f := range l {
+			if !seen[f.Path] {
+				seen[f.Path] = true
+				out = append(out, f)
 			}
 		}
 	}
-	return files, nil
+	return out
 }
 
 // sharedObjects returns the paths ldd gives for a program's libraries
