@@ -19,7 +19,8 @@ import (
 
 // RouteForE2E adds what the upstream e2e suite needs of the network beyond
 // the rollout tests': each node reaches the other nodes' addresses (their
-// InternalIPs, which NodePort specs dial) over the fabric, and the host's
+// InternalIPs, which NodePort specs dial) over the fabric, from its own
+// InternalIP (specs check the client address is preserved), and the host's
 // namespace, where the apiserver runs, reaches every node's pods over the
 // node's link (the apiserver's pod and service proxy, which the Proxy specs
 // use). Nothing of it leaves the machine. Calling it again is harmless.
@@ -29,7 +30,8 @@ func (m *Multi) RouteForE2E(ctx context.Context) error {
 		steps = append(steps, []string{"ip", "route", "replace", nodePodCIDR(i), "via", n.NodeIP.String()})
 		for j, o := range m.Nodes {
 			if i != j {
-				steps = append(steps, []string{"ip", "-n", filepath.Base(n.NetnsPath), "route", "replace", o.NodeIP.String() + "/32", "via", fabricIP(j).String(), "dev", "eth1"})
+				steps = append(steps, []string{"ip", "-n", filepath.Base(n.NetnsPath), "route", "replace", o.NodeIP.String() + "/32",
+					"via", fabricIP(j).String(), "dev", "eth1", "src", n.NodeIP.String()})
 			}
 		}
 	}
