@@ -23,7 +23,11 @@ import (
 // InternalIP (specs check the client address is preserved), and the host's
 // namespace, where the apiserver runs, reaches every node's pods over the
 // node's link (the apiserver's pod and service proxy, which the Proxy specs
-// use). Nothing of it leaves the machine. Calling it again is harmless.
+// use). What kube-proxy masquerades towards another node leaves as the
+// node's InternalIP too, as on a node with one interface (a node's own
+// connection to its ExternalTrafficPolicy=Local NodePort must reach the
+// endpoint from the node's address). Nothing of it leaves the machine.
+// Calling it again is harmless.
 func (m *Multi) RouteForE2E(ctx context.Context) error {
 	var steps [][]string
 	for i, n := range m.Nodes {
@@ -35,8 +39,28 @@ func (m *Multi) RouteForE2E(ctx context.Context) error {
 			}
 		}
 	}
-	return runSteps(ctx, "routing for the e2e suite", steps)
+	if err := runSteps(ctx, "routing for the e2e suite", steps); err != nil {
+		return err
+	}
+	for _, n := range m.Nodes {
+		// Ahead of kube-proxy's MASQUERADE, which would take eth1's
+		// fabric address: the first NAT rule that matches decides.
+		rule := []string{"POSTROUTING", "-o", "eth1", "-m", "mark", "--mark", kubeProxyMasqMark + "/" + kubeProxyMasqMark,
+			"-j", "SNAT", "--to-source", n.NodeIP.String()}
+		ns := filepath.Base(n.NetnsPath)
+		if _, err := run(ctx, ns, "iptables", append([]string{"-w", "-t", "nat", "-C"}, rule...)...); err == nil {
+			continue
+		}
+		if _, err := run(ctx, ns, "iptables", append([]string{"-w", "-t", "nat", "-I", rule[0], "1"}, rule[1:]...)...); err != nil {
+			return fmt.Errorf("masquerading to the node's address: %w", err)
+		}
+	}
+	return nil
 }
+
+// kubeProxyMasqMark is the mark kube-proxy sets on connections it
+// masquerades (its default masquerade bit, 14).
+const kubeProxyMasqMark = "0x4000"
 
 // E2EConfig is one run of the e2e suite against a Multi.
 type E2EConfig struct {
