@@ -74,7 +74,7 @@ func TestConformanceSigNetwork(t *testing.T) {
 	res := runE2E(ctx, t, b.m, cfg, "with draind")
 	for _, s := range want {
 		if !slices.Contains(res.Passed, s) {
-			t.Errorf("passes without draind, not with it: %s", s)
+			t.Errorf("passes without draind, not with it: %s (%s)", s, res.Why[s])
 		}
 	}
 	if t.Failed() {
@@ -132,7 +132,7 @@ func runE2E(ctx context.Context, t *testing.T, m *realnode.Multi, cfg realnode.E
 	t.Logf("conformance figures %s: ran %d, passed %d, failed %d, skipped %d in %v (log %s)",
 		what, res.Ran(), len(res.Passed), len(res.Failed), len(res.Skipped), res.Took.Round(time.Second), res.Log)
 	for _, s := range res.Failed {
-		t.Logf("failed %s: %s", what, s)
+		t.Logf("failed %s: %s (%s)", what, s, res.Why[s])
 	}
 	return res
 }

@@ -76,8 +76,11 @@ type E2EConfig struct {
 // E2EResult is what the suite's JSON report says of a run.
 type E2EResult struct {
 	Passed, Failed, Skipped []string // spec names, sorted
-	Took                    time.Duration
-	Log                     string // the suite's output
+	// Why is what the report says of a failed or skipped spec (its
+	// failure or skip message, cut short).
+	Why  map[string]string
+	Took time.Duration
+	Log  string // the suite's output
 }
 
 // Ran is the number of specs that ran (passed or failed).
@@ -146,6 +149,7 @@ type ginkgoReport struct {
 		LeafNodeText            string
 		LeafNodeType            string
 		State                   string
+		Failure                 *struct{ Message string }
 	}
 }
 
@@ -158,13 +162,20 @@ func readE2EReport(path string) (*E2EResult, error) {
 	if err := json.Unmarshal(b, &reports); err != nil {
 		return nil, fmt.Errorf("decoding %s: %w", path, err)
 	}
-	res := &E2EResult{}
+	res := &E2EResult{Why: map[string]string{}}
 	for _, r := range reports {
 		for _, s := range r.SpecReports {
 			if s.LeafNodeType != "It" {
 				continue
 			}
 			name := strings.Join(append(append([]string{}, s.ContainerHierarchyTexts...), s.LeafNodeText), " ")
+			if s.Failure != nil {
+				msg := s.Failure.Message
+				if len(msg) > 300 {
+					msg = msg[:300] + "…"
+				}
+				res.Why[name] = s.State + ": " + msg
+			}
 			switch s.State {
 			case "passed":
 				res.Passed = append(res.Passed, name)
