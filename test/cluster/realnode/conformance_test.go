@@ -23,11 +23,7 @@ import (
 const (
 	conformanceFocus = `\[sig-network\] (Services|EndpointSlice|EndpointSliceMirroring|Conntrack|DNS|Connectivity|Networking Granular Checks)|\[sig-network\].*\[Conformance\]`
 	conformanceSkip  = `\[Disruptive\]|\[Flaky\]|\[Slow\]|\[Feature:|\[FeatureGate:|\[Alpha\]|\[Beta\]|\[Provider:|LoadBalancer|ESIPP|IPVS|\[sig-network\] DNS|` +
-		`should provide DNS|` +
-		// Each try waits out a 125 s affinity timeout and lands on the same
-		// backend again one time in three (up to 10 tries): minutes of
-		// sleep that CI's budget cannot hold, and they drain nothing.
-		`should have session affinity timeout work`
+		`should provide DNS`
 )
 
 // conformanceProcs is the number of ginkgo processes: the specs mostly
