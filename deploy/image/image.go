@@ -53,11 +53,12 @@ var baseEnv = []string{
 	"SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt",
 }
 
-// File is one regular file of a layer.
+// File is one regular file of a layer, or a symbolic link when Link is set.
 type File struct {
 	Path string // absolute path in the image
 	Mode fs.FileMode
 	Data []byte
+	Link string // the symbolic link's target; Data is then empty
 }
 
 // Spec describes a single-layer image.
@@ -167,9 +168,14 @@ func layerTar(files []File) ([]byte, error) {
 	}
 	for _, f := range files {
 		name := strings.TrimPrefix(f.Path, "/")
-		entries = append(entries, entry{name: name, data: f.Data, hdr: &tar.Header{
-			Typeflag: tar.TypeReg, Name: name, Mode: int64(f.Mode.Perm()), Size: int64(len(f.Data)), ModTime: epoch, Format: tar.FormatPAX,
-		}})
+		hdr := &tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: int64(f.Mode.Perm()), Size: int64(len(f.Data)), ModTime: epoch, Format: tar.FormatPAX}
+		if f.Link != "" {
+			if len(f.Data) > 0 {
+				return nil, fmt.Errorf("image file %s is a link with data", f.Path)
+			}
+			hdr.Typeflag, hdr.Linkname, hdr.Mode = tar.TypeSymlink, f.Link, 0o777
+		}
+		entries = append(entries, entry{name: name, data: f.Data, hdr: hdr})
 	}
 	sort.Slice(entries, func(i, j int) bool { return entries[i].name < entries[j].name })
 	var buf bytes.Buffer

@@ -117,6 +117,24 @@ func TestBuildRejectsBadPaths(t *testing.T) {
 	}
 }
 
+// TestBuildLinks checks a File with Link becomes a symbolic link.
+func TestBuildLinks(t *testing.T) {
+	img, err := Build(Spec{Files: []File{
+		{Path: "/bin/busybox", Mode: 0o755, Data: []byte("bb")},
+		{Path: "/bin/sh", Link: "busybox"},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh := files(t, img)["bin/sh"]
+	if sh == nil || sh.Typeflag != tar.TypeSymlink || sh.Linkname != "busybox" || sh.Size != 0 {
+		t.Fatalf("bin/sh: %+v, want a symbolic link to busybox", sh)
+	}
+	if _, err := Build(Spec{Files: []File{{Path: "/x", Link: "y", Data: []byte("z")}}}); err == nil {
+		t.Error("Build accepted a link with data")
+	}
+}
+
 // TestWriteArchive checks the archive is an OCI layout whose index names
 // each image the way containerd's importer and OCI tools read names.
 func TestWriteArchive(t *testing.T) {

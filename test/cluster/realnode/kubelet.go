@@ -19,7 +19,8 @@ import (
 // allowed, the driver is cgroupfs (containerd 1.x cannot tell the kubelet
 // its own), the kernel defaults are not enforced, and everything the kubelet
 // writes lives in the run's directory. Eviction and image GC are off in
-// effect: a test machine's disk must not evict the test.
+// effect: a test machine's disk must not evict the test. Pods' resolv.conf
+// names ClusterDNSIP, which answers once a test starts ClusterDNS.
 func (n *Node) kubeletConfig() string {
 	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -47,6 +48,8 @@ protectKernelDefaults: false
 podLogsDir: %[6]s
 volumePluginDir: %[7]s
 resolvConf: ""
+clusterDNS: [%[9]s]
+clusterDomain: %[10]s
 enforceNodeAllocatable: [pods]
 evictionHard:
   memory.available: 1Mi
@@ -61,7 +64,7 @@ nodeStatusUpdateFrequency: 5s
 syncFrequency: 10s
 cgroupRoot: %[8]s
 `, n.NodeIP, n.path("pki/kubelet.crt"), n.path("pki/kubelet.key"), n.Cluster.Path("pki/ca.crt"),
-		n.ContainerdSocket, n.path("pod-logs"), n.path("volume-plugins"), n.CgroupRoot())
+		n.ContainerdSocket, n.path("pod-logs"), n.path("volume-plugins"), n.CgroupRoot(), ClusterDNSIP, ClusterDomain)
 }
 
 // CgroupRoot is the kubelet's cgroup root: the pods' cgroups are in

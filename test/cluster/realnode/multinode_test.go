@@ -40,6 +40,7 @@ type multiBed struct {
 	recipe    []byte   // the README's curl-less preStop recipe
 	overlay   string
 	installed bool
+	crds      bool          // the monitoring CRDs (an uninstall keeps them)
 	started   time.Duration // StartMulti → ready, images imported
 }
 
@@ -189,8 +190,11 @@ func (b *multiBed) install(ctx context.Context, t *testing.T) {
 		return
 	}
 	n := b.m.Nodes[0]
-	if err := deploycheck.InstallMonitoringCRDs(ctx, b.m.Cluster.AdminConfig); err != nil {
-		t.Fatal(err)
+	if !b.crds {
+		if err := deploycheck.InstallMonitoringCRDs(ctx, b.m.Cluster.AdminConfig); err != nil {
+			t.Fatal(err)
+		}
+		b.crds = true
 	}
 	kubectl(ctx, t, n, "apply", "-k", b.overlay)
 	b.waitDraindReady(ctx, t)

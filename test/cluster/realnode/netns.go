@@ -109,9 +109,17 @@ func createNetns(ctx context.Context, nc netnsConfig) error {
 	for _, a := range nc.alsoAllowed {
 		guard = append(guard,
 			[]string{"-A", "OUTPUT", "-o", "eth0", "-d", a.String(), "-j", "ACCEPT"},
-			[]string{"-A", "FORWARD", "-o", "eth0", "-d", a.String(), "-j", "ACCEPT"})
+			[]string{"-A", "FORWARD", "-o", "eth0", "-d", a.String(), "-j", "ACCEPT"},
+			[]string{"-t", "mangle", "-A", "POSTROUTING", "-o", "eth0", "-d", a.String(), "-j", "ACCEPT"})
 	}
 	for _, rule := range append(guard, [][]string{
+		// The node's own connection to a ClusterIP is routed (over eth0,
+		// the default route) before kube-proxy's DNAT reroutes it, and
+		// OUTPUT's -o keeps naming that first route's link: such a
+		// connection is let through here and guarded in POSTROUTING,
+		// which sees the link it really leaves by.
+		{"-A", "OUTPUT", "-o", "eth0", "-m", "conntrack", "--ctstate", "DNAT", "-j", "ACCEPT"},
+		{"-t", "mangle", "-A", "POSTROUTING", "-o", "eth0", "!", "-d", nc.hostIP.String(), "-m", "conntrack", "--ctstate", "DNAT", "-j", "DROP"},
 		{"-A", "OUTPUT", "-o", "eth0", "!", "-d", nc.hostIP.String(), "-j", "REJECT"},
 		{"-A", "FORWARD", "-o", "eth0", "!", "-d", nc.hostIP.String(), "-j", "REJECT"},
 		// Pods reach the apiserver (the kubernetes Service) as the node:

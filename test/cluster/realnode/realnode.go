@@ -263,14 +263,15 @@ func prepareHost(log *slog.Logger) (_ net.Listener, dir string, _ *hostState, er
 
 // Controllers are the kube-controller-manager controllers the node runs:
 // workloads (deployment, replicaset, daemonset, garbagecollector), Service
-// endpoints, ServiceAccounts and their tokens, the CA bundle pods mount
-// (root-ca-cert-publisher), node lifecycle (it lifts the not-ready taint
+// endpoints (EndpointSlices, and the legacy Endpoints that the upstream e2e
+// suite still checks), ServiceAccounts and their tokens, the CA bundle pods
+// mount (root-ca-cert-publisher), node lifecycle (it lifts the not-ready taint
 // the kubelet registers with), namespace deletion (kubectl delete -k waits
 // for it) and resource quotas (the base's draind-system namespace has one:
 // until its controller fills in the status, quota admission refuses pods).
 var Controllers = []string{
 	"deployment", "replicaset", "daemonset", "garbagecollector",
-	"endpointslice", "endpointslicemirroring",
+	"endpoint", "endpointslice", "endpointslicemirroring",
 	"serviceaccount", "serviceaccount-token", "root-ca-cert-publisher",
 	"nodelifecycle", "namespace", "resourcequota", "podgc",
 }

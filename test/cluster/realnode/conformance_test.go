@@ -1,0 +1,168 @@
+package realnode_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/draind/draind/test/cluster/e2ebin"
+	"github.com/draind/draind/test/cluster/kube"
+	"github.com/draind/draind/test/cluster/kubebin"
+	"github.com/draind/draind/test/cluster/realnode"
+)
+
+// The upstream sig-network specs run here, and why the others do not, are
+// documented in docs/conformance.md; keep the two in step.
+const (
+	conformanceFocus = `\[sig-network\] (Services|EndpointSlice|EndpointSliceMirroring|Conntrack|DNS|Connectivity|Networking Granular Checks)|\[sig-network\].*\[Conformance\]`
+	conformanceSkip  = `\[Disruptive\]|\[Flaky\]|\[Slow\]|\[Feature:|\[FeatureGate:|\[Alpha\]|\[Beta\]|\[Provider:|LoadBalancer|ESIPP|IPVS|\[sig-network\] DNS|` +
+		`should provide DNS`
+)
+
+// conformanceProcs is the number of ginkgo processes: the specs mostly
+// wait for pods and Services, so six share two cores well.
+const conformanceProcs = 6
+
+// withoutDraindFile lists the specs that pass on the bed without draind;
+// DRAIND_CONFORMANCE_WITHOUT=1 measures and rewrites it.
+const withoutDraindFile = "testdata/conformance-pass-without-draind.txt"
+
+// EnvConformanceWithout makes TestConformanceSigNetwork first run the suite
+// without draind (on a bed where it is not installed yet) and rewrite
+// withoutDraindFile.
+const EnvConformanceWithout = "DRAIND_CONFORMANCE_WITHOUT"
+
+var e2ePrepared sync.Map // *realnode.Multi → true once routed and imported
+
+// TestConformanceSigNetwork runs the upstream Kubernetes e2e suite's
+// sig-network specs (Services, EndpointSlice, EndpointSliceMirroring,
+// Conntrack, connectivity, and every sig-network [Conformance] spec) on the
+// shared 3-node bed with draind's DaemonSet installed at its defaults and
+// Ready. It fails if a spec that passes without draind (withoutDraindFile)
+// does not pass with it.
+func TestConformanceSigNetwork(t *testing.T) {
+	requireRealNode(t)
+	bins := e2eBinaries(t)
+	b := sharedMultiBed(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Hour)
+	defer cancel()
+	prepareE2E(ctx, t, b.m, bins)
+	cfg := realnode.E2EConfig{Bins: bins, Kubectl: kube.Binaries(t).Path(kubebin.Kubectl), Focus: conformanceFocus, Skip: conformanceSkip, Procs: conformanceProcs}
+	if os.Getenv(EnvConformanceWithout) == "1" {
+		if b.installed {
+			t.Fatalf("draind is already installed on the shared bed; run TestConformanceSigNetwork alone to measure without it")
+		}
+		cfg.Dir = filepath.Join(b.m.Dir, "e2e-without-draind")
+		res := runE2E(ctx, t, b.m, cfg, "without draind")
+		if err := writeSpecList(withoutDraindFile, res.Passed); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := readSpecList(withoutDraindFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.install(ctx, t)
+	cfg.Dir = filepath.Join(b.m.Dir, "e2e-with-draind")
+	res := runE2E(ctx, t, b.m, cfg, "with draind")
+	for _, s := range want {
+		if !slices.Contains(res.Passed, s) {
+			t.Errorf("passes without draind, not with it: %s (%s)", s, res.Why[s])
+		}
+	}
+	if t.Failed() {
+		t.Logf("the suite's log: %s", res.Log)
+	}
+}
+
+func e2eBinaries(t *testing.T) *e2ebin.Set {
+	t.Helper()
+	start := time.Now()
+	set, err := e2ebin.Ensure(context.Background(), kube.TestLogger(t))
+	if err != nil {
+		t.Fatalf("building the e2e suite: %v", err)
+	}
+	t.Logf("e2e suite and agnhost %s ready in %v (%s)", set.Version, time.Since(start).Round(time.Millisecond), set.Dir)
+	return set
+}
+
+// prepareE2E routes the bed for the suite, starts its cluster DNS and
+// imports the suite's images on every node, once per bed.
+func prepareE2E(ctx context.Context, t *testing.T, m *realnode.Multi, bins *e2ebin.Set) {
+	t.Helper()
+	if _, done := e2ePrepared.Load(m); done {
+		return
+	}
+	start := time.Now()
+	if err := m.RouteForE2E(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The DNS serves as long as this process: the bed is shared, and it
+	// outlives this test.
+	if _, err := m.StartClusterDNS(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	archive, err := realnode.BuildE2EImages(ctx, filepath.Join(m.Dir, "e2e-images"), bins)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range m.Nodes {
+		if err := n.ImportImages(ctx, archive); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e2ePrepared.Store(m, true)
+	t.Logf("conformance figures: routes and e2e images (%s) on %d nodes in %v",
+		strings.Join(realnode.E2EImages(), ", "), len(m.Nodes), time.Since(start).Round(time.Millisecond))
+}
+
+func runE2E(ctx context.Context, t *testing.T, m *realnode.Multi, cfg realnode.E2EConfig, what string) *realnode.E2EResult {
+	t.Helper()
+	res, err := m.RunE2E(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("conformance figures %s: ran %d, passed %d, failed %d, skipped %d in %v (log %s)",
+		what, res.Ran(), len(res.Passed), len(res.Failed), len(res.Skipped), res.Took.Round(time.Second), res.Log)
+	for _, s := range res.Failed {
+		t.Logf("failed %s: %s (%s)", what, s, res.Why[s])
+	}
+	return res
+}
+
+func readSpecList(path string) ([]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading the specs that pass without draind (measure with %s=1): %w", EnvConformanceWithout, err)
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if l := strings.TrimSpace(sc.Text()); l != "" && !strings.HasPrefix(l, "#") {
+			out = append(out, l)
+		}
+	}
+	return out, sc.Err()
+}
+
+func writeSpecList(path string, specs []string) error {
+	var sb strings.Builder
+	sb.WriteString("# Upstream sig-network e2e specs that pass on the 3-node bed without draind.\n")
+	sb.WriteString("# TestConformanceSigNetwork fails if one of them does not pass with draind.\n")
+	sb.WriteString("# Rewritten by running the test alone with " + EnvConformanceWithout + "=1.\n")
+	for _, s := range specs {
+		sb.WriteString(s + "\n")
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(path, []byte(sb.String()), 0o644)
+}
