@@ -15,15 +15,11 @@ package e2ebin
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
-	"syscall"
 	"time"
 
 	"github.com/draind/draind/test/cluster/kubebin"
@@ -67,50 +63,12 @@ type Set struct {
 // Path returns the path of Suite or Agnhost.
 func (s *Set) Path(name string) string { return filepath.Join(s.Dir, name) }
 
-type stamp struct {
-	Version   string        `json:"version"`
-	GoVersion string        `json:"goVersion"`
-	BuiltAt   time.Time     `json:"builtAt"`
-	Took      time.Duration `json:"tookNanoseconds"`
-}
-
-const stampFile = "build.json"
-
 // CacheDir returns where the binaries of kubebin.Version are cached.
-func CacheDir() (string, error) {
-	if d := os.Getenv(EnvDir); d != "" {
-		return d, nil
-	}
-	base, err := os.UserCacheDir()
-	if err != nil {
-		return "", fmt.Errorf("locating the cache directory for the e2e binaries (set %s): %w", EnvDir, err)
-	}
-	return filepath.Join(base, "draind", "e2e", kubebin.Version), nil
-}
-
-func complete(dir string) (bool, error) {
-	b, err := os.ReadFile(filepath.Join(dir, stampFile))
-	if errors.Is(err, os.ErrNotExist) {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("reading build stamp: %w", err)
-	}
-	var st stamp
-	if err := json.Unmarshal(b, &st); err != nil || st.Version != kubebin.Version {
-		return false, nil
-	}
-	for _, n := range binaries {
-		if _, err := os.Stat(filepath.Join(dir, n)); err != nil {
-			return false, nil
-		}
-	}
-	return true, nil
-}
+func CacheDir() (string, error) { return kubebin.UserCacheDir(EnvDir, "e2e") }
 
 // Ensure returns the cached binaries, building them first if they are
-// missing; concurrent callers serialise on a lock file. log receives
-// progress; nil means slog.Default.
+// missing (see kubebin.Cache.Ensure). log receives progress; nil means
+// slog.Default.
 func Ensure(ctx context.Context, log *slog.Logger) (*Set, error) {
 	if log == nil {
 		log = slog.Default()
@@ -119,37 +77,11 @@ func Ensure(ctx context.Context, log *slog.Logger) (*Set, error) {
 	if err != nil {
 		return nil, err
 	}
-	set := &Set{Dir: dir, Version: kubebin.Version}
-	if ok, err := complete(dir); err != nil || ok {
-		return set, err
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("creating binary cache %s: %w", dir, err)
-	}
-	lock, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("opening build lock: %w", err)
-	}
-	defer lock.Close()
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
-		return nil, fmt.Errorf("taking build lock: %w", err)
-	}
-	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
-	if ok, err := complete(dir); err != nil || ok {
-		return set, err
-	}
-	took, err := build(ctx, log, dir)
-	if err != nil {
+	c := kubebin.Cache{Dir: dir, Files: binaries}
+	if err := c.Ensure(ctx, func(ctx context.Context, out string) error { return build(ctx, log, out) }); err != nil {
 		return nil, err
 	}
-	st, err := json.MarshalIndent(stamp{Version: kubebin.Version, GoVersion: runtime.Version(), BuiltAt: time.Now().UTC(), Took: took}, "", "  ")
-	if err != nil {
-		return nil, fmt.Errorf("encoding build stamp: %w", err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, stampFile), st, 0o644); err != nil {
-		return nil, fmt.Errorf("writing build stamp: %w", err)
-	}
-	return set, nil
+	return &Set{Dir: dir, Version: kubebin.Version}, nil
 }
 
 // commands are the two builds: static (no cgo), the version stamped in,
@@ -163,34 +95,23 @@ func commands(out string) [][]string {
 	}
 }
 
-func build(ctx context.Context, log *slog.Logger, dir string) (time.Duration, error) {
+func build(ctx context.Context, log *slog.Logger, out string) error {
 	mod, err := kubebin.ModuleDir()
 	if err != nil {
-		return 0, err
+		return err
 	}
-	tmp, err := os.MkdirTemp(dir, ".build-")
-	if err != nil {
-		return 0, fmt.Errorf("creating build output directory: %w", err)
-	}
-	defer os.RemoveAll(tmp)
 	log.Info("building the e2e suite and agnhost (a cold build takes about 30 minutes on 2 cores)",
-		"version", kubebin.Version, "dir", dir)
+		"version", kubebin.Version)
 	start := time.Now()
-	for _, args := range commands(tmp) {
+	for _, args := range commands(out) {
 		cmd := exec.CommandContext(ctx, args[0], args[1:]...)
 		cmd.Dir = mod
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 		if err := cmd.Run(); err != nil {
-			return 0, fmt.Errorf("%v in %s: %w", args, mod, err)
+			return fmt.Errorf("%v in %s: %w", args, mod, err)
 		}
 	}
-	took := time.Since(start)
-	for _, n := range binaries {
-		if err := os.Rename(filepath.Join(tmp, n), filepath.Join(dir, n)); err != nil {
-			return 0, fmt.Errorf("moving %s into the cache: %w", n, err)
-		}
-	}
-	log.Info("built the e2e suite and agnhost", "version", kubebin.Version, "took", took.Round(time.Second))
-	return took, nil
+	log.Info("built the e2e suite and agnhost", "version", kubebin.Version, "took", time.Since(start).Round(time.Second))
+	return nil
 }

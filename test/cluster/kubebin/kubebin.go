@@ -7,15 +7,14 @@
 //
 // A cold build takes 10–15 minutes on two cores; with the Go build cache warm a
 // rebuild is a re-link of about half a minute; with the binaries cached it is
-// free. The cache lives outside the checkout, in the user's cache directory
-// ($XDG_CACHE_HOME or ~/.cache)/draind/kube/<version>/, so that every clone and
-// worktree of the project shares one build, unless DRAIND_KUBE_BIN_DIR names
-// another directory.
+// free. The cache (type Cache) lives outside the checkout, in
+// ($XDG_CACHE_HOME or ~/.cache)/draind/kube/<version>/, so that every clone
+// and worktree of the project shares one build, unless DRAIND_KUBE_BIN_DIR
+// names another directory.
 package kubebin
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -24,7 +23,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"syscall"
 	"time"
 )
 
@@ -59,17 +57,6 @@ type Set struct {
 // Path returns the path of a component's binary.
 func (s *Set) Path(component string) string { return filepath.Join(s.Dir, component) }
 
-// stamp is written last into a cache directory; its presence means the build
-// finished and every binary is there.
-type stamp struct {
-	Version   string        `json:"version"`
-	GoVersion string        `json:"goVersion"`
-	BuiltAt   time.Time     `json:"builtAt"`
-	Took      time.Duration `json:"tookNanoseconds"`
-}
-
-const stampFile = "build.json"
-
 // ModuleDir returns the directory of the test/cluster Go module, located from
 // this source file so that tests in any package of the module find it.
 func ModuleDir() (string, error) {
@@ -85,96 +72,41 @@ func ModuleDir() (string, error) {
 }
 
 // CacheDir returns where the binaries of Version are (or will be) cached.
-func CacheDir() (string, error) {
-	if d := os.Getenv(EnvDir); d != "" {
-		return d, nil
-	}
-	base, err := os.UserCacheDir()
-	if err != nil {
-		return "", fmt.Errorf("locating the cache directory for the Kubernetes binaries (set %s): %w", EnvDir, err)
-	}
-	return filepath.Join(base, "draind", "kube", Version), nil
+func CacheDir() (string, error) { return UserCacheDir(EnvDir, "kube") }
+
+func cache() (Cache, error) {
+	dir, err := CacheDir()
+	return Cache{Dir: dir, Files: components}, err
 }
 
 // Cached returns the cached set if a finished build of Version is present.
 func Cached() (*Set, bool, error) {
-	dir, err := CacheDir()
+	c, err := cache()
 	if err != nil {
 		return nil, false, err
 	}
-	ok, err := complete(dir)
+	ok, err := c.Complete()
 	if err != nil || !ok {
 		return nil, false, err
 	}
-	return &Set{Dir: dir, Version: Version}, true, nil
-}
-
-func complete(dir string) (bool, error) {
-	b, err := os.ReadFile(filepath.Join(dir, stampFile))
-	if errors.Is(err, os.ErrNotExist) {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("reading build stamp: %w", err)
-	}
-	var st stamp
-	if err := json.Unmarshal(b, &st); err != nil || st.Version != Version {
-		return false, nil
-	}
-	for _, c := range components {
-		if _, err := os.Stat(filepath.Join(dir, c)); err != nil {
-			return false, nil
-		}
-	}
-	return true, nil
+	return &Set{Dir: c.Dir, Version: Version}, true, nil
 }
 
 // Ensure returns the cached binaries of Version, building them first if they
-// are missing. Concurrent callers (parallel test packages) serialise on a lock
-// file, so the build runs once. log receives progress; nil means slog.Default.
+// are missing (see Cache.Ensure). log receives progress; nil means
+// slog.Default.
 func Ensure(ctx context.Context, log *slog.Logger) (*Set, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	dir, err := CacheDir()
+	c, err := cache()
 	if err != nil {
 		return nil, err
 	}
-	if ok, err := complete(dir); err != nil {
-		return nil, err
-	} else if ok {
-		return &Set{Dir: dir, Version: Version}, nil
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("creating binary cache %s: %w", dir, err)
-	}
-	lock, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("opening build lock: %w", err)
-	}
-	defer lock.Close()
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
-		return nil, fmt.Errorf("taking build lock: %w", err)
-	}
-	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
-	// Another process may have finished the build while we waited.
-	if ok, err := complete(dir); err != nil {
-		return nil, err
-	} else if ok {
-		return &Set{Dir: dir, Version: Version}, nil
-	}
-	took, err := build(ctx, log, dir)
-	if err != nil {
+	if err := c.Ensure(ctx, func(ctx context.Context, out string) error { return build(ctx, log, out) }); err != nil {
 		return nil, err
 	}
-	st, err := json.MarshalIndent(stamp{Version: Version, GoVersion: runtime.Version(), BuiltAt: time.Now().UTC(), Took: took}, "", "  ")
-	if err != nil {
-		return nil, fmt.Errorf("encoding build stamp: %w", err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, stampFile), st, 0o644); err != nil {
-		return nil, fmt.Errorf("writing build stamp: %w", err)
-	}
-	return &Set{Dir: dir, Version: Version}, nil
+	return &Set{Dir: c.Dir, Version: Version}, nil
 }
 
 // LDFlags returns the linker flags that stamp Version into the binaries.
@@ -195,18 +127,12 @@ func LDFlags() string {
 	return strings.Join(flags, " ")
 }
 
-func build(ctx context.Context, log *slog.Logger, dir string) (time.Duration, error) {
+func build(ctx context.Context, log *slog.Logger, out string) error {
 	mod, err := ModuleDir()
 	if err != nil {
-		return 0, err
+		return err
 	}
-	tmp, err := os.MkdirTemp(dir, ".build-")
-	if err != nil {
-		return 0, fmt.Errorf("creating build output directory: %w", err)
-	}
-	defer os.RemoveAll(tmp)
-
-	args := []string{"build", "-o", tmp + string(filepath.Separator), "-ldflags", LDFlags()}
+	args := []string{"build", "-o", out + string(filepath.Separator), "-ldflags", LDFlags()}
 	for _, c := range components {
 		args = append(args, "k8s.io/kubernetes/cmd/"+c)
 	}
@@ -218,17 +144,11 @@ func build(ctx context.Context, log *slog.Logger, dir string) (time.Duration, er
 	cmd.Stdout = os.Stderr
 	cmd.Stderr = os.Stderr
 	log.Info("building Kubernetes components (a cold build takes 10-15 minutes on 2 cores)",
-		"version", Version, "components", components, "dir", dir)
+		"version", Version, "components", components)
 	start := time.Now()
 	if err := cmd.Run(); err != nil {
-		return 0, fmt.Errorf("building %s %v in %s: %w", Version, components, mod, err)
+		return fmt.Errorf("building %s %v in %s: %w", Version, components, mod, err)
 	}
-	took := time.Since(start)
-	for _, c := range components {
-		if err := os.Rename(filepath.Join(tmp, c), filepath.Join(dir, c)); err != nil {
-			return 0, fmt.Errorf("moving %s into the cache: %w", c, err)
-		}
-	}
-	log.Info("built Kubernetes components", "version", Version, "took", took.Round(time.Second))
-	return took, nil
+	log.Info("built Kubernetes components", "version", Version, "took", time.Since(start).Round(time.Second))
+	return nil
 }

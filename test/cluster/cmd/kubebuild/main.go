@@ -1,7 +1,9 @@
-// Command kubebuild builds (or finds cached) kube-apiserver,
-// kube-controller-manager and kube-proxy for the cluster bed and prints the
-// directory holding them. CI runs it before the privileged tests so that the
-// build time shows up as its own step.
+// Command kubebuild builds (or finds cached) the binaries the test/cluster
+// module's tests run: the Kubernetes components (package kubebin), then the
+// upstream e2e suite's sig-network test binary, agnhost and ginkgo (package
+// e2ebin). It prints the two directories holding them. test/run calls it
+// before the module's tests so that the build time shows as its own step; CI
+// starts it in the background, early, and a warm cache makes it free.
 package main
 
 import (
@@ -12,6 +14,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/draind/draind/test/cluster/e2ebin"
 	"github.com/draind/draind/test/cluster/kubebin"
 )
 
@@ -25,10 +28,15 @@ func main() {
 }
 
 func run(ctx context.Context) error {
-	set, err := kubebin.Ensure(ctx, slog.Default())
+	kube, err := kubebin.Ensure(ctx, slog.Default())
 	if err != nil {
 		return err
 	}
-	fmt.Println(set.Dir)
+	fmt.Println(kube.Dir)
+	e2e, err := e2ebin.Ensure(ctx, slog.Default())
+	if err != nil {
+		return err
+	}
+	fmt.Println(e2e.Dir)
 	return nil
 }
