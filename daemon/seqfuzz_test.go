@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/conntrack"
+	"github.com/draind/draind/daemon/datapathtest"
 	"github.com/draind/draind/k8s"
 )
 
@@ -112,7 +114,7 @@ type seqRun struct {
 	t *testing.T
 	h *harness
 	// sd is h's datapath with the socket hooks (its gone peers).
-	sd *fakeSockets
+	sd *datapathtest.Sockets
 	// ops is the sequence so far, for failure messages.
 	ops []string
 	// apiLeaseEvents counts the Lease events the API sent (watchLeases).
@@ -237,11 +239,11 @@ func (s *seqRun) step(r *seqReader) (passed, failed bool) {
 		n := 1 + r.next(3)
 		s.logf("pass, %d writes fail", n)
 		h.dp.FailNext = n
-		s.sd.failUpsert.Store(true)
+		s.sd.SetUpsertErr(errors.New("injected: gone peer map full"))
 		h.pass()
 		failed = true // a gone peer's write failed, or may have
 		h.dp.FailNext = 0
-		s.sd.failUpsert.Store(false)
+		s.sd.SetUpsertErr(nil)
 		s.settle()
 		return true, failed
 	default:
@@ -391,11 +393,11 @@ func describeSlice(s *discoveryv1.EndpointSlice) string {
 // freshDatapath starts a second daemon over the same API objects and
 // clock, with an empty datapath, runs its first passes as Run would, and
 // returns its datapath.
-func (s *seqRun) freshDatapath() *fakeSockets {
+func (s *seqRun) freshDatapath() *datapathtest.Sockets {
 	h := s.h
 	ctx, cancel := context.WithCancel(h.ctx)
 	defer cancel()
-	sd := newFakeSockets(h.clock.Now())
+	sd := datapathtest.NewSockets(h.clock.Now())
 	dp := sd.Datapath
 	d := New(h.d.cfg, h.client, sd, conntrack.NewFake())
 	d.hosted.startEvents()
@@ -418,9 +420,9 @@ func (s *seqRun) freshDatapath() *fakeSockets {
 // seqHarness is newHarness without its API fault reactors, over a
 // datapath with the socket hooks, started as fast as the informers allow
 // (this test starts many daemons).
-func seqHarness(t *testing.T) (*harness, *fakeSockets) {
+func seqHarness(t *testing.T) (*harness, *datapathtest.Sockets) {
 	clk := testingclock.NewFakeClock(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
-	sd := newFakeSockets(clk.Now())
+	sd := datapathtest.NewSockets(clk.Now())
 	h := &harness{t: t, client: fake.NewClientset(), dp: sd.Datapath, ct: conntrack.NewFake(), clock: clk}
 	h.d = New(Config{Node: testNode, Namespace: testNS, Clock: h.clock, RegistryOnlyPolicy: bpf.PolicyRefuse,
 		Logger: slog.New(slog.DiscardHandler)}, h.client, sd, h.ct)
@@ -462,7 +464,7 @@ func startSynced(t *testing.T, ctx context.Context, d *Daemon) {
 //     out (see historyKeys and historyServicePorts), and the gone peers at
 //     an address whose all-ports keys are skipped;
 //   - a gone peer's times (when this node first saw its pod gone).
-func renderDatapath(sd *fakeSockets, skip map[bpf.EndpointKey]bool, skipSP map[string]bool) string {
+func renderDatapath(sd *datapathtest.Sockets, skip map[bpf.EndpointKey]bool, skipSP map[string]bool) string {
 	dump, _ := sd.Dump()
 	names := map[bpf.ServicePortID]string{}
 	for _, f := range dump.Frontends {
@@ -507,7 +509,7 @@ func renderDatapath(sd *fakeSockets, skip map[bpf.EndpointKey]bool, skipSP map[s
 		}
 		lines = append(lines, fmt.Sprintf("drain %v -> %s %v", dr.Key, svc, dr.Policy))
 	}
-	for _, a := range sd.gonePeers() {
+	for _, a := range sd.GonePeers() {
 		if !skip[bpf.EndpointKey{Addr: a, Proto: bpf.TCP}] {
 			lines = append(lines, fmt.Sprintf("gone peer %v", a))
 		}

@@ -27,13 +27,13 @@ func TestGonePeerTouchedRefreshed(t *testing.T) {
 	h.pass()
 	h.updateService(webService(withEndDead("true"))) // a pass that touches a alone
 	h.pass()
-	first, ok := sd.peer("10.0.0.1")
+	first, ok := sd.Peer("10.0.0.1")
 	if !ok {
 		t.Fatal("not listed once its Service opted in")
 	}
 	h.clock.Step(h.d.cfg.EntryTTL/2 + time.Second)
 	h.pass()
-	if p, _ := sd.peer("10.0.0.1"); !p.Expires.After(first.Expires) {
+	if p, _ := sd.Peer("10.0.0.1"); !p.Expires.After(first.Expires) {
 		t.Errorf("not refreshed at half its TTL: %+v, first written %+v", p, first)
 	}
 }
@@ -56,13 +56,13 @@ func TestGonePeersManyTouched(t *testing.T) {
 	}
 	h.pass()
 	h.pass()
-	if got := len(sd.gonePeers()); got != n {
+	if got := len(sd.GonePeers()); got != n {
 		t.Fatalf("%d gone peers listed, want %d", got, n)
 	}
 	for _, v := range []string{"false", "true"} {
 		h.updateService(webService(withEndDead(v)))
 		h.pass()
-		if got, want := len(sd.gonePeers()), map[string]int{"false": 0, "true": n}[v]; got != want {
+		if got, want := len(sd.GonePeers()), map[string]int{"false": 0, "true": n}[v]; got != want {
 			t.Errorf("%s=%s: %d gone peers listed, want %d", k8s.AnnotationEndDeadConnections, v, got, want)
 		}
 	}

@@ -8,13 +8,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/draind/draind/bpf"
 	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/draind/draind/bpf"
+	"github.com/draind/draind/daemon/datapathtest"
 )
 
 // unreadableSockets is a socket datapath whose counters and gone maps
 // cannot be read.
-type unreadableSockets struct{ *fakeSockets }
+type unreadableSockets struct{ *datapathtest.Sockets }
 
 func (unreadableSockets) SocketCounters() (bpf.SocketCounters, error) {
 	return bpf.SocketCounters{}, errors.New("injected: counters unreadable")
@@ -39,13 +41,13 @@ func TestSocketMetricsNotZeroOnReadError(t *testing.T) {
 		}
 		return strings.Join(names, " ")
 	}
-	ok := series(newFakeSockets(time.Now()))
+	ok := series(datapathtest.NewSockets(time.Now()))
 	for _, name := range []string{"draind_sockets_ended_total", "draind_socket_events_total", "draind_gone_peers"} {
 		if !strings.Contains(ok, name) {
 			t.Errorf("readable maps: no %s in %s", name, ok)
 		}
 	}
-	bad := series(unreadableSockets{newFakeSockets(time.Now())})
+	bad := series(unreadableSockets{datapathtest.NewSockets(time.Now())})
 	for _, name := range []string{"draind_sockets_ended_total", "draind_socket_events_total", "draind_gone_peers", "draind_gone_flows"} {
 		if strings.Contains(bad, name+" ") || strings.HasSuffix(bad, name) {
 			t.Errorf("unreadable maps: %s exported anyway", name)

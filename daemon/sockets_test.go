@@ -8,8 +8,6 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,111 +23,16 @@ import (
 	"github.com/draind/draind/k8s"
 )
 
-// fakeSockets is datapathtest.Datapath with the socket hooks: connection counts set
-// by the test, gone entries recorded.
-type fakeSockets struct {
-	*datapathtest.Datapath
-	failUpsert atomic.Bool // UpsertGonePeer fails while set
-	mu         sync.Mutex
-	conns      map[netip.Addr]bpf.ConnCount
-	since      time.Time
-	peers      map[netip.Addr]bpf.GonePeer
-	flows      map[[2]netip.AddrPort]bpf.GoneFlow
-	ops        int
-}
-
 var (
 	_ Datapath       = (*datapathtest.Datapath)(nil)
-	_ SocketDatapath = (*fakeSockets)(nil)
+	_ SocketDatapath = (*datapathtest.Sockets)(nil)
 )
 
-func newFakeSockets(since time.Time) *fakeSockets {
-	return &fakeSockets{Datapath: datapathtest.New(), conns: map[netip.Addr]bpf.ConnCount{}, since: since,
-		peers: map[netip.Addr]bpf.GonePeer{}, flows: map[[2]netip.AddrPort]bpf.GoneFlow{}}
-}
-
-func (f *fakeSockets) SocketsLoaded() bool { return true }
-func (f *fakeSockets) Connections(a netip.Addr) (bpf.ConnCount, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.conns[a], nil
-}
-func (f *fakeSockets) setLive(a netip.Addr, n int) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.conns[a] = bpf.ConnCount{Opened: uint64(n) + 3, Closed: 3}
-}
-func (f *fakeSockets) CountingSince() (time.Time, error) { return f.since, nil }
-func (f *fakeSockets) UpsertGonePeer(p bpf.GonePeer) error {
-	if f.failUpsert.Load() {
-		return errors.New("injected: gone peer map full")
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.ops++
-	f.peers[p.Addr] = p
-	return nil
-}
-func (f *fakeSockets) DeleteGonePeer(a netip.Addr) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.ops++
-	delete(f.peers, a)
-	return nil
-}
-func (f *fakeSockets) UpsertGoneFlow(g bpf.GoneFlow) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.flows[[2]netip.AddrPort{g.Local, g.Remote}] = g
-	return nil
-}
-func (f *fakeSockets) DeleteGoneFlow(l, r netip.AddrPort) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	delete(f.flows, [2]netip.AddrPort{l, r})
-	return nil
-}
-func (f *fakeSockets) GoneEntries() ([]bpf.GonePeer, []bpf.GoneFlow, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	var p []bpf.GonePeer
-	for _, x := range f.peers {
-		p = append(p, x)
-	}
-	var fl []bpf.GoneFlow
-	for _, x := range f.flows {
-		fl = append(fl, x)
-	}
-	return p, fl, nil
-}
-func (f *fakeSockets) SocketCounters() (bpf.SocketCounters, error) { return bpf.SocketCounters{}, nil }
-func (f *fakeSockets) PruneConnections(func(netip.Addr) bool) (int, error) {
-	return 0, nil
-}
-
-func (f *fakeSockets) gonePeers() []netip.Addr {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	var out []netip.Addr
-	for a := range f.peers {
-		out = append(out, a)
-	}
-	slices.SortFunc(out, netip.Addr.Compare)
-	return out
-}
-
-func (f *fakeSockets) peer(a string) (bpf.GonePeer, bool) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	p, ok := f.peers[netip.MustParseAddr(a)]
-	return p, ok
-}
-
 // newSocketHarness is newHarness over a datapath with the socket hooks.
-func newSocketHarness(t *testing.T, mod ...func(*Config)) (*harness, *fakeSockets) {
+func newSocketHarness(t *testing.T, mod ...func(*Config)) (*harness, *datapathtest.Sockets) {
 	t.Helper()
 	clk := testingclock.NewFakeClock(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
-	sd := newFakeSockets(clk.Now().Add(-time.Hour))
+	sd := datapathtest.NewSockets(clk.Now().Add(-time.Hour))
 	h := &harness{t: t, client: fake.NewClientset(), dp: sd.Datapath, ct: conntrack.NewFake(), clock: clk}
 	cfg := Config{Node: testNode, Namespace: testNS, Clock: h.clock, RegistryOnlyPolicy: bpf.PolicyRefuse,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
@@ -258,35 +161,35 @@ func TestGonePeersFollowGoneLeases(t *testing.T) {
 	h.putSlice(slice("web-2", "web", v6, httpPorts(8080), onNode(ready("fd00::1", "a"), "node-b")))
 	h.putSlice(slice("opt-1", "opt", v4, httpPorts(8080), onNode(ready("10.0.0.5", "e"), "node-b"), onNode(ready("10.0.0.2", "b"), "node-b")))
 	h.pass()
-	if got := sd.gonePeers(); len(got) != 0 {
+	if got := sd.GonePeers(); len(got) != 0 {
 		t.Fatalf("gone peers with nothing gone: %v", got)
 	}
 	// A draining pod is not gone.
 	h.lease("a", "default", "pod-a", "node-b", k8s.ReasonOffline, time.Minute, "10.0.0.1", "fd00::1")
 	h.pass()
-	if got := sd.gonePeers(); len(got) != 0 {
+	if got := sd.GonePeers(); len(got) != 0 {
 		t.Fatalf("gone peers while the pod only drains: %v", got)
 	}
 	learned := h.clock.Now().Add(time.Second)
 	h.clock.SetTime(learned)
 	h.goneLeaseUpdate("a", "10.0.0.1", "fd00::1")
 	h.pass()
-	if got := sd.gonePeers(); !slices.Equal(got, []netip.Addr{netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("fd00::1")}) {
+	if got := sd.GonePeers(); !slices.Equal(got, []netip.Addr{netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("fd00::1")}) {
 		t.Fatalf("gone peers: %v", got)
 	}
-	if p, _ := sd.peer("10.0.0.1"); !p.GoneAt.Equal(learned) || p.Expires.After(learned.Add(time.Minute)) {
+	if p, _ := sd.Peer("10.0.0.1"); !p.GoneAt.Equal(learned) || p.Expires.After(learned.Add(time.Minute)) {
 		t.Errorf("gone peer %+v: want gone at %v, expiring with its Lease", p, learned)
 	}
 	// Refreshes keep the instant it went.
 	h.clock.Step(45 * time.Second)
 	h.pass()
-	if p, _ := sd.peer("10.0.0.1"); !p.GoneAt.Equal(learned) {
+	if p, _ := sd.Peer("10.0.0.1"); !p.GoneAt.Equal(learned) {
 		t.Errorf("gone peer's instant moved on refresh: %+v", p)
 	}
 	// A new pod claims the IPv4 address: unlisted at once.
 	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.1", "new"), onNode(ready("10.0.0.2", "b"), "node-b")))
 	h.pass()
-	if got := sd.gonePeers(); !slices.Equal(got, []netip.Addr{netip.MustParseAddr("fd00::1")}) {
+	if got := sd.GonePeers(); !slices.Equal(got, []netip.Addr{netip.MustParseAddr("fd00::1")}) {
 		t.Errorf("after the IP was claimed: %v", got)
 	}
 	// A pod of the opting-out Service (it vanished, listed by it) is never
@@ -299,7 +202,7 @@ func TestGonePeersFollowGoneLeases(t *testing.T) {
 	if !h.d.model.goneDrain("e") {
 		t.Fatal("the gone Lease of a pod listed on its holder until it vanished is not believed")
 	}
-	if _, ok := sd.peer("10.0.0.5"); ok {
+	if _, ok := sd.Peer("10.0.0.5"); ok {
 		t.Errorf("a pod of a Service with %s=false was listed gone", k8s.AnnotationEndDeadConnections)
 	}
 	// Pod b is in both Services: the opt-out wins.
@@ -308,13 +211,13 @@ func TestGonePeersFollowGoneLeases(t *testing.T) {
 	if !h.d.model.goneDrain("b") {
 		t.Fatal("the gone Lease of pod b is not believed")
 	}
-	if _, ok := sd.peer("10.0.0.2"); ok {
+	if _, ok := sd.Peer("10.0.0.2"); ok {
 		t.Error("a pod listed by an opting-out Service and another was listed gone (most cautious must win)")
 	}
 	// The Lease goes (its linger ended): unlisted.
 	h.deleteLease("a")
 	h.pass()
-	if got := sd.gonePeers(); len(got) != 0 {
+	if got := sd.GonePeers(); len(got) != 0 {
 		t.Errorf("after the Lease went: %v", got)
 	}
 }
@@ -342,7 +245,7 @@ func TestGonePeersRememberAServiceThatListedTheDrainingPod(t *testing.T) {
 	if !h.d.model.goneDrain("e") {
 		t.Fatal("the gone Lease is not believed")
 	}
-	if _, ok := sd.peer("10.0.0.5"); ok {
+	if _, ok := sd.Peer("10.0.0.5"); ok {
 		t.Errorf("a pod that a Service with %s=false listed while it drained was listed gone", k8s.AnnotationEndDeadConnections)
 	}
 }
@@ -406,8 +309,8 @@ func TestVanishedLocalPodPublishesGone(t *testing.T) {
 		t.Fatalf("lease of the vanished pod: %+v", l)
 	}
 	h.pass()
-	if _, ok := sd.peer("10.0.0.1"); !ok {
-		t.Errorf("the vanished local pod is no gone peer: %v", sd.gonePeers())
+	if _, ok := sd.Peer("10.0.0.1"); !ok {
+		t.Errorf("the vanished local pod is no gone peer: %v", sd.GonePeers())
 	}
 }
 
@@ -442,22 +345,15 @@ func TestGoneFlowsFromConntrack(t *testing.T) {
 	h.goneLease("a", "pod-a", "node-b", "10.0.0.1")
 	h.pass()
 	eventually(t, 5*time.Second, "the VIP flow to be listed", func() bool {
-		sd.mu.Lock()
-		defer sd.mu.Unlock()
-		return len(sd.flows) == 1
+		return len(sd.Flows()) == 1
 	})
-	sd.mu.Lock()
-	_, ok := sd.flows[[2]netip.AddrPort{netip.MustParseAddrPort("10.0.1.5:40000"), vip}]
-	sd.mu.Unlock()
-	if !ok {
-		t.Errorf("listed flows %v, want the VIP flow of 10.0.1.5:40000", sd.flows)
+	if !sd.HasFlow(netip.MustParseAddrPort("10.0.1.5:40000"), vip) {
+		t.Errorf("listed flows %v, want the VIP flow of 10.0.1.5:40000", sd.Flows())
 	}
 	h.deleteLease("a")
 	h.pass()
 	eventually(t, 5*time.Second, "the flow to be unlisted with its peer", func() bool {
-		sd.mu.Lock()
-		defer sd.mu.Unlock()
-		return len(sd.flows) == 0
+		return len(sd.Flows()) == 0
 	})
 }
 
@@ -496,8 +392,8 @@ func TestLiveFromSocketsAndConntrack(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var sd SocketDatapath
 			if tc.sockets >= 0 {
-				f := newFakeSockets(since)
-				f.setLive(ip[0], tc.sockets)
+				f := datapathtest.NewSockets(since)
+				f.SetLive(ip[0], tc.sockets)
 				sd = f
 			}
 			var ct conntrack.Interface
@@ -535,7 +431,7 @@ func TestOfflineWaitsForSocketsWithoutConntrack(t *testing.T) {
 	p.CreationTimestamp = metav1.NewTime(h.clock.Now().Add(-time.Minute)) // after counting started
 	h.putPod(p)
 	h.pass()
-	sd.setLive(podIP, 1)
+	sd.SetLive(podIP, 1)
 	call := h.offline(podIP, time.Minute, time.Second)
 	h.pass()
 	h.clock.Step(3 * time.Second)
@@ -543,7 +439,7 @@ func TestOfflineWaitsForSocketsWithoutConntrack(t *testing.T) {
 	if r, done := call.answered(t); done {
 		t.Fatalf("answered while the pod's socket count says 1 (conntrack 0): %+v", r)
 	}
-	sd.setLive(podIP, 0)
+	sd.SetLive(podIP, 0)
 	h.clock.Step(time.Second)
 	h.d.hosted.reconcile(h.ctx)
 	r, done := call.result(t)
@@ -551,6 +447,15 @@ func TestOfflineWaitsForSocketsWithoutConntrack(t *testing.T) {
 		r.LiveConntrack == nil || *r.LiveConntrack != 0 || r.LiveSocketsPartial {
 		t.Fatalf("after the connection closed: done %v %+v", done, r)
 	}
+}
+
+func since(t *testing.T, sd *datapathtest.Sockets) time.Time {
+	t.Helper()
+	at, err := sd.CountingSince()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return at
 }
 
 // TestSocketStatus: status says what the socket hooks do on the node.
@@ -561,7 +466,7 @@ func TestSocketStatus(t *testing.T) {
 	st := h.d.Status(StatusSource{Features: bpf.Features{Sockets: true, UserTimeoutFromBPF: true, SocketIterators: "not loadable: needs CAP_PERFMON"}})
 	s := st.Sockets
 	if !s.Loaded || !s.EndTCP || !s.EndUDP || !slices.Equal(s.LiveFrom, []string{LiveFromSockets, LiveFromConntrack}) ||
-		s.GonePeers != 1 || !s.CountingSince.Equal(sd.since) || s.Iterators == "" || len(s.Events) != bpf.NumSocketEvents {
+		s.GonePeers != 1 || !s.CountingSince.Equal(since(t, sd)) || s.Iterators == "" || len(s.Events) != bpf.NumSocketEvents {
 		t.Errorf("socket status %+v", s)
 	}
 	// Without the hooks: said, and no warning of its own.
@@ -594,15 +499,15 @@ func TestKilledWithoutGraceIsGone(t *testing.T) {
 	p.DeletionTimestamp, p.DeletionGracePeriodSeconds = &now, &grace
 	h.putPod(p)
 	h.pass()
-	if got := sd.gonePeers(); len(got) != 0 {
+	if got := sd.GonePeers(); len(got) != 0 {
 		t.Fatalf("a graceful deletion made the pod gone: %v", got)
 	}
 	zero := int64(0)
 	p.DeletionGracePeriodSeconds = &zero
 	h.putPod(p)
 	h.pass()
-	if _, ok := sd.peer("10.0.0.1"); !ok {
-		t.Fatalf("a pod killed without grace is no gone peer: %v", sd.gonePeers())
+	if _, ok := sd.Peer("10.0.0.1"); !ok {
+		t.Fatalf("a pod killed without grace is no gone peer: %v", sd.GonePeers())
 	}
 	h.d.hosted.reconcile(h.ctx)
 	flush(h)
@@ -693,20 +598,14 @@ func TestGoneEntriesAdoptedAfterRestart(t *testing.T) {
 	if err := h.d.gone.Adopt(); err != nil {
 		t.Fatal(err)
 	}
-	sd.mu.Lock()
-	left := len(sd.flows)
-	sd.mu.Unlock()
-	if left != 0 {
+	if left := len(sd.Flows()); left != 0 {
 		t.Fatalf("adopted gone flows kept: %d", left)
 	}
 	h.pass()
 	eventually(t, 5*time.Second, "the adopted peer's VIP flow to be listed again", func() bool {
-		sd.mu.Lock()
-		defer sd.mu.Unlock()
-		_, ok := sd.flows[[2]netip.AddrPort{client, vip}]
-		return ok
+		return sd.HasFlow(client, vip)
 	})
-	if p, _ := sd.peer("10.0.0.1"); !p.GoneAt.Equal(now.Add(-time.Minute)) {
+	if p, _ := sd.Peer("10.0.0.1"); !p.GoneAt.Equal(now.Add(-time.Minute)) {
 		t.Errorf("the adopted peer's instant moved: %+v", p)
 	}
 }
@@ -730,15 +629,15 @@ func TestGonePeersComputedAgainOnWhatTheyDependOn(t *testing.T) {
 		return err
 	})
 	// Its first listing fails; the next pass, with nothing new, lists it.
-	sd.failUpsert.Store(true)
+	sd.SetUpsertErr(errors.New("injected: gone peer map full"))
 	h.pass()
-	sd.failUpsert.Store(false)
+	sd.SetUpsertErr(nil)
 	h.pass()
-	first, ok := sd.peer("10.0.0.1")
+	first, ok := sd.Peer("10.0.0.1")
 	if !ok {
 		t.Fatal("the gone pod is not listed after its first listing failed")
 	}
-	ops := func() int { sd.mu.Lock(); defer sd.mu.Unlock(); return sd.ops }
+	ops := sd.PeerOps
 	before := ops()
 	h.pass()
 	h.pass()
@@ -748,18 +647,18 @@ func TestGonePeersComputedAgainOnWhatTheyDependOn(t *testing.T) {
 	// Half the TTL later the entry is written again, lasting longer.
 	h.clock.Step(h.d.cfg.EntryTTL/2 + time.Second)
 	h.pass()
-	refreshed, _ := sd.peer("10.0.0.1")
+	refreshed, _ := sd.Peer("10.0.0.1")
 	if !refreshed.Expires.After(first.Expires) || !refreshed.GoneAt.Equal(first.GoneAt) {
 		t.Errorf("after half the TTL: %+v, want a later end than %v, gone at %v", refreshed, first.Expires, first.GoneAt)
 	}
 	// The next refresh fails; the pass after it, with nothing else new,
 	// writes it.
 	h.clock.Step(h.d.cfg.EntryTTL/2 + time.Second)
-	sd.failUpsert.Store(true)
+	sd.SetUpsertErr(errors.New("injected: gone peer map full"))
 	h.pass()
-	sd.failUpsert.Store(false)
+	sd.SetUpsertErr(nil)
 	h.pass()
-	if p, _ := sd.peer("10.0.0.1"); !p.Expires.After(refreshed.Expires) {
+	if p, _ := sd.Peer("10.0.0.1"); !p.Expires.After(refreshed.Expires) {
 		t.Errorf("a refresh that failed was not retried: %+v", p)
 	}
 	// The Service opts out: unlisted; opts in again: listed.
@@ -769,14 +668,14 @@ func TestGonePeersComputedAgainOnWhatTheyDependOn(t *testing.T) {
 			return err
 		})
 		h.pass()
-		if _, listed := sd.peer("10.0.0.1"); listed != (v == "true") {
+		if _, listed := sd.Peer("10.0.0.1"); listed != (v == "true") {
 			t.Errorf("%s=%s: listed %v", k8s.AnnotationEndDeadConnections, v, listed)
 		}
 	}
 	// A pod of this node takes the IP (no slice lists it yet): unlisted.
 	h.putPod(pod("pod-new", "new", "10.0.0.1"))
 	h.pass()
-	if _, listed := sd.peer("10.0.0.1"); listed {
+	if _, listed := sd.Peer("10.0.0.1"); listed {
 		t.Error("the gone pod's IP, now a pod of this node's, is still listed gone")
 	}
 }
@@ -792,12 +691,12 @@ func TestGonePeerBoundedByItsLeaseNotRewritten(t *testing.T) {
 	h.pass()
 	h.goneLease("a", "pod-a", "node-b", "10.0.0.1") // a minute: the entry's TTL
 	h.pass()
-	listed, ok := sd.peer("10.0.0.1")
+	listed, ok := sd.Peer("10.0.0.1")
 	if !ok {
 		t.Fatal("the gone pod is not listed")
 	}
 	h.clock.Step(h.d.cfg.EntryTTL/2 + time.Second)
-	ops := func() int { sd.mu.Lock(); defer sd.mu.Unlock(); return sd.ops }
+	ops := sd.PeerOps
 	before := ops()
 	for _, v := range []string{"true", ""} {
 		h.do(&h.d.events.services, 1, func(ctx context.Context) error {
@@ -809,7 +708,7 @@ func TestGonePeerBoundedByItsLeaseNotRewritten(t *testing.T) {
 	if n := ops() - before; n != 0 {
 		t.Errorf("%d gone-peer writes of an entry that cannot last longer", n)
 	}
-	if p, ok := sd.peer("10.0.0.1"); !ok || p != listed {
+	if p, ok := sd.Peer("10.0.0.1"); !ok || p != listed {
 		t.Errorf("entry %+v (listed %v), want it unchanged: %+v", p, ok, listed)
 	}
 }

@@ -3,7 +3,6 @@ package gonepeers
 import (
 	"context"
 	"errors"
-	"maps"
 	"net/netip"
 	"slices"
 	"testing"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/conntrack"
+	"github.com/draind/draind/daemon/datapathtest"
 )
 
 // TestFlowsListedFromConntrack: the flow lister's goroutine, in a synctest
@@ -39,7 +39,7 @@ func TestFlowsListedFromConntrack(t *testing.T) {
 		ct.AddFlow(flow("10.0.1.5:40000", vip, now.Add(-time.Minute)), flow("10.0.1.5:40001", pod, now.Add(-time.Minute)),
 			flow("10.0.1.6:40002", vip, now.Add(time.Minute)))
 		ct.FailNext(2, errors.New("injected: netlink busy"))
-		v, sd := newFakeView(), newFakeSockets()
+		v, sd := newFakeView(), datapathtest.NewSockets(time.Time{})
 		cfg := testConfig(sd, fakeState{})
 		cfg.Flows = ct
 		g := New(cfg)
@@ -50,14 +50,14 @@ func TestFlowsListedFromConntrack(t *testing.T) {
 		g.Pass(v, now, nil, nil)
 		for errs := 1.0; errs <= 2; errs++ { // not read again at once: a retry each flowsRetry
 			synctest.Wait()
-			if n, got := len(sd.flowsNow()), testutil.ToFloat64(g.cfg.CTErrors); n != 0 || got != errs {
+			if n, got := len(sd.Flows()), testutil.ToFloat64(g.cfg.CTErrors); n != 0 || got != errs {
 				t.Fatalf("after %v failed conntrack reads: %d flows listed, %v errors counted", errs, n, got)
 			}
 			time.Sleep(flowsRetry)
 		}
 		synctest.Wait()
 		want := []bpf.GoneFlow{{Local: netip.MustParseAddrPort("10.0.1.5:40000"), Remote: vip, GoneAt: now, Expires: now.Add(entryTTL)}}
-		if got := sd.flowsNow(); !slices.Equal(got, want) {
+		if got := sd.Flows(); !slices.Equal(got, want) {
 			t.Fatalf("gone flows %+v, want %+v", got, want)
 		}
 
@@ -65,14 +65,8 @@ func TestFlowsListedFromConntrack(t *testing.T) {
 		v.gen++
 		g.Pass(v, now.Add(time.Second), nil, nil)
 		synctest.Wait()
-		if got := sd.flowsNow(); len(got) != 0 || len(sd.peersNow()) != 0 {
-			t.Errorf("after the pod drain ended: flows %+v, peers %v", got, sd.peersNow())
+		if got := sd.Flows(); len(got) != 0 || len(sd.PeerMap()) != 0 {
+			t.Errorf("after the pod drain ended: flows %+v, peers %v", got, sd.PeerMap())
 		}
 	})
-}
-
-func (f *fakeSockets) flowsNow() []bpf.GoneFlow {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return slices.Collect(maps.Values(f.flows))
 }

@@ -10,7 +10,6 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/draind/draind/bpf"
+	"github.com/draind/draind/daemon/datapathtest"
 	"github.com/draind/draind/k8s"
 )
 
@@ -72,62 +72,10 @@ type fakeState map[string]*k8s.Service
 func (s fakeState) Service(key string) *k8s.Service { return s[key] }
 func (s fakeState) LocalPods() []*k8s.Pod           { return nil }
 
-// fakeSockets records the gone entries; upserts fail while fail is set.
-type fakeSockets struct {
-	mu    sync.Mutex
-	fail  error
-	peers map[netip.Addr]bpf.GonePeer
-	flows map[[2]netip.AddrPort]bpf.GoneFlow
-}
-
-func newFakeSockets() *fakeSockets {
-	return &fakeSockets{peers: map[netip.Addr]bpf.GonePeer{}, flows: map[[2]netip.AddrPort]bpf.GoneFlow{}}
-}
-
-func (f *fakeSockets) UpsertGonePeer(p bpf.GonePeer) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.fail != nil {
-		return f.fail
-	}
-	f.peers[p.Addr] = p
-	return nil
-}
-func (f *fakeSockets) DeleteGonePeer(a netip.Addr) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	delete(f.peers, a)
-	return nil
-}
-func (f *fakeSockets) UpsertGoneFlow(g bpf.GoneFlow) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.flows[[2]netip.AddrPort{g.Local, g.Remote}] = g
-	return nil
-}
-func (f *fakeSockets) DeleteGoneFlow(l, r netip.AddrPort) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	delete(f.flows, [2]netip.AddrPort{l, r})
-	return nil
-}
-func (f *fakeSockets) GoneEntries() ([]bpf.GonePeer, []bpf.GoneFlow, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return slices.Collect(maps.Values(f.peers)), slices.Collect(maps.Values(f.flows)), nil
-}
-func (f *fakeSockets) PruneConnections(func(netip.Addr) bool) (int, error) { return 0, nil }
-
-func (f *fakeSockets) peersNow() map[netip.Addr]bpf.GonePeer {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return maps.Clone(f.peers)
-}
-
 const entryTTL = 5 * time.Minute
 
 // testConfig is a Config over sd and st, without conntrack.
-func testConfig(sd *fakeSockets, st fakeState) Config {
+func testConfig(sd *datapathtest.Sockets, st fakeState) Config {
 	return Config{Sockets: sd, State: st, EntryTTL: entryTTL,
 		DatapathErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "datapath_errors_total"}, []string{"kind"}),
 		CTErrors:       prometheus.NewCounter(prometheus.CounterOpts{Name: "conntrack_errors_total"}),
@@ -135,7 +83,7 @@ func testConfig(sd *fakeSockets, st fakeState) Config {
 }
 
 // newTestPeers is Peers over sd and st, without conntrack.
-func newTestPeers(sd *fakeSockets, st fakeState) *Peers { return New(testConfig(sd, st)) }
+func newTestPeers(sd *datapathtest.Sockets, st fakeState) *Peers { return New(testConfig(sd, st)) }
 
 // service is a Service with the draind.io/end-dead-connections value
 // endDead ("": none).
@@ -169,7 +117,7 @@ func TestTouchedMatchWhole(t *testing.T) {
 type touchedWorld struct {
 	v      *fakeView
 	st     fakeState
-	sd     *fakeSockets
+	sd     *datapathtest.Sockets
 	g      *Peers
 	now    time.Time
 	leases map[types.UID]time.Duration
@@ -177,7 +125,7 @@ type touchedWorld struct {
 }
 
 func newTouchedWorld() *touchedWorld {
-	w := &touchedWorld{v: newFakeView(), st: fakeState{}, sd: newFakeSockets(), now: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC),
+	w := &touchedWorld{v: newFakeView(), st: fakeState{}, sd: datapathtest.NewSockets(time.Time{}), now: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC),
 		leases: map[types.UID]time.Duration{"a": 10 * time.Minute, "b": 10 * time.Minute, "c": 50 * time.Second, "d": 10 * time.Minute, "e": 10 * time.Minute},
 		optOut: map[string]bool{}}
 	w.g = newTestPeers(w.sd, w.st)
@@ -225,7 +173,7 @@ func (w *touchedWorld) step(rng *rand.Rand, ips []netip.Addr) (dirtyIPs map[neti
 	case 2:
 		return dirtyIPs, dirtySvcs, toggle()
 	case 3: // a Service opts out or in, and the write fails
-		w.sd.fail = fmt.Errorf("injected: %w", bpf.ErrMapFull)
+		w.sd.SetUpsertErr(fmt.Errorf("injected: %w", bpf.ErrMapFull))
 		return dirtyIPs, dirtySvcs, "failing: " + toggle()
 	case 4, 5: // time passes: refreshes come due
 		d := time.Duration(rng.IntN(40)) * time.Second
@@ -238,7 +186,7 @@ func (w *touchedWorld) step(rng *rand.Rand, ips []netip.Addr) (dirtyIPs map[neti
 func touchedMatchWhole(t *testing.T, seed uint64) {
 	w := newTouchedWorld()
 	w.g.Pass(w.v, w.now, nil, nil)
-	if got := w.sd.peersNow(); len(got) != 5 {
+	if got := w.sd.PeerMap(); len(got) != 5 {
 		t.Fatalf("gone peers %v, want the 5 IPs", got)
 	}
 	ips := addrs("10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4", "fd00::1")
@@ -254,14 +202,14 @@ func touchedMatchWhole(t *testing.T, seed uint64) {
 			touchedPasses++
 		}
 		w.g.Pass(w.v, w.now, dirtyIPs, dirtySvcs)
-		if w.sd.fail != nil {
-			w.sd.fail = nil
+		if w.sd.UpsertErr() != nil {
+			w.sd.SetUpsertErr(nil)
 			w.g.Pass(w.v, w.now, nil, nil)
 		}
-		got := w.sd.peersNow()
+		got := w.sd.PeerMap()
 		w.g.wantYet = false // the next pass computes the whole set
 		w.g.Pass(w.v, w.now, nil, nil)
-		if want := w.sd.peersNow(); !maps.Equal(got, want) {
+		if want := w.sd.PeerMap(); !maps.Equal(got, want) {
 			t.Fatalf("step %d (%s): the pass listed %v, the whole set is %v", step, did, got, want)
 		}
 	}
@@ -277,7 +225,7 @@ func touchedMatchWhole(t *testing.T, seed uint64) {
 // keeps track of (a Service listing all of them opts out, then in) is
 // written by computing the whole set.
 func TestManyTouched(t *testing.T) {
-	v, st, sd := newFakeView(), fakeState{"default/web": service("")}, newFakeSockets()
+	v, st, sd := newFakeView(), fakeState{"default/web": service("")}, datapathtest.NewSockets(time.Time{})
 	g := newTestPeers(sd, st)
 	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 	n := maxTouched + 6
@@ -287,7 +235,7 @@ func TestManyTouched(t *testing.T) {
 		v.listing[uid] = []string{"default/web"}
 	}
 	g.Pass(v, now, nil, nil)
-	if got := len(sd.peersNow()); got != n {
+	if got := len(sd.PeerMap()); got != n {
 		t.Fatalf("%d gone peers listed, want %d", got, n)
 	}
 	for _, val := range []string{"false", "true"} {
@@ -297,7 +245,7 @@ func TestManyTouched(t *testing.T) {
 			t.Fatalf("touched keeps track of %d pods (at most %d)", n, maxTouched)
 		}
 		g.Pass(v, now, nil, dirty)
-		if got, want := len(sd.peersNow()), map[string]int{"false": 0, "true": n}[val]; got != want {
+		if got, want := len(sd.PeerMap()), map[string]int{"false": 0, "true": n}[val]; got != want {
 			t.Errorf("%s=%s: %d gone peers listed, want %d", k8s.AnnotationEndDeadConnections, val, got, want)
 		}
 	}
@@ -309,7 +257,7 @@ func TestManyTouched(t *testing.T) {
 // the linger ends, with nothing else changing; a pod no Service listed
 // leaves no record, draining or not.
 func TestServicesKeptWhileLingering(t *testing.T) {
-	v, sd := newFakeView(), newFakeSockets()
+	v, sd := newFakeView(), datapathtest.NewSockets(time.Time{})
 	g := newTestPeers(sd, fakeState{"default/opt": service("false")})
 	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 	v.drains["a"] = Drain{Namespace: "default", IPs: addrs("10.0.0.1"), Expires: now.Add(time.Minute)}
@@ -332,7 +280,7 @@ func TestServicesKeptWhileLingering(t *testing.T) {
 	v.drains["a"] = Drain{Namespace: "default", IPs: addrs("10.0.0.1"), Expires: now.Add(time.Minute), Gone: true}
 	v.gen++
 	g.Pass(v, now, nil, nil)
-	if got := sd.peersNow(); len(got) != 0 {
+	if got := sd.PeerMap(); len(got) != 0 {
 		t.Errorf("a pod whose Service opted out while it drained is listed gone: %v", got)
 	}
 	delete(v.drains, "a")
@@ -350,7 +298,7 @@ func TestServicesKeptWhileLingering(t *testing.T) {
 // claims is never listed; an entry lasts one TTL, or until its pod
 // drain's end if that comes first.
 func TestVanishedServiceOptsOut(t *testing.T) {
-	v, sd := newFakeView(), newFakeSockets()
+	v, sd := newFakeView(), datapathtest.NewSockets(time.Time{})
 	g := newTestPeers(sd, fakeState{"default/opt": service("False"), "default/web": service("true")})
 	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 	v.drains["x"] = Drain{Namespace: "default", IPs: addrs("10.0.0.5"), Gone: true}
@@ -360,15 +308,15 @@ func TestVanishedServiceOptsOut(t *testing.T) {
 	v.claimedBy[netip.MustParseAddr("10.0.0.8")] = "z"
 	v.drains["w"] = Drain{Namespace: "default", IPs: addrs("10.0.0.9"), Expires: now.Add(time.Minute), Gone: true}
 	g.Pass(v, now, nil, nil)
-	got := slices.SortedFunc(maps.Keys(sd.peersNow()), netip.Addr.Compare)
+	got := slices.SortedFunc(maps.Keys(sd.PeerMap()), netip.Addr.Compare)
 	if want := addrs("10.0.0.6", "10.0.0.9"); !slices.Equal(got, want) {
 		t.Errorf("gone peers %v, want %v", got, want)
 	}
-	p := sd.peersNow()[netip.MustParseAddr("10.0.0.6")]
+	p := sd.PeerMap()[netip.MustParseAddr("10.0.0.6")]
 	if !p.GoneAt.Equal(now) || !p.Expires.Equal(now.Add(entryTTL)) {
 		t.Errorf("entry %+v: gone at the first pass that saw it, for one TTL", p)
 	}
-	if p := sd.peersNow()[netip.MustParseAddr("10.0.0.9")]; !p.Expires.Equal(now.Add(time.Minute)) {
+	if p := sd.PeerMap()[netip.MustParseAddr("10.0.0.9")]; !p.Expires.Equal(now.Add(time.Minute)) {
 		t.Errorf("entry %+v: want it to end with its pod drain, at %v", p, now.Add(time.Minute))
 	}
 }
@@ -377,24 +325,24 @@ func TestVanishedServiceOptsOut(t *testing.T) {
 // their instant (a restart does not move when a pod went), their flows
 // deleted, and an adopted peer no pod drain wants is unlisted.
 func TestAdoptKeepsGoneAt(t *testing.T) {
-	v, sd := newFakeView(), newFakeSockets()
+	v, sd := newFakeView(), datapathtest.NewSockets(time.Time{})
 	g := newTestPeers(sd, fakeState{})
 	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 	before := now.Add(-time.Minute)
 	for _, a := range addrs("10.0.0.1", "10.0.0.2") {
-		sd.peers[a] = bpf.GonePeer{Addr: a, GoneAt: before, Expires: now.Add(time.Minute)}
+		must(t, sd.UpsertGonePeer(bpf.GonePeer{Addr: a, GoneAt: before, Expires: now.Add(time.Minute)}))
 	}
 	local, remote := netip.MustParseAddrPort("10.0.1.9:1234"), netip.MustParseAddrPort("10.96.0.10:80")
-	sd.flows[[2]netip.AddrPort{local, remote}] = bpf.GoneFlow{Local: local, Remote: remote}
+	must(t, sd.UpsertGoneFlow(bpf.GoneFlow{Local: local, Remote: remote}))
 	if err := g.Adopt(); err != nil {
 		t.Fatal(err)
 	}
-	if len(sd.flows) != 0 {
-		t.Errorf("adopted flows kept: %v", sd.flows)
+	if fl := sd.Flows(); len(fl) != 0 {
+		t.Errorf("adopted flows kept: %v", fl)
 	}
 	v.drains["a"] = Drain{Namespace: "default", IPs: addrs("10.0.0.1"), Gone: true}
 	g.Pass(v, now, nil, nil)
-	got := sd.peersNow()
+	got := sd.PeerMap()
 	if p, ok := got[netip.MustParseAddr("10.0.0.1")]; !ok || !p.GoneAt.Equal(before) || !p.Expires.Equal(now.Add(entryTTL)) {
 		t.Errorf("adopted peer %+v (listed %v): want gone at %v, rewritten to end at %v", p, ok, before, now.Add(entryTTL))
 	}
@@ -409,5 +357,12 @@ func TestErrorKind(t *testing.T) {
 	}
 	if k := errorKind(errors.New("EPERM")); k != "other" {
 		t.Errorf("another error is %q", k)
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
 	}
 }
