@@ -35,7 +35,7 @@ func (c *Cluster) CreateObjects(ctx context.Context, objs []*unstructured.Unstru
 	}
 	var m meta.RESTMapper
 	var last error
-	err = poll(ctx, 200*time.Millisecond, func() (bool, error) {
+	err = Poll(ctx, 200*time.Millisecond, func() (bool, error) {
 		groups, err := restmapper.GetAPIGroupResources(dc)
 		if err != nil {
 			last = err

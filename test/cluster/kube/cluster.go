@@ -300,7 +300,7 @@ func (c *Cluster) waitAPIServerReady(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 90*time.Second)
 	defer cancel()
 	var last error
-	err := poll(ctx, 50*time.Millisecond, func() (bool, error) {
+	err := Poll(ctx, 50*time.Millisecond, func() (bool, error) {
 		if err := c.apiserver.deadErr(); err != nil {
 			return false, err
 		}
@@ -367,7 +367,7 @@ func (c *Cluster) waitControllerManager(ctx context.Context) error {
 	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
 	defer hc.CloseIdleConnections()
 	healthz := fmt.Sprintf("https://127.0.0.1:%d/healthz", port)
-	err := poll(ctx, 50*time.Millisecond, func() (bool, error) {
+	err := Poll(ctx, 50*time.Millisecond, func() (bool, error) {
 		if err := c.kcm.deadErr(); err != nil {
 			return false, err
 		}
@@ -390,7 +390,7 @@ func (c *Cluster) waitControllerManager(ctx context.Context) error {
 // WaitServiceAccount waits until the ServiceAccount exists (the
 // serviceaccount controller creates "default" in every namespace).
 func (c *Cluster) WaitServiceAccount(ctx context.Context, namespace, name string) error {
-	return poll(ctx, 50*time.Millisecond, func() (bool, error) {
+	return Poll(ctx, 50*time.Millisecond, func() (bool, error) {
 		if err := c.componentsAlive(); err != nil {
 			return false, err
 		}
@@ -524,9 +524,9 @@ func logMentions(path, s string) bool {
 	return err == nil && bytes.Contains(b, []byte(s))
 }
 
-// poll calls cond every interval until it returns true or an error, or ctx
+// Poll calls cond every interval until it returns true or an error, or ctx
 // ends.
-func poll(ctx context.Context, interval time.Duration, cond func() (bool, error)) error {
+func Poll(ctx context.Context, interval time.Duration, cond func() (bool, error)) error {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {

@@ -179,7 +179,7 @@ func (n *Node) startProxy(ctx context.Context, extra []string) error {
 	start := time.Now()
 	wctx, cancel := context.WithTimeout(ctx, 90*time.Second)
 	defer cancel()
-	err = poll(wctx, 50*time.Millisecond, func() (bool, error) {
+	err = Poll(wctx, 50*time.Millisecond, func() (bool, error) {
 		if err := n.proxy.deadErr(); err != nil {
 			return false, err
 		}
@@ -257,7 +257,7 @@ func (n *Node) ProxyLastSync(ctx context.Context) (time.Time, error) {
 // long of the previous sync waits for the period to end; a measurement of
 // kube-proxy's reaction "when isolated" must start from a quiet proxy.
 func (n *Node) WaitProxyQuiet(ctx context.Context, quiet time.Duration) error {
-	err := poll(ctx, 50*time.Millisecond, func() (bool, error) {
+	err := Poll(ctx, 50*time.Millisecond, func() (bool, error) {
 		if err := n.c.Healthy(); err != nil {
 			return false, err
 		}

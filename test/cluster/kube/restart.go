@@ -80,7 +80,7 @@ func (c *Cluster) StartAPIServer(ctx context.Context, readyPoll time.Duration) (
 	ctx, cancel := context.WithTimeout(ctx, 90*time.Second)
 	defer cancel()
 	var last error
-	err = poll(ctx, readyPoll, func() (bool, error) {
+	err = Poll(ctx, readyPoll, func() (bool, error) {
 		if err := p.deadErr(); err != nil {
 			return false, err
 		}

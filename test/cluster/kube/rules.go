@@ -229,7 +229,7 @@ func (n *Node) Rules(ctx context.Context, family corev1.IPFamily) (*Rules, error
 func (n *Node) WaitRules(ctx context.Context, family corev1.IPFamily, cond func(*Rules) bool) (time.Time, error) {
 	var at time.Time
 	var lastErr error
-	err := poll(ctx, RulesPollInterval, func() (bool, error) {
+	err := Poll(ctx, RulesPollInterval, func() (bool, error) {
 		if err := n.c.Healthy(); err != nil {
 			return false, err
 		}

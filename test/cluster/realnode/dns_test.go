@@ -177,21 +177,8 @@ func runDNSRollout(ctx context.Context, t *testing.T, n *realnode.Node, v dnsVar
 	t.Helper()
 	namespace, spec := v.namespace, v.spec
 	cs := n.Cluster.Admin
-	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := n.Cluster.WaitServiceAccount(ctx, namespace, "default"); err != nil {
-		t.Fatal(err)
-	}
 	dep, svc := realnode.DNSObjects(namespace, dnsAppName, 3, spec)
-	svc, err := cs.CoreV1().Services(namespace).Create(ctx, svc, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := cs.AppsV1().Deployments(namespace).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	kubectl(ctx, t, n, "-n", namespace, "rollout", "status", "deploy/"+dnsAppName, "--timeout=3m")
+	svc = deploy(ctx, t, n, namespace, dep, svc)
 	res := &dnsRollout{variant: namespace, lookups: map[string][]realnode.Lookup{}, errors: map[string][]string{}}
 	res.oldPods = podsOf(ctx, t, n, namespace, dnsAppName)
 	if len(res.oldPods) != 3 {

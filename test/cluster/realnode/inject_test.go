@@ -44,28 +44,7 @@ func TestInjectRollout(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
 	start := time.Now()
-	if err := stopMultiBed(); err != nil {
-		t.Errorf("stopping the multi-node bed: %v", err)
-	}
-	n, err := realnode.Start(ctx, realnode.Config{Binaries: bins, Log: kube.TestLogger(t)})
-	if err != nil {
-		t.Fatalf("starting the real node: %v", err)
-	}
-	t.Logf("real node %s up in %v (node IP %s, files in %s)", n.Name, time.Since(start).Round(time.Millisecond), n.NodeIP, n.Dir)
-	t.Cleanup(func() {
-		if t.Failed() {
-			for _, c := range []string{"kubelet", "containerd"} {
-				tailLog(t, n.LogPath(c), 60)
-			}
-			if out, err := n.Kubectl(context.Background(), "get", "pods", "-A", "-o", "wide"); err == nil {
-				t.Logf("pods:\n%s", out)
-			}
-		}
-		if err := n.Stop(); err != nil {
-			t.Errorf("stopping the real node: %v", err)
-		}
-		checkHostClean(t, n)
-	})
+	n := startNode(ctx, t, bins)
 	root, err := deploycheck.RepoRoot()
 	if err != nil {
 		t.Fatal(err)

@@ -121,7 +121,7 @@ func (n *Node) startKubelet(ctx context.Context) error {
 	// not-ready taint (pods are scheduled only then).
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	err = poll(wctx, 200*time.Millisecond, func() (bool, error) {
+	err = kube.Poll(wctx, 200*time.Millisecond, func() (bool, error) {
 		if err := n.kubelet.deadErr(); err != nil {
 			return false, err
 		}

@@ -396,7 +396,7 @@ func (n *Node) removeWorkloads(ctx context.Context, nodes ...*Node) error {
 	}
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	return poll(wctx, 250*time.Millisecond, func() (bool, error) {
+	return kube.Poll(wctx, 250*time.Millisecond, func() (bool, error) {
 		pods, err := cs.CoreV1().Pods(corev1.NamespaceAll).List(wctx, metav1.ListOptions{})
 		if err != nil || len(pods.Items) > 0 {
 			return false, nil
@@ -468,25 +468,4 @@ func (p *proc) stop(grace time.Duration) error {
 		}
 	}
 	return p.logFile.Close()
-}
-
-// poll calls cond every interval until it returns true or an error, or ctx
-// ends.
-func poll(ctx context.Context, interval time.Duration, cond func() (bool, error)) error {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		ok, err := cond()
-		if err != nil {
-			return err
-		}
-		if ok {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-t.C:
-		}
-	}
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/draind/draind/deploy/image"
 	"github.com/draind/draind/test/cluster/deploycheck"
 	"github.com/draind/draind/test/cluster/kube"
+	"github.com/draind/draind/test/cluster/kubebin"
 	"github.com/draind/draind/test/cluster/realnode"
 	"github.com/draind/draind/test/readme"
 )
@@ -130,31 +131,9 @@ type draindBed struct {
 // overlay's tag and the recipe's.
 func startDraindBed(ctx context.Context, t *testing.T) *draindBed {
 	t.Helper()
-	bins := kube.Binaries(t)
-	if err := stopMultiBed(); err != nil {
-		t.Errorf("stopping the multi-node bed: %v", err)
-	}
-	start := time.Now()
-	n, err := realnode.Start(ctx, realnode.Config{Binaries: bins, Log: kube.TestLogger(t)})
-	if err != nil {
-		t.Fatalf("starting the real node: %v", err)
-	}
-	t.Logf("real node %s up in %v (node IP %s, files in %s)", n.Name, time.Since(start).Round(time.Millisecond), n.NodeIP, n.Dir)
-	t.Cleanup(func() {
-		if t.Failed() {
-			for _, c := range []string{"kubelet", "containerd"} {
-				tailLog(t, n.LogPath(c), 60)
-			}
-			if out, err := n.Kubectl(context.Background(), "get", "pods", "-A", "-o", "wide"); err == nil {
-				t.Logf("pods:\n%s", out)
-			}
-		}
-		if err := n.Stop(); err != nil {
-			t.Errorf("stopping the real node: %v", err)
-		}
-		checkHostClean(t, n)
-	})
+	n := startNode(ctx, t, kube.Binaries(t))
 	b := &draindBed{n: n}
+	var err error
 	if b.root, err = deploycheck.RepoRoot(); err != nil {
 		t.Fatal(err)
 	}
@@ -479,3 +458,34 @@ func runHost(ctx context.Context, bin string, args ...string) ([]byte, error) {
 // shippedDatapath is what the shipped DaemonSet loads: draind run's
 // defaults (--socket-hooks is on unless the manifest turns it off).
 var shippedDatapath = bpf.Options{Sockets: true}
+
+// startNode stops the shared multi-node bed, starts one real node for the
+// test and stops it when the test ends, with the kubelet's and
+// containerd's logs and the pods shown if the test failed.
+func startNode(ctx context.Context, t *testing.T, bins *kubebin.Set) *realnode.Node {
+	t.Helper()
+	if err := stopMultiBed(); err != nil {
+		t.Errorf("stopping the multi-node bed: %v", err)
+	}
+	start := time.Now()
+	n, err := realnode.Start(ctx, realnode.Config{Binaries: bins, Log: kube.TestLogger(t)})
+	if err != nil {
+		t.Fatalf("starting the real node: %v", err)
+	}
+	t.Logf("real node %s up in %v (node IP %s, files in %s)", n.Name, time.Since(start).Round(time.Millisecond), n.NodeIP, n.Dir)
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, c := range []string{"kubelet", "containerd"} {
+				tailLog(t, n.LogPath(c), 60)
+			}
+			if out, err := n.Kubectl(context.Background(), "get", "pods", "-A", "-o", "wide"); err == nil {
+				t.Logf("pods:\n%s", out)
+			}
+		}
+		if err := n.Stop(); err != nil {
+			t.Errorf("stopping the real node: %v", err)
+		}
+		checkHostClean(t, n)
+	})
+	return n
+}

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -52,19 +53,18 @@ func runRollout(ctx context.Context, t *testing.T, n *realnode.Node, namespace s
 	return runRolloutOn(ctx, t, n, namespace, spec, "", during)
 }
 
-// runRolloutOn is runRollout with the clients on the node named clientNode
-// ("" lets the scheduler choose).
-func runRolloutOn(ctx context.Context, t *testing.T, n *realnode.Node, namespace string, spec corev1.PodSpec, clientNode string, during func(ctx context.Context, t *testing.T, res *rolloutResult)) *rolloutResult {
+// deploy creates namespace (a namespace the caller created, with labels,
+// is used as it is), waits for its default ServiceAccount, creates svc and
+// dep, waits for the rollout and returns the Service as created.
+func deploy(ctx context.Context, t *testing.T, n *realnode.Node, namespace string, dep *appsv1.Deployment, svc *corev1.Service) *corev1.Service {
 	t.Helper()
 	cs := n.Cluster.Admin
-	// A namespace the caller created (with labels) is used as it is.
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
 	if err := n.Cluster.WaitServiceAccount(ctx, namespace, "default"); err != nil {
 		t.Fatal(err)
 	}
-	dep, svc := realnode.AppObjects(namespace, appName, 3, spec)
 	svc, err := cs.CoreV1().Services(namespace).Create(ctx, svc, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -72,7 +72,17 @@ func runRolloutOn(ctx context.Context, t *testing.T, n *realnode.Node, namespace
 	if _, err := cs.AppsV1().Deployments(namespace).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	kubectl(ctx, t, n, "-n", namespace, "rollout", "status", "deploy/"+appName, "--timeout=3m")
+	kubectl(ctx, t, n, "-n", namespace, "rollout", "status", "deploy/"+dep.Name, "--timeout=3m")
+	return svc
+}
+
+// runRolloutOn is runRollout with the clients on the node named clientNode
+// ("" lets the scheduler choose).
+func runRolloutOn(ctx context.Context, t *testing.T, n *realnode.Node, namespace string, spec corev1.PodSpec, clientNode string, during func(ctx context.Context, t *testing.T, res *rolloutResult)) *rolloutResult {
+	t.Helper()
+	cs := n.Cluster.Admin
+	dep, svc := realnode.AppObjects(namespace, appName, 3, spec)
+	svc = deploy(ctx, t, n, namespace, dep, svc)
 	res := &rolloutResult{namespace: namespace, clients: map[string]realnode.ClientStats{}}
 	res.oldPods = appPods(ctx, t, n, namespace)
 	if len(res.oldPods) != 3 {

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/draind/draind/test/cluster/kube"
 )
 
 // Debian 12's packages the node runs (installed by .ci/run).
@@ -133,7 +135,7 @@ func (n *Node) startContainerd(ctx context.Context) error {
 	}
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	return poll(wctx, 100*time.Millisecond, func() (bool, error) {
+	return kube.Poll(wctx, 100*time.Millisecond, func() (bool, error) {
 		if err := n.containerd.deadErr(); err != nil {
 			return false, err
 		}
