@@ -96,9 +96,7 @@ func TestClaimPublishedForReusedIP(t *testing.T) {
 // deletes its own Lease.
 func TestClaimEndsHoldersLinger(t *testing.T) {
 	h := newHarness(t, func(c *Config) { c.Linger = 2 * time.Minute })
-	old := pod("pod-old", "old", "10.0.0.7")
-	now := metav1.NewTime(h.clock.Now())
-	old.DeletionTimestamp = &now
+	old := h.deletingPod("pod-old", "old", "10.0.0.7")
 	h.putPod(old)
 	h.tick(0)
 	h.deletePod("default", "pod-old")
@@ -193,9 +191,7 @@ func TestClaimForgedIgnored(t *testing.T) {
 // gone, and ends: no renewal loop.
 func TestRenewOfDeletedLeaseEndsDrain(t *testing.T) {
 	h := newHarness(t, func(c *Config) { c.Linger = 2 * time.Minute })
-	old := pod("pod-old", "old", "10.0.0.7")
-	now := metav1.NewTime(h.clock.Now())
-	old.DeletionTimestamp = &now
+	old := h.deletingPod("pod-old", "old", "10.0.0.7")
 	h.putPod(old)
 	h.tick(0)
 	h.deletePod("default", "pod-old")

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/daemon/datapathtest"
@@ -331,9 +330,7 @@ func TestFaultAPIOutageHostingNode(t *testing.T) {
 // as the API answers.
 func TestFaultAPIOutageRecreatesLease(t *testing.T) {
 	h := localFixture(t, func(c *Config) { c.LeaseDuration = 30 * time.Second })
-	p := pod("pod-p0", "p0", "10.0.0.1")
-	now := metav1.NewTime(h.clock.Now())
-	p.DeletionTimestamp = &now
+	p := h.deletingPod("pod-p0", "p0", "10.0.0.1")
 	h.outage(true)
 	h.putPod(p) // deleted during the outage: the drain starts locally
 	h.tick(0)
@@ -355,9 +352,7 @@ func TestFaultAPIOutageRecreatesLease(t *testing.T) {
 // ends during an outage is deleted once the API is back.
 func TestFaultAPIOutageRetriesLeaseDelete(t *testing.T) {
 	h := localFixture(t, func(c *Config) { c.Linger = 10 * time.Second })
-	p := pod("pod-p0", "p0", "10.0.0.1")
-	now := metav1.NewTime(h.clock.Now())
-	p.DeletionTimestamp = &now
+	p := h.deletingPod("pod-p0", "p0", "10.0.0.1")
 	h.putPod(p)
 	h.tick(0)
 	h.waitLeases(1)

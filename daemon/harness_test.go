@@ -331,6 +331,14 @@ func pod(name, uid string, ips ...string) *corev1.Pod {
 	return p
 }
 
+// deletingPod is pod, its graceful deletion started at the harness's now.
+func (h *harness) deletingPod(name, uid string, ips ...string) *corev1.Pod {
+	p := pod(name, uid, ips...)
+	now := metav1.NewTime(h.clock.Now())
+	p.DeletionTimestamp = &now
+	return p
+}
+
 func key(ap string, proto bpf.Protocol) bpf.EndpointKey {
 	a := netip.MustParseAddrPort(ap)
 	return bpf.EndpointKey{Addr: a.Addr(), Port: a.Port(), Proto: proto}

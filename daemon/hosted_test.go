@@ -374,9 +374,7 @@ func TestRestartDuringDeletionKeepsOfflineDrain(t *testing.T) {
 	h := localFixture(t)
 	h.offline(podIP, 0, 0).result(t)
 	h.waitLeases(1)
-	p := pod("pod-p0", "p0", "10.0.0.1")
-	now := metav1.NewTime(h.clock.Now())
-	p.DeletionTimestamp = &now
+	p := h.deletingPod("pod-p0", "p0", "10.0.0.1")
 	h.putPod(p)
 	h.tick(0)
 	k := key("10.0.0.1:8080", bpf.TCP)
@@ -425,9 +423,7 @@ func TestOnlineUndoesOffline(t *testing.T) {
 
 func TestPodDeletionDrainsAndLingers(t *testing.T) {
 	h := localFixture(t, func(c *Config) { c.Linger = time.Minute })
-	p := pod("pod-p0", "p0", "10.0.0.1")
-	now := metav1.NewTime(h.clock.Now())
-	p.DeletionTimestamp = &now
+	p := h.deletingPod("pod-p0", "p0", "10.0.0.1")
 	h.putPod(p) // graceful deletion starts; no offline call at all
 	h.tick(0)
 	h.waitLeases(1)
