@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -21,6 +22,7 @@ import (
 	"github.com/draind/draind/daemon/internal/runloop"
 	"github.com/draind/draind/daemon/lease"
 	"github.com/draind/draind/daemon/nodeapi"
+	"github.com/draind/draind/daemon/reconcile"
 	"github.com/draind/draind/k8s"
 )
 
@@ -123,7 +125,7 @@ type Daemon struct {
 	// Owned by whoever holds modelMu: the runner goroutine, or the slice
 	// watch's for a pass it runs itself (pass.go, passNow).
 	model      *model
-	reconciler *reconciler
+	reconciler *reconcile.Reconciler
 	lastFull   time.Time
 	// modelMu is held by every pass and by status readers: the status view
 	// is built on demand (a scrape, draind status), never on the hot path.
@@ -170,9 +172,10 @@ func New(cfg Config, client kubernetes.Interface, dp Datapath, ct conntrack.Inte
 	}, d.state, d.claims)
 	d.conntrackPolicy = newConntrackPolicy(conntrackPolicyConfig{Conntrack: ct, Claims: d.claims, Clock: cfg.Clock,
 		Metrics: d.Metrics, Log: cfg.Logger, GoneGrace: cfg.GoneGrace, UDPReexpire: cfg.UDPReexpire})
-	d.reconciler = newReconciler(dp, cfg.EntryTTL)
-	d.reconciler.onDrain = func(k bpf.EndpointKey, present bool) { d.conntrackPolicy.udpDrain(k, present, d.clock.Now()) }
-	d.reconciler.onError = d.datapathError
+	d.reconciler = reconcile.New(dp, cfg.EntryTTL, reconcile.Hooks{
+		OnError: d.datapathError,
+		OnDrain: func(k bpf.EndpointKey, present bool) { d.conntrackPolicy.udpDrain(k, present, d.clock.Now()) },
+	})
 	d.tracker.init()
 	d.runner = newRunner(cfg.Clock, cfg.MinSyncInterval, cfg.EntryTTL/4, d.sync)
 	d.hosted = newHostedDrains(hostedDrainsConfig{
@@ -195,7 +198,7 @@ func New(cfg Config, client kubernetes.Interface, dp Datapath, ct conntrack.Inte
 
 func (d *Daemon) datapathError(what string, err error) {
 	kind := "other"
-	if isMapFull(err) {
+	if errors.Is(err, bpf.ErrMapFull) {
 		kind = "map_full"
 	}
 	d.Metrics.DatapathErrors.WithLabelValues(kind).Inc()
@@ -278,7 +281,7 @@ func (d *Daemon) adoptDatapath() error {
 	if err != nil {
 		return fmt.Errorf("reading pinned datapath state: %w", err)
 	}
-	d.reconciler.adopt(dump)
+	d.reconciler.Adopt(dump)
 	d.model.ids.adopt(dump)
 	if err := d.gone.Adopt(); err != nil {
 		return fmt.Errorf("reading pinned gone peers: %w", err)

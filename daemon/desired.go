@@ -2,6 +2,8 @@ package daemon
 
 import (
 	"cmp"
+	"iter"
+	"maps"
 	"net/netip"
 	"slices"
 	"time"
@@ -9,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/draind/draind/bpf"
+	"github.com/draind/draind/daemon/internal/backendset"
 )
 
 // What the kernel gets: the model's contributions merged into one drain
@@ -223,4 +226,32 @@ func (m *model) podStatuses() []PodStatus {
 		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name), cmp.Compare(a.UID, b.UID))
 	})
 	return out
+}
+
+// desiredView is the model as the reconciler reads it (reconcile.Desired).
+type desiredView struct{ m *model }
+
+func (v desiredView) ServicePort(id bpf.ServicePortID, now time.Time) ([]bpf.Frontend, *bpf.Backends, backendset.Set) {
+	fes, be := v.m.desiredServicePort(id, now)
+	if be == nil {
+		return fes, nil, ""
+	}
+	return fes, be, v.m.servicePorts[id].selectable
+}
+
+func (v desiredView) Drain(k bpf.EndpointKey, now time.Time) (bpf.Drain, bool) {
+	return v.m.desiredDrain(k, now)
+}
+
+func (v desiredView) ServicePorts() iter.Seq[bpf.ServicePortID] { return maps.Keys(v.m.servicePorts) }
+func (v desiredView) HasServicePort(id bpf.ServicePortID) bool  { return v.m.servicePorts[id] != nil }
+func (v desiredView) Keys() iter.Seq[bpf.EndpointKey]           { return maps.Keys(v.m.contributions) }
+
+func (v desiredView) HasKey(k bpf.EndpointKey) bool {
+	_, ok := v.m.contributions[k]
+	return ok
+}
+
+func (v desiredView) Touched() (map[bpf.ServicePortID]struct{}, map[bpf.EndpointKey]struct{}) {
+	return v.m.touchedServicePorts, v.m.touched
 }

@@ -3,8 +3,9 @@
 //   - what is draining (the model; pure, no API calls): categorize.go (a
 //     Service's endpoints, one function), topology.go (the backends
 //     kube-proxy's topology picks), zone.go (this node's zone label),
-//     model.go, contributions.go, ids.go and backendset.go (the
-//     incremental model, its service-port ids and backend sets),
+//     model.go, contributions.go and ids.go (the incremental model and
+//     its service-port ids; backend sets are packed by package
+//     internal/backendset),
 //     lingering.go (departed endpoints), claims.go (who holds which IP),
 //     poddrains.go (pod drains from Leases and this node), desired.go (the
 //     entries the kernel should hold);
@@ -13,9 +14,10 @@
 //     reused on another node); package lease writes this node's Leases
 //     off the loop (lease.Writer) and checks a Lease against its Pod
 //     object (lease.Trust);
-//   - what the kernel gets: reconcile.go (the minimal, ordered diff),
-//     datapath.go (the interface; its fake is package
-//     datapathtest), kernelfeatures.go;
+//   - what the kernel gets: package reconcile (the minimal, ordered diff,
+//     reading the model through desired.go's desiredView), datapath.go
+//     (the interface; its fake is package datapathtest),
+//     kernelfeatures.go;
 //   - drains hosted here: hosted.go (measure, settle, Events, their
 //     Leases; local pods that vanished without draining), offline.go (the
 //     offline and online calls; the HTTP API is package nodeapi);
@@ -48,7 +50,7 @@
 // peers (package gonepeers: noted, wantYet), the vanished endpoints
 // (sockets_vanish.go: markedGen), the deleting pods' drains (hosted.go:
 // looked), the informer snapshots (daemon.go: local, leases) and the
-// reconciler's view of the datapath (reconcile.go). Turned off one at a
+// reconciler's view of the datapath (package reconcile). Turned off one at a
 // time in BenchmarkClusterScale (150k endpoints, rollout churn), the gone
 // peers' cache saves 3.5x the CPU per update and leaseDrainsMemo 1.8x;
 // markedGen guards a slice rebalance the benchmark does not make, and

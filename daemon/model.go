@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/draind/draind/bpf"
+	"github.com/draind/draind/daemon/internal/backendset"
 	"github.com/draind/draind/k8s"
 )
 
@@ -90,7 +91,7 @@ type servicePort struct {
 	id         bpf.ServicePortID
 	frontends  []bpf.EndpointKey
 	noSteer    bool
-	selectable backendSet
+	selectable backendset.Set
 	refs       int // contributions naming this id
 }
 
@@ -379,7 +380,7 @@ func (m *model) activate(next *serviceResult, c servicePortEndpoints, noSteer bo
 // updateServicePort sets an active service-port's frontends and selectable
 // endpoints to c's, and reports whether they changed.
 func (m *model) updateServicePort(sp *servicePort, c servicePortEndpoints, noSteer bool) bool {
-	selectable := packBackends(c.selectable)
+	selectable := backendset.Pack(c.selectable)
 	if sp.selectable == selectable && slices.Equal(sp.frontends, c.frontends) && sp.noSteer == noSteer {
 		return false
 	}

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/draind/draind/bpf"
+	"github.com/draind/draind/daemon/reconcile"
 	"github.com/draind/draind/k8s"
 )
 
@@ -228,12 +229,12 @@ func TestRefreshSpreadOverPasses(t *testing.T) {
 		if ops := h.pass(); ops != 0 { // no batch is due yet
 			t.Fatalf("a second pass in the same instant cost %d operations", ops)
 		}
-		h.clock.Step(refreshStep) // the runner comes back for the next batch
+		h.clock.Step(reconcile.RefreshStep) // the runner comes back for the next batch
 		// A service-port costs at most its backends and its one frontend.
-		if ops > 2*refreshBatch {
-			t.Fatalf("refresh pass %d cost %d operations, more than a batch of %d targets", passes, ops, refreshBatch)
+		if ops > 2*reconcile.RefreshBatch {
+			t.Fatalf("refresh pass %d cost %d operations, more than a batch of %d targets", passes, ops, reconcile.RefreshBatch)
 		}
-		if !h.d.reconciler.refreshing() {
+		if !h.d.reconciler.Refreshing() {
 			break
 		}
 		if passes > 3*services {
@@ -550,16 +551,16 @@ func TestUDPExpiredWhileDraining(t *testing.T) {
 func TestRefreshPaceWithRarePasses(t *testing.T) {
 	const services = 100 // 200 targets: 13 batches
 	h := drainingServices(t, services)
-	h.clock.Step(h.d.cfg.EntryTTL/2 + time.Second) // every entry due
-	if ops := h.pass(); ops > 2*refreshBatch {     // the round starts: one batch
+	h.clock.Step(h.d.cfg.EntryTTL/2 + time.Second)       // every entry due
+	if ops := h.pass(); ops > 2*reconcile.RefreshBatch { // the round starts: one batch
 		t.Fatalf("the round's first pass cost %d operations, more than a batch", ops)
 	}
-	if !h.d.reconciler.refreshing() {
+	if !h.d.reconciler.Refreshing() {
 		t.Fatal("a round of 200 targets ended in one pass")
 	}
-	h.clock.Step(20 * refreshStep)
+	h.clock.Step(20 * reconcile.RefreshStep)
 	h.pass() // 20 batches' worth: the rest
-	if h.d.reconciler.refreshing() {
+	if h.d.reconciler.Refreshing() {
 		t.Errorf("the round did not end in a pass 20 steps later")
 	}
 	checkRefreshed(t, h, h.clock.Now().Add(h.d.cfg.EntryTTL/2))
@@ -574,12 +575,12 @@ func TestRefreshRoundOverrunFinishesAtOnce(t *testing.T) {
 	h := drainingServices(t, services)
 	h.clock.Step(h.d.cfg.EntryTTL/4 + time.Second)
 	h.pass() // the round starts: one batch
-	if !h.d.reconciler.refreshing() {
+	if !h.d.reconciler.Refreshing() {
 		t.Fatal("a round of 200 targets ended in one pass")
 	}
 	h.clock.Step(h.d.cfg.EntryTTL/4 + time.Second)
 	h.pass() // the next round begins before the first ended
-	if h.d.reconciler.refreshing() {
+	if h.d.reconciler.Refreshing() {
 		t.Error("an overrun round was not finished in one pass")
 	}
 	checkRefreshed(t, h, h.clock.Now().Add(h.d.cfg.EntryTTL-time.Second))

@@ -121,12 +121,12 @@ func (d *Daemon) syncLocked(loop bool) time.Time {
 		d.firstDone.Store(true)
 	}
 	next := m.nextDeadline()
-	if d.reconciler.pending() {
+	if d.reconciler.Pending() {
 		if retry := now.Add(time.Second); next.IsZero() || retry.Before(next) {
 			next = retry
 		}
 	}
-	if step := d.reconciler.nextBatch(); !step.IsZero() && (next.IsZero() || step.Before(next)) {
+	if step := d.reconciler.NextBatch(); !step.IsZero() && (next.IsZero() || step.Before(next)) {
 		next = step
 	}
 	return next
@@ -143,9 +143,9 @@ func (d *Daemon) apply(now time.Time, changedAt []time.Time, programmed []progra
 		d.lastFull = now
 	} else if loop && now.Sub(d.lastFull) >= d.cfg.EntryTTL/4 {
 		d.lastFull = now
-		d.reconciler.startRefresh(d.model, now)
+		d.reconciler.StartRefresh(desiredView{d.model}, now)
 	}
-	res := d.reconciler.apply(d.model, now, first, loop)
+	res := d.reconciler.Apply(desiredView{d.model}, now, first, loop)
 	done := d.clock.Now()
 	d.Metrics.DatapathOps.Add(float64(res.Ops))
 	if res.Ops > 0 {

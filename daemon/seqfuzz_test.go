@@ -23,6 +23,7 @@ import (
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/conntrack"
 	"github.com/draind/draind/daemon/datapathtest"
+	"github.com/draind/draind/daemon/internal/backendset"
 	"github.com/draind/draind/k8s"
 )
 
@@ -606,9 +607,9 @@ func (s *seqRun) checkServicePorts() string {
 				}
 			}
 		}
-		if sp.selectable != packBackends(want) {
+		if sp.selectable != backendset.Pack(want) {
 			return fmt.Sprintf("service-port %d %v selects %v, its Service lists %v selectable\nafter\n  %s",
-				id, sp.key, sp.selectable.appendAddrPorts(nil), want, strings.Join(s.ops, "\n  "))
+				id, sp.key, sp.selectable.AppendAddrPorts(nil), want, strings.Join(s.ops, "\n  "))
 		}
 	}
 	return ""

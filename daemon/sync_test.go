@@ -293,7 +293,7 @@ func TestRefreshRoundsAreTheLoops(t *testing.T) {
 	if !d.passNow() {
 		t.Fatal("no pass ran")
 	}
-	if !d.lastFull.Equal(t0) || d.reconciler.refreshing() {
+	if !d.lastFull.Equal(t0) || d.reconciler.Refreshing() {
 		t.Fatal("a pass of the slice watch started a refresh round")
 	}
 	d.sync()
@@ -301,17 +301,17 @@ func TestRefreshRoundsAreTheLoops(t *testing.T) {
 		t.Fatal("the loop's pass did not start the round that was due")
 	}
 	// A round under way, its first batch due: only the loop takes it.
-	d.reconciler.startRefresh(d.model, clk.Now())
-	left := len(d.reconciler.refreshKeys) + len(d.reconciler.refreshServicePorts)
+	d.reconciler.StartRefresh(desiredView{d.model}, clk.Now())
+	left := d.reconciler.RefreshLeft()
 	if left == 0 {
 		t.Fatal("an empty round")
 	}
 	d.passNow()
-	if n := len(d.reconciler.refreshKeys) + len(d.reconciler.refreshServicePorts); n != left {
+	if n := d.reconciler.RefreshLeft(); n != left {
 		t.Errorf("a pass of the slice watch took a batch of the round: %d left of %d", n, left)
 	}
 	d.sync()
-	if d.reconciler.refreshing() {
+	if d.reconciler.Refreshing() {
 		t.Error("the loop's pass did not take the round's batch")
 	}
 }

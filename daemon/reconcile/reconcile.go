@@ -1,22 +1,58 @@
-package daemon
+// Package reconcile writes what the model wants into the datapath. A
+// Reconciler holds what was written and writes the minimal difference to
+// what a Desired view wants, as a small driver over per-map operations.
+// It reads the model only through Desired and the datapath only through
+// Datapath.
+package reconcile
 
 import (
-	"errors"
 	"fmt"
+	"iter"
+	"maps"
 	"net/netip"
 	"slices"
 	"time"
 
 	"github.com/draind/draind/bpf"
+	"github.com/draind/draind/daemon/internal/backendset"
 )
 
-// What the kernel gets. The reconciler holds what was written to the
-// datapath and writes the minimal difference to what the model wants, as a
-// small driver over per-map operations. The order keeps every reference
+// Datapath is the part of the datapath a Reconciler writes.
+type Datapath interface {
+	UpsertFrontend(bpf.Frontend) error
+	DeleteFrontend(bpf.EndpointKey) error
+	SetBackends(bpf.Backends) error
+	DeleteBackends(bpf.ServicePortID) error
+	UpsertDrain(bpf.Drain) error
+	DeleteDrain(bpf.EndpointKey) error
+}
+
+// Desired is what the model wants, as a pass reads it.
+type Desired interface {
+	// ServicePort returns the frontends and backends service-port id
+	// should hold (backends nil: the service-port is not active), and its
+	// backends packed, with deadlines from now.
+	ServicePort(id bpf.ServicePortID, now time.Time) ([]bpf.Frontend, *bpf.Backends, backendset.Set)
+	// Drain returns the drain entry k should hold, if any.
+	Drain(k bpf.EndpointKey, now time.Time) (bpf.Drain, bool)
+	// ServicePorts lists every service-port the model knows;
+	// HasServicePort reports whether it knows id.
+	ServicePorts() iter.Seq[bpf.ServicePortID]
+	HasServicePort(id bpf.ServicePortID) bool
+	// Keys lists every endpoint key that may want a drain entry; HasKey
+	// reports whether k is one.
+	Keys() iter.Seq[bpf.EndpointKey]
+	HasKey(k bpf.EndpointKey) bool
+	// Touched returns the service-ports and keys that changed since the
+	// last pass. Apply adds its own targets to these sets and clears them.
+	Touched() (map[bpf.ServicePortID]struct{}, map[bpf.EndpointKey]struct{})
+}
+
+// Reconciler is what the kernel gets. The order of a pass keeps every reference
 // valid at every instant: backend sets first, then the entries that name
 // them, then deletions of entries, then deletions of backend sets. A
 // deletion never undoes a write of the same pass.
-type reconciler struct {
+type Reconciler struct {
 	dp  Datapath
 	ttl time.Duration
 
@@ -35,7 +71,7 @@ type reconciler struct {
 	retryServicePorts map[bpf.ServicePortID]struct{}
 
 	// refresh holds what a refresh round has yet to evaluate; each pass
-	// takes at most refreshBatch of it (see startRefresh).
+	// takes at most RefreshBatch of it (see startRefresh).
 	refreshServicePorts []bpf.ServicePortID
 	refreshKeys         []bpf.EndpointKey
 	// refreshAll: the previous round was not finished when this one began
@@ -46,9 +82,7 @@ type reconciler struct {
 	// lastBatch is when a pass last took a batch of the round.
 	lastBatch time.Time
 
-	onError func(what string, err error)
-	// onDrain is told when a drain entry appears or goes.
-	onDrain func(k bpf.EndpointKey, present bool)
+	hooks Hooks
 
 	scratch passScratch
 }
@@ -75,9 +109,19 @@ func reuseList[T any](s []T) []T {
 	return s[:0]
 }
 
-func newReconciler(dp Datapath, ttl time.Duration) *reconciler {
-	return &reconciler{
-		dp: dp, ttl: ttl,
+// Hooks are told what a pass did; either may be nil.
+type Hooks struct {
+	// OnError is told of each write that failed (it is retried next pass).
+	OnError func(what string, err error)
+	// OnDrain is told when a drain entry appears or goes.
+	OnDrain func(k bpf.EndpointKey, present bool)
+}
+
+// New returns a Reconciler over dp that rewrites an entry when less than
+// half of ttl is left of it.
+func New(dp Datapath, ttl time.Duration, hooks Hooks) *Reconciler {
+	return &Reconciler{
+		dp: dp, ttl: ttl, hooks: hooks,
 		frontends:         map[bpf.EndpointKey]bpf.Frontend{},
 		byService:         map[bpf.ServicePortID][]bpf.EndpointKey{},
 		backends:          map[bpf.ServicePortID]appliedBackends{},
@@ -87,32 +131,32 @@ func newReconciler(dp Datapath, ttl time.Duration) *reconciler {
 	}
 }
 
-// adopt seeds the applied state from the pinned maps of a previous draind,
+// Adopt seeds the applied state from the pinned maps of a previous draind,
 // so the first full pass writes only differences and removes leftovers.
-func (r *reconciler) adopt(d *bpf.Dump) {
+func (r *Reconciler) Adopt(d *bpf.Dump) {
 	for _, f := range d.Frontends {
 		r.frontends[f.Key] = f
 		r.byService[f.Service] = append(r.byService[f.Service], f.Key)
 	}
 	for _, b := range d.Backends {
-		r.backends[b.Service] = appliedBackends{packBackends(b.Backends), b.Expires}
+		r.backends[b.Service] = appliedBackends{backendset.Pack(b.Backends), b.Expires}
 	}
 	for _, dr := range d.Drains {
 		r.drains[dr.Key] = dr
-		if r.onDrain != nil {
-			r.onDrain(dr.Key, true)
+		if r.hooks.OnDrain != nil {
+			r.hooks.OnDrain(dr.Key, true)
 		}
 	}
 }
 
 // due reports whether an applied deadline must be rewritten: refresh when
 // less than half the TTL is left; shorten when the desired one is earlier.
-func (r *reconciler) due(applied, desired, now time.Time) bool {
+func (r *Reconciler) due(applied, desired, now time.Time) bool {
 	return applied.Sub(now) < r.ttl/2 || desired.Before(applied.Add(-time.Second))
 }
 
-// applyResult summarises one pass.
-type applyResult struct {
+// Result summarises one pass.
+type Result struct {
 	Ops    int
 	Errors int
 }
@@ -121,8 +165,8 @@ type applyResult struct {
 type servicePortPlan struct {
 	id        bpf.ServicePortID
 	frontends []bpf.Frontend
-	backends  *bpf.Backends // nil: the service-port is not active
-	set       backendSet    // backends packed: the model's own string, kept as written
+	backends  *bpf.Backends  // nil: the service-port is not active
+	set       backendset.Set // backends packed: the model's own string, kept as written
 }
 
 // staleFrontend is a frontend its service-port no longer wants.
@@ -133,9 +177,9 @@ type staleFrontend struct {
 
 // pass is the state of one apply.
 type pass struct {
-	r   *reconciler
+	r   *Reconciler
 	now time.Time
-	res applyResult
+	res Result
 }
 
 // do counts one operation and records its failure.
@@ -145,83 +189,77 @@ func (p *pass) do(what func() string, err error) bool {
 		return true
 	}
 	p.res.Errors++
-	if p.r.onError != nil {
-		p.r.onError(what(), err)
+	if p.r.hooks.OnError != nil {
+		p.r.hooks.OnError(what(), err)
 	}
 	return false
 }
 
-// refreshBatch bounds the service-ports and entry keys of a refresh round
+// RefreshBatch bounds the service-ports and entry keys of a refresh round
 // that one pass evaluates. A round evaluates every entry (deadlines
 // refreshed, anything that drifted repaired) each quarter of the entry
 // TTL; done in one pass, it held the runner for 50-170 ms at 6,000 draining
 // Services on a loaded 2-core machine, and every event arriving meanwhile
 // waited.
-const refreshBatch = 16
+const RefreshBatch = 16
 
-// refreshStep is how often a pass takes a batch while a round is under way
+// RefreshStep is how often a pass takes a batch while a round is under way
 // (the runner comes back for it when no event brings it sooner): 16,000
 // targets a second, whatever the rate of events or passes. Passes that events bring
 // in between take none, so that at a thousand events a second the round
 // does not ride on every one of them (with 64 per pass it did, and the
 // rounds made half of BenchmarkClusterScale's slowest samples).
-const refreshStep = time.Millisecond
+const RefreshStep = time.Millisecond
 
-// startRefresh begins a refresh round: every service-port and entry key
+// StartRefresh begins a refresh round: every service-port and entry key
 // that is applied or wanted is queued, and the next passes evaluate them a
 // batch at a time. What changes meanwhile is evaluated by its own pass
 // anyway; what is queued twice or is gone by its turn costs a lookup.
-func (r *reconciler) startRefresh(m *model, now time.Time) {
-	r.refreshAll = r.refreshing()
-	r.lastBatch = now.Add(-refreshStep) // the first batch is due at once
-	r.refreshServicePorts = r.refreshServicePorts[:0]
-	for id := range m.servicePorts {
-		r.refreshServicePorts = append(r.refreshServicePorts, id)
-	}
+func (r *Reconciler) StartRefresh(m Desired, now time.Time) {
+	r.refreshAll = r.Refreshing()
+	r.lastBatch = now.Add(-RefreshStep) // the first batch is due at once
+	r.refreshServicePorts = slices.AppendSeq(r.refreshServicePorts[:0], m.ServicePorts())
 	for id := range r.backends {
-		if m.servicePorts[id] == nil {
+		if !m.HasServicePort(id) {
 			r.refreshServicePorts = append(r.refreshServicePorts, id)
 		}
 	}
 	for id := range r.byService {
-		if _, ok := r.backends[id]; !ok && m.servicePorts[id] == nil {
+		if _, ok := r.backends[id]; !ok && !m.HasServicePort(id) {
 			r.refreshServicePorts = append(r.refreshServicePorts, id)
 		}
 	}
-	r.refreshKeys = r.refreshKeys[:0]
-	for k := range m.contributions {
-		r.refreshKeys = append(r.refreshKeys, k)
-	}
+	r.refreshKeys = slices.AppendSeq(r.refreshKeys[:0], m.Keys())
 	for k := range r.drains {
-		if _, ok := m.contributions[k]; !ok {
+		if !m.HasKey(k) {
 			r.refreshKeys = append(r.refreshKeys, k)
 		}
 	}
 }
 
-// refreshing reports whether a refresh round is under way.
-func (r *reconciler) refreshing() bool {
+// Refreshing reports whether a refresh round is under way.
+func (r *Reconciler) Refreshing() bool {
 	return len(r.refreshServicePorts)+len(r.refreshKeys) > 0
 }
 
-// nextBatch is when the next batch of a round is due (zero: no round).
-func (r *reconciler) nextBatch() time.Time {
-	if !r.refreshing() {
+// NextBatch is when the next batch of a round is due (zero: no round).
+func (r *Reconciler) NextBatch() time.Time {
+	if !r.Refreshing() {
 		return time.Time{}
 	}
-	return r.lastBatch.Add(refreshStep)
+	return r.lastBatch.Add(RefreshStep)
 }
 
 // takeRefresh moves the next batch of the refresh round into the pass's
 // targets, if one is due.
-func (r *reconciler) takeRefresh(now time.Time, spSet map[bpf.ServicePortID]struct{}, keySet map[bpf.EndpointKey]struct{}) {
-	if !r.refreshing() || (!r.refreshAll && now.Before(r.nextBatch())) {
+func (r *Reconciler) takeRefresh(now time.Time, spSet map[bpf.ServicePortID]struct{}, keySet map[bpf.EndpointKey]struct{}) {
+	if !r.Refreshing() || (!r.refreshAll && now.Before(r.NextBatch())) {
 		return
 	}
-	// A batch per refreshStep since the last: passes rarer than that
+	// A batch per RefreshStep since the last: passes rarer than that
 	// (--min-sync-interval) take as many, so a round's pace never
 	// depends on how often events come.
-	batch := refreshBatch * max(1, int(now.Sub(r.lastBatch)/refreshStep))
+	batch := RefreshBatch * max(1, int(now.Sub(r.lastBatch)/RefreshStep))
 	r.lastBatch = now
 	if r.refreshAll {
 		batch, r.refreshAll = len(r.refreshServicePorts)+len(r.refreshKeys), false
@@ -236,24 +274,21 @@ func (r *reconciler) takeRefresh(now time.Time, spSet map[bpf.ServicePortID]stru
 		keySet[key] = struct{}{}
 	}
 	r.refreshKeys = r.refreshKeys[:len(r.refreshKeys)-k]
-	if !r.refreshing() {
+	if !r.Refreshing() {
 		// Let go of a large round's memory.
 		r.refreshServicePorts, r.refreshKeys = nil, nil
 	}
 }
 
-// apply writes the difference for the touched keys and service-ports and
+// Apply writes the difference for the touched keys and service-ports and
 // the next batch of a refresh round (or for everything when full: the
 // first pass, which also removes what a previous draind left).
-func (r *reconciler) apply(m *model, now time.Time, full, refresh bool) applyResult {
-	ids, keys := r.targets(m, now, full, refresh)
+func (r *Reconciler) Apply(m Desired, now time.Time, full, refresh bool) Result {
+	spSet, keySet := m.Touched()
+	ids, keys := r.targets(m, spSet, keySet, now, full, refresh)
 	plans := r.scratch.plans
 	for _, id := range ids {
-		fes, be := m.desiredServicePort(id, now)
-		var set backendSet
-		if be != nil {
-			set = m.servicePorts[id].selectable
-		}
+		fes, be, set := m.ServicePort(id, now)
 		plans = append(plans, servicePortPlan{id, fes, be, set})
 	}
 	p := &pass{r: r, now: now}
@@ -263,17 +298,16 @@ func (r *reconciler) apply(m *model, now time.Time, full, refresh bool) applyRes
 	p.deleteFrontends(stale)
 	p.deleteDrains(staleDrains)
 	p.deleteBackends(plans)
-	clear(m.touched)
-	clear(m.touchedServicePorts)
+	clear(spSet)
+	clear(keySet)
 	r.scratch.ids, r.scratch.keys, r.scratch.plans = reuseList(ids), reuseList(keys), reuseList(plans)
 	return p.res
 }
 
 // targets returns the service-ports and keys to evaluate, sorted: the
-// touched ones and the retries (and, if refresh, a due batch of a refresh
-// round), or everything applied and wanted.
-func (r *reconciler) targets(m *model, now time.Time, full, refresh bool) ([]bpf.ServicePortID, []bpf.EndpointKey) {
-	spSet, keySet := m.touchedServicePorts, m.touched
+// touched ones (spSet, keySet) and the retries (and, if refresh, a due
+// batch of a refresh round), or everything applied and wanted.
+func (r *Reconciler) targets(m Desired, spSet map[bpf.ServicePortID]struct{}, keySet map[bpf.EndpointKey]struct{}, now time.Time, full, refresh bool) ([]bpf.ServicePortID, []bpf.EndpointKey) {
 	for id := range r.retryServicePorts {
 		spSet[id] = struct{}{}
 	}
@@ -286,16 +320,15 @@ func (r *reconciler) targets(m *model, now time.Time, full, refresh bool) ([]bpf
 		r.takeRefresh(now, spSet, keySet)
 	}
 	if full {
-		for _, src := range []map[bpf.ServicePortID]bool{setOf(r.backends), setOf(r.byService), setOf(m.servicePorts)} {
+		for _, src := range []iter.Seq[bpf.ServicePortID]{maps.Keys(r.backends), maps.Keys(r.byService), m.ServicePorts()} {
 			for id := range src {
 				spSet[id] = struct{}{}
 			}
 		}
-		for k := range r.drains {
-			keySet[k] = struct{}{}
-		}
-		for k := range m.contributions {
-			keySet[k] = struct{}{}
+		for _, src := range []iter.Seq[bpf.EndpointKey]{maps.Keys(r.drains), m.Keys()} {
+			for k := range src {
+				keySet[k] = struct{}{}
+			}
 		}
 	}
 	ids, keys := r.scratch.ids, r.scratch.keys
@@ -310,17 +343,9 @@ func (r *reconciler) targets(m *model, now time.Time, full, refresh bool) ([]bpf
 	return ids, keys
 }
 
-func setOf[K comparable, V any](m map[K]V) map[K]bool {
-	out := make(map[K]bool, len(m))
-	for k := range m {
-		out[k] = true
-	}
-	return out
-}
-
-// appliedBackends is a backend set as written, packed (backendSet).
+// appliedBackends is a backend set as written, packed.
 type appliedBackends struct {
-	set     backendSet
+	set     backendset.Set
 	expires time.Time
 }
 
@@ -336,7 +361,7 @@ func (p *pass) writeBackends(plans []servicePortPlan) {
 			continue
 		}
 		be := *pl.backends
-		be.Backends = pl.set.appendAddrPorts(r.scratch.addrs[:0])
+		be.Backends = pl.set.AppendAddrPorts(r.scratch.addrs[:0])
 		if cap(be.Backends) <= scratchKeep {
 			r.scratch.addrs = be.Backends[:0]
 		}
@@ -382,10 +407,10 @@ func (p *pass) writeFrontends(plans []servicePortPlan) (stale []staleFrontend) {
 
 // writeDrains upserts wanted drain entries and returns the applied ones
 // nothing wants any more.
-func (p *pass) writeDrains(m *model, keys []bpf.EndpointKey) (stale []bpf.EndpointKey) {
+func (p *pass) writeDrains(m Desired, keys []bpf.EndpointKey) (stale []bpf.EndpointKey) {
 	r := p.r
 	for _, k := range keys {
-		want, ok := m.desiredDrain(k, p.now)
+		want, ok := m.Drain(k, p.now)
 		cur, have := r.drains[k]
 		if !ok {
 			if have {
@@ -401,8 +426,8 @@ func (p *pass) writeDrains(m *model, keys []bpf.EndpointKey) (stale []bpf.Endpoi
 			continue
 		}
 		r.drains[k] = want
-		if !have && r.onDrain != nil {
-			r.onDrain(k, true)
+		if !have && r.hooks.OnDrain != nil {
+			r.hooks.OnDrain(k, true)
 		}
 	}
 	return stale
@@ -437,8 +462,8 @@ func (p *pass) deleteDrains(stale []bpf.EndpointKey) {
 			continue
 		}
 		delete(r.drains, k)
-		if r.onDrain != nil {
-			r.onDrain(k, false)
+		if r.hooks.OnDrain != nil {
+			r.hooks.OnDrain(k, false)
 		}
 	}
 }
@@ -462,7 +487,7 @@ func (p *pass) deleteBackends(plans []servicePortPlan) {
 }
 
 // dropFrontendRef forgets that service-port id owns frontend k.
-func (r *reconciler) dropFrontendRef(id bpf.ServicePortID, k bpf.EndpointKey) {
+func (r *Reconciler) dropFrontendRef(id bpf.ServicePortID, k bpf.EndpointKey) {
 	r.byService[id] = slices.DeleteFunc(r.byService[id], func(x bpf.EndpointKey) bool { return x == k })
 	if len(r.byService[id]) == 0 {
 		delete(r.byService, id)
@@ -471,7 +496,7 @@ func (r *reconciler) dropFrontendRef(id bpf.ServicePortID, k bpf.EndpointKey) {
 
 // referenced reports whether an applied drain still names id (its deletion
 // failed and is being retried): its backends stay until it is gone.
-func (r *reconciler) referenced(id bpf.ServicePortID) bool {
+func (r *Reconciler) referenced(id bpf.ServicePortID) bool {
 	for _, d := range r.drains {
 		if d.Service == id && d.Policy == bpf.PolicyRewrite {
 			return true
@@ -480,8 +505,8 @@ func (r *reconciler) referenced(id bpf.ServicePortID) bool {
 	return false
 }
 
-// pending reports whether failed work waits for a retry.
-func (r *reconciler) pending() bool { return len(r.retryKeys) > 0 || len(r.retryServicePorts) > 0 }
+// Pending reports whether failed work waits for a retry.
+func (r *Reconciler) Pending() bool { return len(r.retryKeys) > 0 || len(r.retryServicePorts) > 0 }
 
-// isMapFull reports whether err is a full-map error.
-func isMapFull(err error) bool { return errors.Is(err, bpf.ErrMapFull) }
+// RefreshLeft is how many targets the refresh round under way has left.
+func (r *Reconciler) RefreshLeft() int { return len(r.refreshKeys) + len(r.refreshServicePorts) }

@@ -1,4 +1,4 @@
-package daemon
+package backendset
 
 import (
 	"net/netip"
@@ -6,10 +6,10 @@ import (
 	"testing"
 )
 
-// TestBackendSetRoundTrip: a packed set unpacks to the same endpoints in
+// TestRoundTrip: a packed set unpacks to the same endpoints in
 // the same order, in every address form, and two sets are equal exactly
 // when their endpoints are.
-func TestBackendSetRoundTrip(t *testing.T) {
+func TestRoundTrip(t *testing.T) {
 	sets := [][]netip.AddrPort{
 		nil,
 		{netip.MustParseAddrPort("10.0.0.1:8080")},
@@ -20,17 +20,17 @@ func TestBackendSetRoundTrip(t *testing.T) {
 		{netip.MustParseAddrPort("[::ffff:10.0.0.3]:80")}, // not the IPv4 address
 	}
 	for i, s := range sets {
-		p := packBackends(s)
-		if got := p.addrPorts(); !slices.Equal(got, s) {
+		p := Pack(s)
+		if got := p.AddrPorts(); !slices.Equal(got, s) {
 			t.Errorf("set %d: %v unpacked to %v", i, s, got)
 		}
 		for j, o := range sets {
-			if same := p == packBackends(o); same != slices.Equal(s, o) {
+			if same := p == Pack(o); same != slices.Equal(s, o) {
 				t.Errorf("sets %d and %d: packed equal %v, equal %v", i, j, same, slices.Equal(s, o))
 			}
 		}
 	}
-	if got := len(packBackends(sets[1])); got != 7 {
+	if got := len(Pack(sets[1])); got != 7 {
 		t.Errorf("an IPv4 endpoint packs into %d bytes, want 7", got)
 	}
 }

@@ -1,0 +1,63 @@
+// Package backendset packs a service-port's selectable endpoints into a
+// string: the model keeps one per active service-port, the reconciler the
+// one it wrote, and comparing two sets is comparing two strings.
+package backendset
+
+import (
+	"net/netip"
+	"strings"
+)
+
+// Set is a service-port's selectable endpoints, sorted, packed into a
+// string: 7 bytes per IPv4 endpoint (a family byte, the address, the
+// port), 19 per IPv6 one, against 32 for a netip.AddrPort. The model and
+// the reconciler keep one per active service-port (thousands while a large
+// cluster rolls out); the datapath is handed the addresses (AppendAddrPorts).
+type Set string
+
+// Pack packs aps, in their order.
+func Pack(aps []netip.AddrPort) Set {
+	var b strings.Builder
+	b.Grow(7 * len(aps))
+	for _, ap := range aps {
+		a := ap.Addr()
+		if a.Is4() {
+			b.WriteByte(4)
+			v := a.As4()
+			b.Write(v[:])
+		} else {
+			// Endpoints have no zone (k8s.Slice keeps none).
+			b.WriteByte(6)
+			v := a.As16()
+			b.Write(v[:])
+		}
+		b.WriteByte(byte(ap.Port() >> 8))
+		b.WriteByte(byte(ap.Port()))
+	}
+	return Set(b.String())
+}
+
+// AppendAddrPorts appends the set, unpacked, to out.
+func (s Set) AppendAddrPorts(out []netip.AddrPort) []netip.AddrPort {
+	for i := 0; i < len(s); {
+		var a netip.Addr
+		if s[i] == 4 {
+			a = netip.AddrFrom4([4]byte([]byte(s[i+1 : i+5])))
+			i += 5
+		} else {
+			a = netip.AddrFrom16([16]byte([]byte(s[i+1 : i+17])))
+			i += 17
+		}
+		out = append(out, netip.AddrPortFrom(a, uint16(s[i])<<8|uint16(s[i+1])))
+		i += 2
+	}
+	return out
+}
+
+// AddrPorts returns the set unpacked (nil for the empty set).
+func (s Set) AddrPorts() []netip.AddrPort {
+	if s == "" {
+		return nil
+	}
+	return s.AppendAddrPorts(make([]netip.AddrPort, 0, len(s)/7))
+}
