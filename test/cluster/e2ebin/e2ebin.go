@@ -6,9 +6,10 @@
 // this Go module requires, and caches them per Kubernetes version like
 // package kubebin.
 //
-// The test binary is the slow part: about half an hour cold on two cores,
-// a re-link of a minute or two with the Go build cache warm, free once
-// cached. The cache is ($XDG_CACHE_HOME or ~/.cache)/draind/e2e/<version>/,
+// The test binary shares most of its packages with the Kubernetes
+// components: built after them (as kubebuild does) it takes a minute or
+// two; alone, with the Go build cache cold, about half an hour on two
+// cores; free once cached. The cache is ($XDG_CACHE_HOME or ~/.cache)/draind/e2e/<version>/,
 // shared by every clone and worktree, unless DRAIND_E2E_BIN_DIR names
 // another directory.
 package e2ebin
@@ -100,7 +101,7 @@ func build(ctx context.Context, log *slog.Logger, out string) error {
 	if err != nil {
 		return err
 	}
-	log.Info("building the e2e suite and agnhost (a cold build takes about 30 minutes on 2 cores)",
+	log.Info("building the e2e suite and agnhost (1-2 minutes after the components, about 30 alone with a cold Go build cache)",
 		"version", kubebin.Version)
 	start := time.Now()
 	for _, args := range commands(out) {
