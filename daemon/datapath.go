@@ -1,17 +1,15 @@
 package daemon
 
-import "github.com/draind/draind/bpf"
+import (
+	"github.com/draind/draind/bpf"
+	"github.com/draind/draind/daemon/reconcile"
+)
 
-// Datapath is what the reconciler drives: the real one is *bpf.Datapath,
-// tests use datapathtest.Datapath. SetBackends must not keep b.Backends past the
-// call: the reconciler reuses the array.
+// Datapath is what the daemon drives: the real one is *bpf.Datapath, tests
+// use datapathtest.Datapath. The reconciler writes its maps
+// (reconcile.Datapath); the rest is read.
 type Datapath interface {
-	UpsertFrontend(bpf.Frontend) error
-	DeleteFrontend(bpf.EndpointKey) error
-	SetBackends(bpf.Backends) error
-	DeleteBackends(bpf.ServicePortID) error
-	UpsertDrain(bpf.Drain) error
-	DeleteDrain(bpf.EndpointKey) error
+	reconcile.Datapath
 	DrainStats(bpf.EndpointKey) (bpf.DrainStats, error)
 	Counters() (bpf.Counters, error)
 	MapStats() ([]bpf.MapStat, error)

@@ -17,7 +17,8 @@ import (
 	"github.com/draind/draind/daemon/internal/backendset"
 )
 
-// Datapath is the part of the datapath a Reconciler writes.
+// Datapath is the part of the datapath a Reconciler writes. SetBackends
+// must not keep b.Backends past the call: the reconciler reuses the array.
 type Datapath interface {
 	UpsertFrontend(bpf.Frontend) error
 	DeleteFrontend(bpf.EndpointKey) error
