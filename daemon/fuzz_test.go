@@ -125,7 +125,7 @@ func FuzzModel(f *testing.F) {
 			if !ok || dr.Policy != bpf.PolicyRewrite {
 				continue
 			}
-			if _, be := m.desiredServicePort(dr.Service, now); be == nil || len(m.servicePorts[dr.Service].selectable.AddrPorts()) == 0 {
+			if _, be := m.desiredServicePort(dr.Service, now); be == nil || len(m.servicePorts[dr.Service].selectable.AppendAddrPorts(nil)) == 0 {
 				t.Fatalf("%v rewrites to service-port %d, which has no backends", k, dr.Service)
 			}
 		}

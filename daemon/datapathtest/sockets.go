@@ -97,7 +97,9 @@ func (f *Sockets) DeleteGoneFlow(l, r netip.AddrPort) error {
 
 // GoneEntries implements daemon.SocketDatapath.
 func (f *Sockets) GoneEntries() ([]bpf.GonePeer, []bpf.GoneFlow, error) {
-	return slices.Collect(maps.Values(f.PeerMap())), f.Flows(), nil
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Collect(maps.Values(f.peers)), slices.Collect(maps.Values(f.flows)), nil
 }
 
 // SocketCounters implements daemon.SocketDatapath: all zero.

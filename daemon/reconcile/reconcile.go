@@ -72,7 +72,7 @@ type Reconciler struct {
 	retryServicePorts map[bpf.ServicePortID]struct{}
 
 	// refresh holds what a refresh round has yet to evaluate; each pass
-	// takes at most RefreshBatch of it (see startRefresh).
+	// takes at most RefreshBatch of it (see StartRefresh).
 	refreshServicePorts []bpf.ServicePortID
 	refreshKeys         []bpf.EndpointKey
 	// refreshAll: the previous round was not finished when this one began

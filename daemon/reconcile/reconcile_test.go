@@ -94,7 +94,9 @@ func kinds(ops []datapathtest.Op) string {
 func TestApplyOrderAndMinimalDiff(t *testing.T) {
 	dp := datapathtest.New()
 	var drains []string
-	r := New(dp, ttl, Hooks{OnDrain: func(k bpf.EndpointKey, present bool) { drains = append(drains, k.String()+map[bool]string{true: "+", false: "-"}[present]) }})
+	r := New(dp, ttl, Hooks{OnDrain: func(k bpf.EndpointKey, present bool) {
+		drains = append(drains, k.String()+map[bool]string{true: "+", false: "-"}[present])
+	}})
 	d := draining()
 	now := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
 	dp.StartLog()
@@ -215,4 +217,3 @@ func TestRefreshRoundInBatches(t *testing.T) {
 		t.Errorf("the round rewrote %d backend sets, want %d", total, 3*RefreshBatch)
 	}
 }
-

@@ -53,11 +53,3 @@ func (s Set) AppendAddrPorts(out []netip.AddrPort) []netip.AddrPort {
 	}
 	return out
 }
-
-// AddrPorts returns the set unpacked (nil for the empty set).
-func (s Set) AddrPorts() []netip.AddrPort {
-	if s == "" {
-		return nil
-	}
-	return s.AppendAddrPorts(make([]netip.AddrPort, 0, len(s)/7))
-}

@@ -21,7 +21,7 @@ func TestRoundTrip(t *testing.T) {
 	}
 	for i, s := range sets {
 		p := Pack(s)
-		if got := p.AddrPorts(); !slices.Equal(got, s) {
+		if got := p.AppendAddrPorts(nil); !slices.Equal(got, s) {
 			t.Errorf("set %d: %v unpacked to %v", i, s, got)
 		}
 		for j, o := range sets {

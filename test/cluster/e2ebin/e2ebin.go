@@ -9,9 +9,9 @@
 // The test binary shares most of its packages with the Kubernetes
 // components: built after them (as kubebuild does) it takes a minute or
 // two; alone, with the Go build cache cold, about half an hour on two
-// cores; free once cached. The cache is ($XDG_CACHE_HOME or ~/.cache)/draind/e2e/<version>/,
-// shared by every clone and worktree, unless DRAIND_E2E_BIN_DIR names
-// another directory.
+// cores; free once cached. The cache is
+// ($XDG_CACHE_HOME or ~/.cache)/draind/e2e/<version>/, shared by every
+// clone and worktree, unless DRAIND_E2E_BIN_DIR names another directory.
 package e2ebin
 
 import (

@@ -82,8 +82,8 @@ func (c Cache) Ensure(ctx context.Context, build func(ctx context.Context, out s
 		return fmt.Errorf("opening build lock: %w", err)
 	}
 	defer lock.Close()
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
-		return fmt.Errorf("taking build lock: %w", err)
+	if err := flock(ctx, lock); err != nil {
+		return err
 	}
 	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
 	// Another process may have finished the build while we waited.
@@ -113,4 +113,23 @@ func (c Cache) Ensure(ctx context.Context, build func(ctx context.Context, out s
 		return fmt.Errorf("writing build stamp: %w", err)
 	}
 	return nil
+}
+
+// flock takes an exclusive lock on f, waiting for another build to finish
+// until ctx ends (an interrupted kubebuild stops waiting).
+func flock(ctx context.Context, f *os.File) error {
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) {
+			return fmt.Errorf("taking build lock: %w", err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for another build of %s: %w", f.Name(), ctx.Err())
+		case <-time.After(time.Second):
+		}
+	}
 }

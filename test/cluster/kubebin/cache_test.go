@@ -75,3 +75,31 @@ func TestCacheIncompleteBuilds(t *testing.T) {
 		t.Fatal("complete with another version's stamp")
 	}
 }
+
+// TestCacheWaitEndsWithContext: a caller waiting for another process's
+// build stops when its context ends, without building.
+func TestCacheWaitEndsWithContext(t *testing.T) {
+	c := Cache{Dir: filepath.Join(t.TempDir(), "kube"), Files: []string{"a"}}
+	held := make(chan struct{})
+	release := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- c.Ensure(context.Background(), func(_ context.Context, out string) error {
+			close(held)
+			<-release
+			return writeFiles(out, "a")
+		})
+	}()
+	<-held
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	built := false
+	err := c.Ensure(ctx, func(context.Context, string) error { built = true; return nil })
+	if !errors.Is(err, context.Canceled) || built {
+		t.Errorf("a cancelled wait: err %v, built %v; want context.Canceled and no build", err, built)
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
