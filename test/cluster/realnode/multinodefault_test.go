@@ -2,6 +2,7 @@ package realnode_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -24,11 +25,11 @@ const faultBound = time.Second
 // TestMultiNodeFaultRestart restarts draind on the clients' node again and
 // again while a rollout of servers on the other nodes runs: draind's pins
 // keep steering while it is down and the new daemon takes them over, so no
-// new connection reaches an old pod after its deletion (beyond
-// faultBound) — or, for a pod deleted while no draind ran on the clients'
-// node, after draind is Ready there again: a drain that starts while
-// draind is down is not steered until it is back (kube-proxy's own rule
-// removal covers that gap).
+// new connection reaches an old pod once it is drained, nor after its
+// deletion (beyond faultBound) — or, for a pod deleted while no draind ran
+// on the clients' node, after draind is Ready there again: a drain that
+// starts while draind is down is not steered until it is back (the pod's
+// node sees those connections and does not call it drained meanwhile).
 func TestMultiNodeFaultRestart(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
@@ -194,6 +195,100 @@ func (b *multiBed) checkNoLateConnections(ctx context.Context, t *testing.T, res
 	if len(late) > 0 {
 		t.Errorf("%d new connections reached an old pod more than %v after its deletion:\n%s", len(late), faultBound, strings.Join(late, "\n"))
 	}
+	drained := b.checkNoneAfterDrained(ctx, t, res)
+	explainFailures(t, res, drained, down)
+}
+
+// checkNoneAfterDrained asserts that every old pod was declared drained by
+// the draind of its node and that no connection from the clients' node
+// reached it after that moment, reports each old pod's deletion → drained
+// time, and returns the drained times by namespace/name.
+func (b *multiBed) checkNoneAfterDrained(ctx context.Context, t *testing.T, res *rolloutResult) map[string]time.Time {
+	t.Helper()
+	drained := b.drainedAt(ctx, t, res.oldPods)
+	client := b.m.Node(b.client)
+	var after, took []string
+	for _, p := range res.oldPods {
+		at, ok := drained[p.Namespace+"/"+p.Name]
+		if !ok {
+			t.Errorf("old pod %s was never declared drained by draind on %s", p.Name, p.Spec.NodeName)
+			continue
+		}
+		took = append(took, at.Sub(res.deleted[p.Name]).Round(10*time.Millisecond).String())
+		flows, err := client.AcceptedFlows(ctx, netip.MustParseAddr(p.Status.PodIP))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range flows {
+			if !f.Start.IsZero() && f.Start.After(at) {
+				after = append(after, fmt.Sprintf("%v → %s (%s) %v after it was drained", f.Orig.Src, p.Name, p.Status.PodIP, f.Start.Sub(at).Round(time.Millisecond)))
+			}
+		}
+	}
+	if len(after) > 0 {
+		t.Errorf("%d new connections reached an old pod after it was drained:\n%s", len(after), strings.Join(after, "\n"))
+	}
+	t.Logf("old pods: deletion → drained %s; connections from %s reaching one after it was drained: %d", strings.Join(took, ", "), b.client, len(after))
+	return drained
+}
+
+// requestTimeout is the clients' per-request timeout (testapp's default).
+const requestTimeout = 2 * time.Second
+
+// explainFailures logs, for each failed client request, the old pod it
+// went to, when that pod was deleted and drained, and whether no draind
+// ran on the clients' node then.
+func explainFailures(t *testing.T, res *rolloutResult, drained map[string]time.Time, down []window) {
+	t.Helper()
+	for _, kind := range clientKinds {
+		for _, e := range res.clients[kind].Errors {
+			at, err := time.Parse(time.RFC3339Nano, strings.SplitN(e, " ", 2)[0])
+			if err != nil {
+				continue
+			}
+			what := "no old pod"
+			for _, p := range res.oldPods {
+				if strings.Contains(e, p.Status.PodIP+":") {
+					what = fmt.Sprintf("%s, deleted %v and drained %v before", p.Name,
+						at.Sub(res.deleted[p.Name]).Round(time.Millisecond), at.Sub(drained[p.Namespace+"/"+p.Name]).Round(time.Millisecond))
+				}
+			}
+			state := "draind Ready on the clients' node throughout"
+			for _, w := range down {
+				if at.After(w.from) && at.Add(-requestTimeout).Before(w.to) {
+					state = fmt.Sprintf("no Ready draind on the clients' node during the request (restart from %s to %s)", w.from.Format("15:04:05.000"), w.to.Format("15:04:05.000"))
+				}
+			}
+			t.Logf("%s client failure at %s: %s; %s", kind, at.Format("15:04:05.000"), what, state)
+		}
+	}
+}
+
+// drainedAt returns when the draind of each old pod's node declared it
+// drained ("pod drained" in its JSON log), by namespace/name.
+func (b *multiBed) drainedAt(ctx context.Context, t *testing.T, pods []corev1.Pod) map[string]time.Time {
+	t.Helper()
+	out := map[string]time.Time{}
+	seen := map[string]bool{}
+	for _, p := range pods {
+		if seen[p.Spec.NodeName] {
+			continue
+		}
+		seen[p.Spec.NodeName] = true
+		d := b.draindPodOn(ctx, t, p.Spec.NodeName)
+		logs := kubectl(ctx, t, b.m.Nodes[0], "-n", "draind-system", "logs", d.Name)
+		for _, line := range strings.Split(string(logs), "\n") {
+			var rec struct {
+				Time time.Time `json:"time"`
+				Msg  string    `json:"msg"`
+				Pod  string    `json:"pod"`
+			}
+			if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "pod drained" {
+				out[rec.Pod] = rec.Time
+			}
+		}
+	}
+	return out
 }
 
 // draindPodOnErr is draindPodOn without failing: "" when there is none.
