@@ -8,6 +8,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/draind/draind/daemon/reconcile"
 	"github.com/draind/draind/k8s"
 )
 
@@ -19,16 +20,12 @@ import (
 // of registry-only Leases) or a deadline among them passed; otherwise it
 // costs a look at this node's own drains.
 
-// keepScratch bounds the scratch lists kept from pass to pass: a longer
-// one (a large pass's) is let go rather than pinned.
-const keepScratch = 4096
-
 // podDrainsState is podDrains' own, kept from pass to pass (modelMu).
 type podDrainsState struct {
 	leases     leaseDrainsMemo
 	hosted     map[types.UID]*podDrain // this node's drains of the last pass
 	merged     map[types.UID]*podDrain // scratch
-	ips        []netip.Addr            // scratch, let go past keepScratch
+	ips        []netip.Addr            // scratch, let go past reconcile.ScratchKeep
 	leasesSeen *drainLeases
 	claimsMemo claimsMemo // readClaims'
 	// modelGen is the model's podDrainsGen once it took the last answer:
@@ -121,7 +118,7 @@ func (d *Daemon) readLeaseDrains(local *localPods, prev map[types.UID]*podDrain,
 		mm.deadline(exp)
 		ips, ok, until := d.honouredIPs(l, local.byIP, st.ips[:0], now)
 		mm.deadline(until)
-		if cap(ips) <= keepScratch {
+		if cap(ips) <= reconcile.ScratchKeep {
 			st.ips = ips[:0]
 		}
 		if ok {

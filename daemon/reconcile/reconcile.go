@@ -90,7 +90,7 @@ type Reconciler struct {
 
 // passScratch is a pass's short-lived lists, kept for the next pass: a pass
 // per slice update would otherwise allocate them every time. Lists longer
-// than scratchKeep (a full pass's, a refresh round's) are let go.
+// than ScratchKeep (a full pass's, a refresh round's) are let go.
 type passScratch struct {
 	ids   []bpf.ServicePortID
 	keys  []bpf.EndpointKey
@@ -98,12 +98,14 @@ type passScratch struct {
 	addrs []netip.AddrPort // a backend set unpacked for SetBackends
 }
 
-const scratchKeep = 4096
+// ScratchKeep is the longest scratch list a pass keeps for the next one,
+// here and in the model's passes.
+const ScratchKeep = 4096
 
 // reuseList returns s emptied for the next pass (nil if it grew past
-// scratchKeep). It clears what s held, so a kept list pins nothing.
+// ScratchKeep). It clears what s held, so a kept list pins nothing.
 func reuseList[T any](s []T) []T {
-	if cap(s) > scratchKeep {
+	if cap(s) > ScratchKeep {
 		return nil
 	}
 	clear(s)
@@ -363,7 +365,7 @@ func (p *pass) writeBackends(plans []servicePortPlan) {
 		}
 		be := *pl.backends
 		be.Backends = pl.set.AppendAddrPorts(r.scratch.addrs[:0])
-		if cap(be.Backends) <= scratchKeep {
+		if cap(be.Backends) <= ScratchKeep {
 			r.scratch.addrs = be.Backends[:0]
 		}
 		if !p.do(func() string { return fmt.Sprintf("setting backends of service-port %d", pl.id) }, r.dp.SetBackends(be)) {
