@@ -285,10 +285,13 @@ func (b *multiBed) checkPlacement(t *testing.T, pods []corev1.Pod) {
 // lastAccepted returns, per client kind, the latest time after an old
 // pod's deletion at which a connection from that client reached the old
 // pod (conntrack of the client's node: flows the pod accepted), over all
-// old pods; and whether any did at all after its deletion.
-func (b *multiBed) lastAccepted(ctx context.Context, t *testing.T, res *rolloutResult) map[string]time.Duration {
+// old pods (flows rec recorded during the rollout and holds now); and
+// whether any did at all after its deletion.
+func (b *multiBed) lastAccepted(ctx context.Context, t *testing.T, res *rolloutResult, rec *flowRecorder) map[string]time.Duration {
 	t.Helper()
-	client := b.m.Node(b.client)
+	if err := rec.read(ctx, b.m.Node(b.client), res.oldPods); err != nil {
+		t.Fatalf("listing conntrack flows on %s: %v", b.client, err)
+	}
 	kindOf := map[netip.Addr]string{}
 	for kind, ip := range res.clientIPs {
 		kindOf[netip.MustParseAddr(ip)] = kind
@@ -300,11 +303,7 @@ func (b *multiBed) lastAccepted(ctx context.Context, t *testing.T, res *rolloutR
 			t.Errorf("no deletion seen for old pod %s", p.Name)
 			continue
 		}
-		flows, err := client.AcceptedFlows(ctx, netip.MustParseAddr(p.Status.PodIP))
-		if err != nil {
-			t.Fatalf("listing conntrack flows on %s: %v", b.client, err)
-		}
-		for _, f := range flows {
+		for _, f := range rec.of(p.Status.PodIP) {
 			kind, ok := kindOf[f.Orig.Src.Addr()]
 			if !ok || f.Start.IsZero() || !f.Start.After(del) {
 				continue
@@ -395,9 +394,10 @@ func (b *multiBed) runBoth(ctx context.Context, t *testing.T, mode, variant stri
 	n := b.m.Nodes[0]
 	row := &multiRow{mode: mode, variant: variant}
 	ns := fmt.Sprintf("http-%s-%s", mode, variant)
-	row.http = runRolloutOn(ctx, t, n, ns, http, b.client, nil)
+	rec := &flowRecorder{}
+	row.http = runRolloutOn(ctx, t, n, ns, http, b.client, b.recording(rec, nil))
 	b.checkPlacement(t, row.http.oldPods)
-	row.last = b.lastAccepted(ctx, t, row.http)
+	row.last = b.lastAccepted(ctx, t, row.http, rec)
 	for _, kind := range clientKinds {
 		st := row.http.clients[kind]
 		if draind && st.Failed() != 0 {

@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/draind/draind/conntrack"
 	"github.com/draind/draind/test/cluster/realnode"
 )
 
@@ -60,11 +62,22 @@ func TestMultiNodeFaultRestart(t *testing.T) {
 				}
 				sleepCtx(ctx, 100*time.Millisecond)
 			}
-			down = append(down, window{from, time.Now()})
+			w := window{from: from}
+			if ctx.Err() == nil {
+				w.to = time.Now()
+			} // else open: closed below, once draind is Ready again
+			down = append(down, w)
 			sleepCtx(ctx, 3*time.Second)
 		}
 	}
-	res := runRolloutOn(ctx, t, b.m.Nodes[0], "fault-restart-"+b.m.ProxyMode(), b.onServers(spec), b.client, during)
+	rec := &flowRecorder{}
+	res := runRolloutOn(ctx, t, b.m.Nodes[0], "fault-restart-"+b.m.ProxyMode(), b.onServers(spec), b.client, b.recording(rec, during))
+	b.waitDraindReady(ctx, t)
+	for i := range down {
+		if down[i].to.IsZero() {
+			down[i].to = time.Now()
+		}
+	}
 	b.checkPlacement(t, res.oldPods)
 	if len(down) < 2 {
 		t.Errorf("draind on %s was restarted %d times during the rollout, want at least 2", b.client, len(down))
@@ -75,8 +88,7 @@ func TestMultiNodeFaultRestart(t *testing.T) {
 	}
 	// Requests of the stale pod-IP client may time out while no draind
 	// runs on its node: reported, not asserted (see docs/multinode.md).
-	b.checkNoLateConnections(ctx, t, res, false, down)
-	b.waitDraindReady(ctx, t)
+	b.checkNoLateConnections(ctx, t, res, rec, false, down)
 	kubectl(ctx, t, b.m.Nodes[0], "delete", "namespace", res.namespace, "--wait=false")
 	t.Logf("multi-node figures: TestMultiNodeFaultRestart (kube-proxy %s): %d restarts of draind on the clients' node (down %s) during a %v rollout; clients: %s; wall time %v",
 		b.m.ProxyMode(), len(down), strings.Join(downs, ", "), res.took.Round(100*time.Millisecond), summary(res), time.Since(start).Round(time.Second))
@@ -128,12 +140,13 @@ func TestMultiNodeFaultOutage(t *testing.T) {
 			t.Errorf("restarting kube-controller-manager after the outage: %v", err)
 		}
 	}
-	res := runRolloutOn(ctx, t, b.m.Nodes[0], ns, b.onServers(spec), b.client, during)
+	rec := &flowRecorder{}
+	res := runRolloutOn(ctx, t, b.m.Nodes[0], ns, b.onServers(spec), b.client, b.recording(rec, during))
 	if stopped.IsZero() || ready.IsZero() {
 		t.Fatalf("the outage did not happen during the rollout")
 	}
 	b.checkPlacement(t, res.oldPods)
-	b.checkNoLateConnections(ctx, t, res, true, nil)
+	b.checkNoLateConnections(ctx, t, res, rec, true, nil)
 	b.waitDraindReady(ctx, t)
 	kubectl(ctx, t, b.m.Nodes[0], "delete", "namespace", res.namespace, "--wait=false")
 	t.Logf("multi-node figures: TestMultiNodeFaultOutage (kube-proxy %s): apiserver down %v mid-rollout; rollout %v; clients: %s; wall time %v",
@@ -152,12 +165,79 @@ func deleting(pods []corev1.Pod) bool {
 // window is a span of time.
 type window struct{ from, to time.Time }
 
+// flowRecorder keeps every connection from the clients' node that an old
+// pod accepted, read from conntrack there while the rollout runs: a gone
+// pod's flows do not last until its end (draind expires them).
+type flowRecorder struct {
+	mu    sync.Mutex
+	flows map[string]map[flowID]conntrack.Flow // by old pod IP
+}
+
+type flowID struct {
+	orig  conntrack.Tuple
+	start int64
+}
+
+// read adds the accepted flows conntrack on n now holds to old pods.
+func (r *flowRecorder) read(ctx context.Context, n *realnode.Node, pods []corev1.Pod) error {
+	for _, p := range pods {
+		flows, err := n.AcceptedFlows(ctx, netip.MustParseAddr(p.Status.PodIP))
+		if err != nil {
+			return err
+		}
+		r.mu.Lock()
+		if r.flows == nil {
+			r.flows = map[string]map[flowID]conntrack.Flow{}
+		}
+		if r.flows[p.Status.PodIP] == nil {
+			r.flows[p.Status.PodIP] = map[flowID]conntrack.Flow{}
+		}
+		for _, f := range flows {
+			r.flows[p.Status.PodIP][flowID{f.Orig, f.Start.UnixNano()}] = f
+		}
+		r.mu.Unlock()
+	}
+	return nil
+}
+
+// of returns the flows recorded to ip.
+func (r *flowRecorder) of(ip string) []conntrack.Flow {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []conntrack.Flow
+	for _, f := range r.flows[ip] {
+		out = append(out, f)
+	}
+	return out
+}
+
+// recording returns a during func that runs fault (if any) and, beside it, reads
+// the clients' node's flows to the old pods into rec every 250 ms.
+func (b *multiBed) recording(rec *flowRecorder, fault func(context.Context, *testing.T, *rolloutResult)) func(context.Context, *testing.T, *rolloutResult) {
+	return func(ctx context.Context, t *testing.T, res *rolloutResult) {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			if fault != nil {
+				fault(ctx, t, res)
+			}
+		}()
+		for ctx.Err() == nil {
+			if err := rec.read(ctx, b.m.Node(b.client), res.oldPods); err != nil && ctx.Err() == nil {
+				t.Errorf("reading conntrack on %s: %v", b.client, err)
+			}
+			sleepCtx(ctx, 250*time.Millisecond)
+		}
+		<-done
+	}
+}
+
 // checkNoLateConnections asserts that no connection from the clients'
 // node reached an old pod later than faultBound after the pod's deletion
 // (or after the end of the down window the deletion fell in)
 // and, if strict, that no client request failed (failures are logged
 // otherwise).
-func (b *multiBed) checkNoLateConnections(ctx context.Context, t *testing.T, res *rolloutResult, strict bool, down []window) {
+func (b *multiBed) checkNoLateConnections(ctx context.Context, t *testing.T, res *rolloutResult, rec *flowRecorder, strict bool, down []window) {
 	t.Helper()
 	for _, kind := range clientKinds {
 		if st := res.clients[kind]; st.Failed() != 0 && strict {
@@ -166,7 +246,9 @@ func (b *multiBed) checkNoLateConnections(ctx context.Context, t *testing.T, res
 			t.Logf("the %s client saw %d failed requests (%s): %v", kind, st.Failed(), st.FailKinds(), st.Errors)
 		}
 	}
-	client := b.m.Node(b.client)
+	if err := rec.read(ctx, b.m.Node(b.client), res.oldPods); err != nil {
+		t.Fatal(err)
+	}
 	var late []string
 	for _, p := range res.oldPods {
 		del, ok := res.deleted[p.Name]
@@ -182,11 +264,7 @@ func (b *multiBed) checkNoLateConnections(ctx context.Context, t *testing.T, res
 				del = w.to
 			}
 		}
-		flows, err := client.AcceptedFlows(ctx, netip.MustParseAddr(p.Status.PodIP))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, f := range flows {
+		for _, f := range rec.of(p.Status.PodIP) {
 			if !f.Start.IsZero() && f.Start.Sub(del) > faultBound {
 				late = append(late, fmt.Sprintf("%v → %s (%s) %v after its deletion", f.Orig.Src, p.Name, p.Status.PodIP, f.Start.Sub(del).Round(time.Millisecond)))
 			}
@@ -195,7 +273,7 @@ func (b *multiBed) checkNoLateConnections(ctx context.Context, t *testing.T, res
 	if len(late) > 0 {
 		t.Errorf("%d new connections reached an old pod more than %v after its deletion:\n%s", len(late), faultBound, strings.Join(late, "\n"))
 	}
-	drained := b.checkNoneAfterDrained(ctx, t, res)
+	drained := b.checkNoneAfterDrained(ctx, t, res, rec)
 	explainFailures(t, res, drained, down)
 }
 
@@ -203,11 +281,11 @@ func (b *multiBed) checkNoLateConnections(ctx context.Context, t *testing.T, res
 // the draind of its node and that no connection from the clients' node
 // reached it after that moment, reports each old pod's deletion → drained
 // time, and returns the drained times by namespace/name.
-func (b *multiBed) checkNoneAfterDrained(ctx context.Context, t *testing.T, res *rolloutResult) map[string]time.Time {
+func (b *multiBed) checkNoneAfterDrained(ctx context.Context, t *testing.T, res *rolloutResult, rec *flowRecorder) map[string]time.Time {
 	t.Helper()
 	drained := b.drainedAt(ctx, t, res.oldPods)
-	client := b.m.Node(b.client)
 	var after, took []string
+	seen := 0
 	for _, p := range res.oldPods {
 		at, ok := drained[p.Namespace+"/"+p.Name]
 		if !ok {
@@ -215,10 +293,11 @@ func (b *multiBed) checkNoneAfterDrained(ctx context.Context, t *testing.T, res 
 			continue
 		}
 		took = append(took, at.Sub(res.deleted[p.Name]).Round(10*time.Millisecond).String())
-		flows, err := client.AcceptedFlows(ctx, netip.MustParseAddr(p.Status.PodIP))
-		if err != nil {
-			t.Fatal(err)
+		flows := rec.of(p.Status.PodIP)
+		if len(flows) == 0 {
+			t.Errorf("conntrack on %s holds no connection to old pod %s (%s): nothing to check", b.client, p.Name, p.Status.PodIP)
 		}
+		seen += len(flows)
 		for _, f := range flows {
 			if !f.Start.IsZero() && f.Start.After(at) {
 				after = append(after, fmt.Sprintf("%v → %s (%s) %v after it was drained", f.Orig.Src, p.Name, p.Status.PodIP, f.Start.Sub(at).Round(time.Millisecond)))
@@ -228,7 +307,7 @@ func (b *multiBed) checkNoneAfterDrained(ctx context.Context, t *testing.T, res 
 	if len(after) > 0 {
 		t.Errorf("%d new connections reached an old pod after it was drained:\n%s", len(after), strings.Join(after, "\n"))
 	}
-	t.Logf("old pods: deletion → drained %s; connections from %s reaching one after it was drained: %d", strings.Join(took, ", "), b.client, len(after))
+	t.Logf("old pods: deletion → drained %s; of %d connections from %s to them, %d started after the pod was drained", strings.Join(took, ", "), seen, b.client, len(after))
 	return drained
 }
 
@@ -236,30 +315,38 @@ func (b *multiBed) checkNoneAfterDrained(ctx context.Context, t *testing.T, res 
 const requestTimeout = 2 * time.Second
 
 // explainFailures logs, for each failed client request, the old pod it
-// went to, when that pod was deleted and drained, and whether no draind
-// ran on the clients' node then.
+// went to, how long before it was sent that pod was deleted and drained,
+// and whether a Ready draind ran on the clients' node while it was out.
 func explainFailures(t *testing.T, res *rolloutResult, drained map[string]time.Time, down []window) {
 	t.Helper()
 	for _, kind := range clientKinds {
 		for _, e := range res.clients[kind].Errors {
-			at, err := time.Parse(time.RFC3339Nano, strings.SplitN(e, " ", 2)[0])
-			if err != nil {
+			f := strings.SplitN(e, " ", 3)
+			at, err := time.Parse(time.RFC3339Nano, f[0])
+			if err != nil || len(f) < 3 {
 				continue
+			}
+			sent := at
+			if f[1] == "timeout:" {
+				sent = at.Add(-requestTimeout)
 			}
 			what := "no old pod"
 			for _, p := range res.oldPods {
-				if strings.Contains(e, p.Status.PodIP+":") {
-					what = fmt.Sprintf("%s, deleted %v and drained %v before", p.Name,
-						at.Sub(res.deleted[p.Name]).Round(time.Millisecond), at.Sub(drained[p.Namespace+"/"+p.Name]).Round(time.Millisecond))
+				if !strings.Contains(f[2], p.Status.PodIP+":") {
+					continue
+				}
+				what = fmt.Sprintf("%s, deleted %v before", p.Name, sent.Sub(res.deleted[p.Name]).Round(time.Millisecond))
+				if d, ok := drained[p.Namespace+"/"+p.Name]; ok {
+					what += fmt.Sprintf(", drained %v before", sent.Sub(d).Round(time.Millisecond))
 				}
 			}
 			state := "draind Ready on the clients' node throughout"
 			for _, w := range down {
-				if at.After(w.from) && at.Add(-requestTimeout).Before(w.to) {
-					state = fmt.Sprintf("no Ready draind on the clients' node during the request (restart from %s to %s)", w.from.Format("15:04:05.000"), w.to.Format("15:04:05.000"))
+				if at.After(w.from) && sent.Before(w.to) {
+					state = fmt.Sprintf("no Ready draind on the clients' node from %s to %s", w.from.Format("15:04:05.000"), w.to.Format("15:04:05.000"))
 				}
 			}
-			t.Logf("%s client failure at %s: %s; %s", kind, at.Format("15:04:05.000"), what, state)
+			t.Logf("%s client request sent at %s failed (%s): %s; %s", kind, sent.Format("15:04:05.000"), strings.TrimSuffix(f[1], ":"), what, state)
 		}
 	}
 }
