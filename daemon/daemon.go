@@ -142,6 +142,7 @@ type Daemon struct {
 	leaseTrust      *lease.Trust
 	gone            *gonepeers.Peers // sockets_gone.go wires it
 	vanished        vanishIntake     // sockets_vanish.go
+	pinned          pinnedSteering   // at start-up, until the first pass (restart.go)
 
 	synced    atomic.Bool
 	attached  atomic.Bool
@@ -266,12 +267,16 @@ func (d *Daemon) Run(ctx context.Context) error {
 
 // checkLeases checks, before the first pass, the Leases that only their
 // pods can confirm: a restart must not drop (even for one pass) the
-// entries of a registry-only drain it adopted.
+// entries of a registry-only drain it adopted, nor those of a pod that is
+// gone since (restart.go).
 func (d *Daemon) checkLeases(ctx context.Context) {
 	d.modelMu.Lock()
 	d.podDrains(d.localPodsNow(), d.clock.Now())
 	d.modelMu.Unlock()
 	d.leaseTrust.Flush(ctx)
+	d.leaseTrust.EndInherit()
+	d.restoreDepartures(d.clock.Now())
+	d.pinned = pinnedSteering{}
 }
 
 // adoptDatapath seeds the reconciler (and the model's ids) from the pinned
@@ -283,6 +288,8 @@ func (d *Daemon) adoptDatapath() error {
 	}
 	d.reconciler.Adopt(dump)
 	d.model.ids.adopt(dump)
+	d.pinned = pinnedFrom(dump, d.clock.Now())
+	d.leaseTrust.Inherit(d.pinned.addrs)
 	if err := d.gone.Adopt(); err != nil {
 		return fmt.Errorf("reading pinned gone peers: %w", err)
 	}

@@ -30,7 +30,8 @@
 //   - wiring: config.go (the one place defaults live), daemon.go
 //     (construction; each part's goroutine is a runloop.Loop, package
 //     internal/runloop), intake.go (informer events), pass.go
-//     (one reconciler pass), runner.go; status.go, statusserver.go (the
+//     (one reconciler pass), runner.go, restart.go (what a restart keeps
+//     steering); status.go, statusserver.go (the
 //     root-only status socket), metrics.go, programming.go
 //     (network-programming latency).
 //

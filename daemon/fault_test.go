@@ -506,3 +506,87 @@ func TestFaultUDPReexpiredAfterKubeProxy(t *testing.T) {
 		t.Fatalf("follow-up %v is no sooner than the periodic pass", udpFollowUp)
 	}
 }
+
+// TestRestartKeepsGonePodOfAnotherNode: a pod of another node drained,
+// left its Service and was deleted; a draind that starts over the pinned
+// maps cannot confirm its gone Lease from the cluster any more, yet keeps
+// its address steered as before the restart (rewritten to the Service,
+// refused on other ports), until the Lease is deleted. A gone Lease the
+// pinned maps did not steer is not honoured.
+func TestRestartKeepsGonePodOfAnotherNode(t *testing.T) {
+	h := newHarness(t)
+	h.addService(webService())
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(terminating("10.0.0.1", "a"), "node-b"), ready("10.0.0.2", "b")))
+	h.podElsewhere("pod-a", "a", "node-b", "10.0.0.1")
+	h.lease("a", "default", "pod-a", "node-b", k8s.ReasonOffline, time.Minute, "10.0.0.1")
+	h.pass()
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.2", "b")))
+	h.deletePod("default", "pod-a")
+	h.goneLeaseUpdate("a", "10.0.0.1")
+	h.pass()
+	want := normalized(mustDump(t, h.dp))
+	if !strings.Contains(want, "drain 10.0.0.1:8080/TCP rewrite [10.0.0.2:8080]") {
+		t.Fatalf("before the restart:\n%s", want)
+	}
+	// Gone while no draind ran here: never steered, not confirmable.
+	h.goneLeaseFor("z", "pod-z", "node-b", time.Minute, "10.0.0.9")
+
+	h2 := h.restart()
+	h.dp.StartLog()
+	h2.pass()
+	ops := h.dp.StopLog()
+	// The first pass drains it as a vanished endpoint of web: the rewrite
+	// stays; its other ports pass for that one pass (web lists it).
+	if got := normalized(mustDump(t, h.dp)); !strings.Contains(got, "drain 10.0.0.1:8080/TCP rewrite [10.0.0.2:8080]") {
+		t.Fatalf("after the restart:\n%s\nwant the rewrite of:\n%s\noperations:\n%s", got, want, opsString(ops))
+	}
+	for _, op := range ops {
+		if op.Kind == datapathtest.OpDeleteDrain {
+			t.Errorf("the restart deleted an entry: %s", op)
+		}
+	}
+	// From the next pass (the one it asks for) it lingers as a departed
+	// endpoint, as before the restart.
+	h2.pass()
+	if got := normalized(mustDump(t, h.dp)); got != want {
+		t.Fatalf("a pass after the restart:\n%s\nwant:\n%s", got, want)
+	}
+	if ps := h2.d.PodStatuses(); !slices.ContainsFunc(ps, func(p PodStatus) bool { return p.State == StateLingering }) {
+		t.Errorf("no lingering pod after the restart: %+v", ps)
+	}
+	h2.deleteLease("a")
+	h2.pass()
+	if got := normalized(mustDump(t, h.dp)); strings.Contains(got, "10.0.0.1") {
+		t.Errorf("still steered after its Lease was deleted:\n%s", got)
+	}
+}
+
+// TestRestartKeepsDepartureSeenByNoOne: a draining pod of another node
+// left its Service while draind was down here (its Pod object still
+// exists); the restarted draind finds a pod no slice lists, yet rewrites
+// its address to the Service as the pinned entry did (lingering from the
+// next pass), rather than refusing it as a pod no Service lists.
+func TestRestartKeepsDepartureSeenByNoOne(t *testing.T) {
+	h := newHarness(t)
+	h.addService(webService())
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(terminating("10.0.0.1", "a"), "node-b"), ready("10.0.0.2", "b")))
+	h.podElsewhere("pod-a", "a", "node-b", "10.0.0.1")
+	h.lease("a", "default", "pod-a", "node-b", k8s.ReasonOffline, time.Minute, "10.0.0.1")
+	h.pass()
+	const rewrite = "drain 10.0.0.1:8080/TCP rewrite [10.0.0.2:8080]"
+	if got := normalized(mustDump(t, h.dp)); !strings.Contains(got, rewrite) {
+		t.Fatalf("before the restart:\n%s", got)
+	}
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.2", "b"))) // no pass: draind is down
+
+	h2 := h.restart()
+	for i := range 2 {
+		h2.pass()
+		if got := normalized(mustDump(t, h.dp)); !strings.Contains(got, rewrite) {
+			t.Fatalf("pass %d after the restart:\n%s\nwant %q", i+1, got, rewrite)
+		}
+	}
+	if ps := h2.d.PodStatuses(); !slices.ContainsFunc(ps, func(p PodStatus) bool { return p.State == StateLingering }) {
+		t.Errorf("no lingering pod after the restart: %+v", ps)
+	}
+}

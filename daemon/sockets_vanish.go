@@ -44,6 +44,9 @@ type vanishedEndpoint struct {
 	uid      types.UID
 	pod      string // namespace/name
 	at       time.Time
+	// restored: a departure a restart brings back from the pinned maps
+	// (restart.go); it departs once its pod has a drain, gone or not.
+	restored bool
 }
 
 // vanishIntake collects vanished endpoints from slice events (informer
@@ -94,6 +97,16 @@ func (v *vanishIntake) observe(old, cur *k8s.Slice, now time.Time) {
 	}
 	v.mu.Lock()
 	v.pending = append(v.pending, out...)
+	v.mu.Unlock()
+}
+
+// add queues eps as if slice events had dropped them.
+func (v *vanishIntake) add(eps []vanishedEndpoint) {
+	if len(eps) == 0 {
+		return
+	}
+	v.mu.Lock()
+	v.pending = append(v.pending, eps...)
 	v.mu.Unlock()
 }
 
@@ -167,6 +180,12 @@ func (m *model) goneDrain(uid types.UID) bool {
 	return pd != nil && pd.State == StateGone
 }
 
+// vanishes reports whether e may depart now: its pod is known gone (or,
+// restored, drains).
+func (m *model) vanishes(e vanishedEndpoint) bool {
+	return m.goneDrain(e.uid) || (e.restored && m.podDrains[e.uid] != nil)
+}
+
 // markVanished adds to dirty the Services with a candidate whose pod is
 // now known gone (its Lease may arrive after the slice update, and a pod
 // drain of a pod no slice lists recomputes no Service), and drops
@@ -191,7 +210,7 @@ func (m *model) markVanished(dirty map[string]time.Time, at, now time.Time) {
 			continue
 		}
 		v.pending[svc] = kept
-		if slices.ContainsFunc(kept, func(e vanishedEndpoint) bool { return m.goneDrain(e.uid) }) {
+		if slices.ContainsFunc(kept, m.vanishes) {
 			if t, ok := dirty[svc]; !ok || at.Before(t) {
 				dirty[svc] = at
 			}
@@ -220,7 +239,7 @@ func (m *model) withVanished(key string, svc *k8s.Service, cat categorized, now 
 		if _, listed := cat.listed.podOf(v.key); listed {
 			continue // listed again: moved between slices, or back
 		}
-		if !m.goneDrain(v.uid) {
+		if !m.vanishes(v) {
 			m.vanish.queue(v) // not (yet) known gone
 			continue
 		}
@@ -246,7 +265,11 @@ func (m *model) withVanished(key string, svc *k8s.Service, cat categorized, now 
 		if slices.ContainsFunc(c.draining, func(e drainingEndpoint) bool { return e.key == v.key }) {
 			continue
 		}
-		c.draining = append(c.draining, drainingEndpoint{key: v.key, uid: v.uid, pod: v.pod, reason: ReasonVanished, identified: true})
+		reason := ReasonVanished
+		if v.restored {
+			reason = ReasonDeparted
+		}
+		c.draining = append(c.draining, drainingEndpoint{key: v.key, uid: v.uid, pod: v.pod, reason: reason, identified: true})
 		// Listed for this pass: the pod drain's all-ports entries take the
 		// Service's policy into account (a gone headless pod is not refused).
 		cat.addDrainedPod(v.uid)

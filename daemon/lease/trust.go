@@ -39,6 +39,9 @@ type Trust struct {
 	mu       sync.Mutex
 	verdicts map[string]*verdict // by Lease name
 	pending  map[string]k8s.DrainLease
+	// inherited are the addresses a previous draind's pinned maps still
+	// steered when this one started (Inherit), until EndInherit.
+	inherited map[netip.Addr]bool
 	// gen changes with every verdict. Invariant: Verified's answers (the
 	// Pod read of a Lease with the same claim, a refusal until its
 	// recheck) hold while gen stays. Checked by the daemon's
@@ -104,6 +107,26 @@ func (t *Trust) ForgetExcept(names map[string]bool) {
 	}
 }
 
+// Inherit hands over what the pinned maps of a previous draind still
+// steered when this one started: the addresses of its unexpired entries.
+// Until EndInherit, a Lease whose pod the API no longer has (no pod of its
+// name, or one with another UID) is honoured
+// for those of its IPs (the previous draind confirmed them, and its pod is
+// gone since: nothing else can confirm them now). A pod that still exists
+// is checked as usual.
+func (t *Trust) Inherit(ips map[netip.Addr]bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.inherited = ips
+}
+
+// EndInherit ends what Inherit began (the verdicts it gave stay).
+func (t *Trust) EndInherit() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.inherited = nil
+}
+
 // Start runs the checks on a goroutine of their own; Stop ends them.
 func (t *Trust) Start(ctx context.Context) { t.loop.Start(ctx, t.run) }
 
@@ -140,6 +163,21 @@ func (t *Trust) Flush(ctx context.Context) bool {
 	return len(pending) > 0
 }
 
+// inherit honours v's Lease, whose pod is gone, for the IPs the pinned
+// maps steered at start-up (if any).
+func (t *Trust) inherit(v *verdict) {
+	t.mu.Lock()
+	for _, ip := range v.lease.IPs {
+		if t.inherited[ip] {
+			v.ips = append(v.ips, ip)
+		}
+	}
+	t.mu.Unlock()
+	if v.ok = len(v.ips) > 0; v.ok {
+		t.log.Info("drain Lease honoured as pinned: its pod is gone", "lease", v.lease.Name, "ips", v.ips)
+	}
+}
+
 // check reads the Lease's pod: it must exist with the Lease's UID, run on
 // the holder, and have the Lease's IPs (the others are dropped).
 func (t *Trust) check(ctx context.Context, l k8s.DrainLease) *verdict {
@@ -150,11 +188,17 @@ func (t *Trust) check(ctx context.Context, l k8s.DrainLease) *verdict {
 	if err != nil {
 		if !apierrors.IsNotFound(err) {
 			t.log.Warn("checking a drain Lease's pod", "lease", l.Name, "err", err)
+			return v
 		}
+		t.inherit(v)
 		return v
 	}
 	pod := k8s.PodFrom(p)
-	if pod.UID != l.PodUID || pod.Node != l.Holder {
+	if pod.UID != l.PodUID {
+		t.inherit(v) // another pod of the same name (a StatefulSet's): the Lease's is gone
+		return v
+	}
+	if pod.Node != l.Holder {
 		t.log.Warn("drain Lease not honoured: its holder does not host the pod", "lease", l.Name, "holder", l.Holder, "node", pod.Node)
 		return v
 	}

@@ -138,3 +138,49 @@ func TestTrustStartChecks(t *testing.T) {
 		tr.Stop() // a second Stop returns at once
 	})
 }
+
+// TestTrustInherit: while inheriting, a Lease whose pod the API no longer
+// has (none of its name, or another pod of that name) is believed for the inherited addresses among its IPs, and only
+// those; a pod that exists is checked as usual (a holder that does not
+// host it is refused, inherited or not); once inheriting ends, a gone
+// pod's Lease is refused again (the verdicts given stay).
+func TestTrustInherit(t *testing.T) {
+	clk := testingclock.NewFakeClock(time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC))
+	client := fake.NewClientset(trustPod())
+	tr := NewTrust(client.CoreV1(), clk, quietLog(), nil)
+	ctx := t.Context()
+	tr.Inherit(map[netip.Addr]bool{netip.MustParseAddr("10.0.0.8"): true, netip.MustParseAddr("10.0.0.7"): true})
+
+	gone := trustLease()
+	gone.Name, gone.PodName, gone.PodUID = k8s.LeaseName("uid-gone"), "web-0", "uid-gone"
+	gone.IPs = []netip.Addr{netip.MustParseAddr("10.0.0.8"), netip.MustParseAddr("10.0.0.98")}
+	elsewhere := trustLease()
+	elsewhere.Holder = "node-c"
+	renamed := trustLease() // web-1 is another pod now
+	renamed.Name, renamed.PodUID = k8s.LeaseName("uid-web-1-old"), "uid-web-1-old"
+	tr.Verified(gone)
+	tr.Verified(elsewhere)
+	tr.Verified(renamed)
+	tr.Flush(ctx)
+	if ips, ok, _ := tr.Verified(renamed); !ok || !slices.Equal(ips, []netip.Addr{netip.MustParseAddr("10.0.0.7")}) {
+		t.Errorf("Lease of a pod whose name another pod has now, while inheriting: %v %v; want the inherited 10.0.0.7", ips, ok)
+	}
+	if ips, ok, _ := tr.Verified(gone); !ok || !slices.Equal(ips, []netip.Addr{netip.MustParseAddr("10.0.0.8")}) {
+		t.Errorf("gone pod's Lease while inheriting: %v %v; want only the inherited 10.0.0.8", ips, ok)
+	}
+	if _, ok, _ := tr.Verified(elsewhere); ok {
+		t.Error("a Lease whose pod runs on another node was believed from the inherited addresses")
+	}
+
+	tr.EndInherit()
+	later := *gone
+	later.Name, later.PodUID = k8s.LeaseName("uid-later"), "uid-later"
+	tr.Verified(&later)
+	tr.Flush(ctx)
+	if _, ok, _ := tr.Verified(&later); ok {
+		t.Error("a gone pod's Lease was believed after inheriting ended")
+	}
+	if _, ok, _ := tr.Verified(gone); !ok {
+		t.Error("the verdict given while inheriting was dropped")
+	}
+}
