@@ -476,17 +476,33 @@ func draindLogTimes(ctx context.Context, t *testing.T, n *realnode.Node, msg str
 		t.Fatalf("kubectl logs ds/draind: %v", err)
 	}
 	out := map[string]time.Time{}
-	for _, line := range strings.Split(string(logs), "\n") {
-		var rec struct {
-			Time time.Time `json:"time"`
-			Msg  string    `json:"msg"`
-			Pod  string    `json:"pod"`
-		}
-		if json.Unmarshal([]byte(line), &rec) != nil || rec.Msg != msg || rec.Pod == "" {
+	for _, rec := range draindRecords(logs) {
+		if rec.Msg != msg || rec.Pod == "" {
 			continue
 		}
 		if _, ok := out[rec.Pod]; !ok {
 			out[rec.Pod] = rec.Time
+		}
+	}
+	return out
+}
+
+// draindRecord is one line of draind's JSON log: the fields the tests read.
+type draindRecord struct {
+	Time    time.Time `json:"time"`
+	Msg     string    `json:"msg"`
+	Pod     string    `json:"pod"` // namespace/name
+	Reason  string    `json:"reason"`
+	Seconds float64   `json:"seconds"`
+}
+
+// draindRecords parses draind's JSON log, skipping lines that are not.
+func draindRecords(logs []byte) []draindRecord {
+	var out []draindRecord
+	for _, line := range strings.Split(string(logs), "\n") {
+		var rec draindRecord
+		if json.Unmarshal([]byte(line), &rec) == nil {
+			out = append(out, rec)
 		}
 	}
 	return out

@@ -459,25 +459,28 @@ func (n *Node) On(name string) *Node {
 	return n
 }
 
-// AcceptedFlows returns the TCP flows conntrack of n's namespace holds
-// whose reply comes from addr and that the server accepted (past the
-// handshake): each the start of a connection from this node that reached
-// the pod at addr. Closed connections stay listed for TIME_WAIT (2 min).
-func (n *Node) AcceptedFlows(ctx context.Context, addr netip.Addr) ([]conntrack.Flow, error) {
+// AcceptedFlows returns, by address, the TCP flows conntrack of n's
+// namespace holds whose reply comes from one of addrs and that the server
+// accepted (past the handshake): each the start of a connection from this
+// node that reached the pod at that address. Closed connections stay
+// listed for TIME_WAIT (2 min). One conntrack socket serves them all.
+func (n *Node) AcceptedFlows(ctx context.Context, addrs ...netip.Addr) (map[netip.Addr][]conntrack.Flow, error) {
 	ct, err := conntrack.Open(conntrack.Options{NetNS: n.NetnsPath})
 	if err != nil {
 		return nil, err
 	}
 	defer ct.Close()
-	flows, err := ct.EndpointFlows(ctx, addr, conntrack.TCP)
-	if err != nil {
-		return nil, err
-	}
-	var out []conntrack.Flow
-	for _, f := range flows {
-		switch f.State {
-		case conntrack.TCPEstablished, conntrack.TCPFinWait, conntrack.TCPCloseWait, conntrack.TCPLastAck, conntrack.TCPTimeWait:
-			out = append(out, f)
+	out := map[netip.Addr][]conntrack.Flow{}
+	for _, addr := range addrs {
+		flows, err := ct.EndpointFlows(ctx, addr, conntrack.TCP)
+		if err != nil {
+			return nil, err
+		}
+		for _, f := range flows {
+			switch f.State {
+			case conntrack.TCPEstablished, conntrack.TCPFinWait, conntrack.TCPCloseWait, conntrack.TCPLastAck, conntrack.TCPTimeWait:
+				out[addr] = append(out[addr], f)
+			}
 		}
 	}
 	return out, nil

@@ -2,7 +2,6 @@ package realnode_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -180,22 +179,27 @@ type flowID struct {
 
 // read adds the accepted flows conntrack on n now holds to old pods.
 func (r *flowRecorder) read(ctx context.Context, n *realnode.Node, pods []corev1.Pod) error {
-	for _, p := range pods {
-		flows, err := n.AcceptedFlows(ctx, netip.MustParseAddr(p.Status.PodIP))
-		if err != nil {
-			return err
-		}
-		r.mu.Lock()
-		if r.flows == nil {
-			r.flows = map[string]map[flowID]conntrack.Flow{}
-		}
-		if r.flows[p.Status.PodIP] == nil {
-			r.flows[p.Status.PodIP] = map[flowID]conntrack.Flow{}
+	addrs := make([]netip.Addr, len(pods))
+	for i, p := range pods {
+		addrs[i] = netip.MustParseAddr(p.Status.PodIP)
+	}
+	byAddr, err := n.AcceptedFlows(ctx, addrs...)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.flows == nil {
+		r.flows = map[string]map[flowID]conntrack.Flow{}
+	}
+	for addr, flows := range byAddr {
+		ip := addr.String()
+		if r.flows[ip] == nil {
+			r.flows[ip] = map[flowID]conntrack.Flow{}
 		}
 		for _, f := range flows {
-			r.flows[p.Status.PodIP][flowID{f.Orig, f.Start.UnixNano()}] = f
+			r.flows[ip][flowID{f.Orig, f.Start.UnixNano()}] = f
 		}
-		r.mu.Unlock()
 	}
 	return nil
 }
@@ -364,13 +368,8 @@ func (b *multiBed) drainedAt(ctx context.Context, t *testing.T, pods []corev1.Po
 		seen[p.Spec.NodeName] = true
 		d := b.draindPodOn(ctx, t, p.Spec.NodeName)
 		logs := kubectl(ctx, t, b.m.Nodes[0], "-n", "draind-system", "logs", d.Name)
-		for _, line := range strings.Split(string(logs), "\n") {
-			var rec struct {
-				Time time.Time `json:"time"`
-				Msg  string    `json:"msg"`
-				Pod  string    `json:"pod"`
-			}
-			if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "pod drained" {
+		for _, rec := range draindRecords(logs) {
+			if rec.Msg == "pod drained" {
 				out[rec.Pod] = rec.Time
 			}
 		}

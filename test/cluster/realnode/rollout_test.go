@@ -2,7 +2,6 @@ package realnode_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -481,22 +480,15 @@ func timeline(ctx context.Context, t *testing.T, n *realnode.Node, pod corev1.Po
 	}
 	logs, err := n.Kubectl(ctx, "-n", "draind-system", "logs", "ds/draind", "--all-containers", "--prefix=false")
 	if err == nil {
-		for _, line := range strings.Split(string(logs), "\n") {
-			var rec struct {
-				Time   time.Time `json:"time"`
-				Msg    string    `json:"msg"`
-				Pod    string    `json:"pod"`
-				Reason string    `json:"reason"`
-				Secs   float64   `json:"seconds"`
-			}
-			if json.Unmarshal([]byte(line), &rec) != nil || rec.Pod != pod.Namespace+"/"+pod.Name {
+		for _, rec := range draindRecords(logs) {
+			if rec.Pod != pod.Namespace+"/"+pod.Name {
 				continue
 			}
 			switch rec.Msg {
 			case "drain started":
 				steps = append(steps, step{rec.Time, "draind: drain started (" + rec.Reason + "), DrainStarted Event"})
 			case "pod drained":
-				steps = append(steps, step{rec.Time, fmt.Sprintf("draind: drained after %.2fs, Drained Event", rec.Secs)})
+				steps = append(steps, step{rec.Time, fmt.Sprintf("draind: drained after %.2fs, Drained Event", rec.Seconds)})
 			}
 		}
 	}
