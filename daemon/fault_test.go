@@ -507,6 +507,18 @@ func TestFaultUDPReexpiredAfterKubeProxy(t *testing.T) {
 	}
 }
 
+// drainingElsewhere is a harness after a pass over web's pod a (10.0.0.1)
+// draining on node-b, offline by its Lease, and b ready here.
+func drainingElsewhere(t *testing.T) *harness {
+	h := newHarness(t)
+	h.addService(webService())
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(terminating("10.0.0.1", "a"), "node-b"), ready("10.0.0.2", "b")))
+	h.podElsewhere("pod-a", "a", "node-b", "10.0.0.1")
+	h.lease("a", "default", "pod-a", "node-b", k8s.ReasonOffline, time.Minute, "10.0.0.1")
+	h.pass()
+	return h
+}
+
 // TestRestartKeepsGonePodOfAnotherNode: a pod of another node drained,
 // left its Service and was deleted; a draind that starts over the pinned
 // maps cannot confirm its gone Lease from the cluster any more, yet keeps
@@ -514,12 +526,7 @@ func TestFaultUDPReexpiredAfterKubeProxy(t *testing.T) {
 // refused on other ports), until the Lease is deleted. A gone Lease the
 // pinned maps did not steer is not honoured.
 func TestRestartKeepsGonePodOfAnotherNode(t *testing.T) {
-	h := newHarness(t)
-	h.addService(webService())
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(terminating("10.0.0.1", "a"), "node-b"), ready("10.0.0.2", "b")))
-	h.podElsewhere("pod-a", "a", "node-b", "10.0.0.1")
-	h.lease("a", "default", "pod-a", "node-b", k8s.ReasonOffline, time.Minute, "10.0.0.1")
-	h.pass()
+	h := drainingElsewhere(t)
 	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.2", "b")))
 	h.deletePod("default", "pod-a")
 	h.goneLeaseUpdate("a", "10.0.0.1")
@@ -567,12 +574,7 @@ func TestRestartKeepsGonePodOfAnotherNode(t *testing.T) {
 // its address to the Service as the pinned entry did (lingering from the
 // next pass), rather than refusing it as a pod no Service lists.
 func TestRestartKeepsDepartureSeenByNoOne(t *testing.T) {
-	h := newHarness(t)
-	h.addService(webService())
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(terminating("10.0.0.1", "a"), "node-b"), ready("10.0.0.2", "b")))
-	h.podElsewhere("pod-a", "a", "node-b", "10.0.0.1")
-	h.lease("a", "default", "pod-a", "node-b", k8s.ReasonOffline, time.Minute, "10.0.0.1")
-	h.pass()
+	h := drainingElsewhere(t)
 	const rewrite = "drain 10.0.0.1:8080/TCP rewrite [10.0.0.2:8080]"
 	if got := normalized(mustDump(t, h.dp)); !strings.Contains(got, rewrite) {
 		t.Fatalf("before the restart:\n%s", got)
