@@ -393,8 +393,8 @@ func describeSlice(s *discoveryv1.EndpointSlice) string {
 
 // freshDatapath starts a second daemon over the same API objects and
 // clock, with an empty datapath, runs its first passes as Run would, and
-// returns its datapath.
-func (s *seqRun) freshDatapath() *datapathtest.Sockets {
+// returns it and its datapath.
+func (s *seqRun) freshDatapath() (*Daemon, *datapathtest.Sockets) {
 	h := s.h
 	ctx, cancel := context.WithCancel(h.ctx)
 	defer cancel()
@@ -415,7 +415,7 @@ func (s *seqRun) freshDatapath() *datapathtest.Sockets {
 	// queued (the writer is not flushed): the fresh daemon only reads.
 	d.hosted.reconcile(ctx)
 	fh.pass()
-	return sd
+	return d, sd
 }
 
 // seqHarness is newHarness without its API fault reactors, over a
@@ -456,44 +456,46 @@ func startSynced(t *testing.T, ctx context.Context, d *Daemon) {
 	d.SetAttached(true)
 }
 
-// renderDatapath renders the datapath's entries, but for what history
+// renderDatapath renders the datapath d wrote, but for what history
 // alone decides:
-//   - service-port ids (allocation order) are named by their frontends, or
-//     by their backends if they have none;
+//   - service-port ids (allocation order) are named by d's key for them
+//     (Service, port, protocol, family);
 //   - deadlines (Expires) are when an entry was last written or refreshed;
 //   - the keys in skip, and the service-ports named in skipSP, are left
 //     out (see historyKeys and historyServicePorts), and the gone peers at
 //     an address whose all-ports keys are skipped;
 //   - a gone peer's times (when this node first saw its pod gone).
-func renderDatapath(sd *datapathtest.Sockets, skip map[bpf.EndpointKey]bool, skipSP map[string]bool) string {
+func renderDatapath(d *Daemon, sd *datapathtest.Sockets, skip map[bpf.EndpointKey]bool, skipSP map[servicePortKey]bool) string {
 	dump, _ := sd.Dump()
-	names := map[bpf.ServicePortID]string{}
-	for _, f := range dump.Frontends {
-		names[f.Service] += f.Key.String() + ";"
-	}
-	for _, b := range dump.Backends {
-		if names[b.Service] == "" {
-			names[b.Service] = fmt.Sprintf("backends%v", b.Backends)
+	keyOf := func(id bpf.ServicePortID) (servicePortKey, bool) {
+		sp := d.model.servicePorts[id]
+		if sp == nil {
+			return servicePortKey{}, false
 		}
+		return sp.key, true
+	}
+	skipped := func(id bpf.ServicePortID) bool {
+		k, ok := keyOf(id)
+		return ok && skipSP[k]
 	}
 	name := func(id bpf.ServicePortID) string {
 		if id == 0 {
 			return "-"
 		}
-		if n, ok := names[id]; ok {
-			return "{" + n + "}"
+		if k, ok := keyOf(id); ok {
+			return fmt.Sprintf("{%v}", k)
 		}
-		return "{unknown}"
+		return fmt.Sprintf("{unknown id %d}", id)
 	}
 	var lines []string
 	for _, f := range dump.Frontends {
-		if skipSP[name(f.Service)] {
+		if skipped(f.Service) {
 			continue
 		}
 		lines = append(lines, fmt.Sprintf("frontend %v -> %s nosteer=%v", f.Key, name(f.Service), f.NoSteer))
 	}
 	for _, b := range dump.Backends {
-		if skipSP[name(b.Service)] {
+		if skipped(b.Service) {
 			continue
 		}
 		lines = append(lines, fmt.Sprintf("backends %s: %v", name(b.Service), b.Backends))
@@ -576,9 +578,10 @@ func (s *seqRun) compare() string {
 	}
 	skip := s.historyKeys()
 	skipSP := s.historyServicePorts(skip)
-	got := renderDatapath(s.sd, skip, skipSP)
+	got := renderDatapath(s.h.d, s.sd, skip, skipSP)
 	// The fresh daemon's entries for the skipped keys are left out too.
-	fresh := renderDatapath(s.freshDatapath(), skip, skipSP)
+	fd, fsd := s.freshDatapath()
+	fresh := renderDatapath(fd, fsd, skip, skipSP)
 	if got != fresh {
 		var drains []string
 		for uid, pd := range s.h.d.model.podDrains {
@@ -661,10 +664,12 @@ func (s *seqRun) historyKeys() map[bpf.EndpointKey]bool {
 	return out
 }
 
-// historyServicePorts names (as renderDatapath does) the service-ports
-// that only contributions to skipped keys keep active: their frontends and
-// backends are as history-dependent as those keys.
-func (s *seqRun) historyServicePorts(skip map[bpf.EndpointKey]bool) map[string]bool {
+// historyServicePorts are the service-ports whose entries depend on
+// history as much as the skipped keys do: those only contributions to
+// skipped keys keep active, and those whose Service lists an address with
+// a skipped key (whether that endpoint is selectable, and so what the
+// service-port steers to, or whether it steers at all, is history).
+func (s *seqRun) historyServicePorts(skip map[bpf.EndpointKey]bool) map[servicePortKey]bool {
 	m := s.h.d.model
 	kept := map[bpf.ServicePortID]bool{}
 	for k, cs := range m.contributions {
@@ -672,20 +677,29 @@ func (s *seqRun) historyServicePorts(skip map[bpf.EndpointKey]bool) map[string]b
 			kept[c.servicePort] = kept[c.servicePort] || !skip[k]
 		}
 	}
-	dump, _ := s.h.dp.Dump()
-	names := map[bpf.ServicePortID]string{}
-	for _, f := range dump.Frontends {
-		names[f.Service] += f.Key.String() + ";"
-	}
-	for _, b := range dump.Backends {
-		if names[b.Service] == "" {
-			names[b.Service] = fmt.Sprintf("backends%v", b.Backends)
+	out := map[servicePortKey]bool{}
+	for id, k := range kept {
+		if sp := m.servicePorts[id]; !k && sp != nil {
+			out[sp.key] = true
 		}
 	}
-	out := map[string]bool{}
-	for id, k := range kept {
-		if !k && names[id] != "" {
-			out["{"+names[id]+"}"] = true
+	addrs := map[netip.Addr]bool{}
+	for k := range skip {
+		addrs[k.Addr] = true
+	}
+	for _, svc := range seqServices() {
+		name := svc.Namespace + "/" + svc.Name
+		for _, sl := range m.state.SlicesOf(name) {
+			for i := range sl.Len() {
+				if !addrs[sl.Addr(i)] {
+					continue
+				}
+				for _, sp := range m.servicePorts {
+					if sp.key.Service == name {
+						out[sp.key] = true
+					}
+				}
+			}
 		}
 	}
 	return out
@@ -714,6 +728,9 @@ func seqSeeds() [][]byte {
 		{0x0, 0x0, 0x7c, 0x0, 0x0, 0x0, 0x0, 0x1, 0x1, 0x0, 0x1, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0, 0x2, 0x0, 0x74, 0x0, 0x0, 0xdd, 0x1, 0x1, 0x0, 0x0, 0x1, 0x0, 0x0, 0x2, 0x0},
 		// This node's Lease for a local pod created after it.
 		{0xad, 0x2, 0x0, 0x0, 0x0, 0x0, 0x1, 0x0, 0x0, 0x3, 0x2},
+		// A vanished local pod's IP listed ready again, next to a not-ready
+		// endpoint: whether the Service steers depends on history.
+		{3, 0, 0, 0, 11, 4, 0, 0, 2, 2, 0, 1, 3, 0, 0, 0, 0, 0},
 		// A reused IP listed terminating and ready by two slices.
 		{0x2, 0x1, 0x1, 0x0, 0x1d, 0x1, 0xfe, 0x6f, 0x0, 0xc3, 0x96, 0x1, 0x77, 0x1, 0x1e, 0xcb, 0x1, 0x92, 0x38, 0x1d, 0x0, 0x8a, 0x93, 0xb5, 0x2, 0x20, 0x3, 0x3a, 0x0, 0x0, 0x0, 0x2, 0x0, 0x2, 0x90, 0x1, 0x44, 0x2e, 0x28, 0x19, 0x1, 0x0, 0x67, 0xe3, 0x3e, 0x1, 0x2, 0x0, 0x56, 0xec, 0x13, 0x3, 0xd0, 0xf7, 0x38, 0x1, 0x0, 0x1, 0x5b, 0x8f},
 	}
