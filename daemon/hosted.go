@@ -350,6 +350,19 @@ func (l *hostedDrains) reconcile(ctx context.Context) {
 	l.measure(ctx, now)
 }
 
+// sawLease records that the informer has shown the Lease of this node's
+// drain of pod uid (the Lease handler). Recorded at the event, not at the
+// next reconcile: a Lease deleted before that reconcile (draind undrain
+// right after an offline call) is then a deletion, which cancels the
+// drain, not a Lease that never landed, which step would publish again.
+func (l *hostedDrains) sawLease(uid types.UID) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if ld := l.pods[uid]; ld != nil {
+		ld.leaseSeen = true
+	}
+}
+
 // step moves one of this node's drains on (l.mu held): its pod p and its
 // Lease dl as the informers show them (nil: none).
 func (l *hostedDrains) step(uid types.UID, ld *hostedDrain, dl *k8s.DrainLease, p *k8s.Pod, now time.Time) {

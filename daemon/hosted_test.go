@@ -421,6 +421,27 @@ func TestOnlineUndoesOffline(t *testing.T) {
 	}
 }
 
+// TestUndrainBeforeReconcile: a drain Lease deleted (draind undrain)
+// before this node's drains looked at it once ends the drain; it is not a
+// Lease that never landed, to be published again.
+func TestUndrainBeforeReconcile(t *testing.T) {
+	h := localFixture(t)
+	call := h.offline(podIP, time.Minute, 2*time.Second)
+	h.deleteLease("p0")
+	h.waitLeases(0)
+	for range 2 {
+		h.tick(h.d.cfg.LeaseDuration / 2) // past a renewal (a third)
+	}
+	r, ok := call.result(t)
+	if !ok || r.Code != 409 || r.State != StateCancelled {
+		t.Fatalf("waiter after the Lease's deletion: %+v answered=%v", r, ok)
+	}
+	if l := h.passLeases(); len(l) != 0 {
+		t.Fatalf("the deleted Lease was published again: %+v", l[0])
+	}
+	h.check(expect{})
+}
+
 func TestPodDeletionDrainsAndLingers(t *testing.T) {
 	h := localFixture(t, func(c *Config) { c.Linger = time.Minute })
 	p := h.deletingPod("pod-p0", "p0", "10.0.0.1")

@@ -347,8 +347,13 @@ func (d *Daemon) leaseEvent(oldObj, newObj any, received time.Time) {
 	if l, ok := oldObj.(*k8s.DrainLease); ok && newObj == nil && !l.Claim {
 		d.tracker.markLeaseGone(l.PodUID)
 	}
-	if l, ok := newObj.(*k8s.DrainLease); ok && oldObj == nil && !l.Claim {
-		d.tracker.markLeaseTrigger(l.Acquired) // a drain started
+	if l, ok := newObj.(*k8s.DrainLease); ok && !l.Claim {
+		if oldObj == nil {
+			d.tracker.markLeaseTrigger(l.Acquired) // a drain started
+		}
+		if l.Holder == d.cfg.Node {
+			d.hosted.sawLease(l.PodUID)
+		}
 	}
 	d.tracker.markLeases(receivedAt(received, d.clock.Now()))
 	d.runner.Run()
