@@ -85,14 +85,14 @@ func Ensure(ctx context.Context, log *slog.Logger) (*Set, error) {
 	return &Set{Dir: dir, Version: kubebin.Version}, nil
 }
 
-// commands are the two builds: static (no cgo), the version stamped in,
-// with kubebin's flags otherwise (no -trimpath), so that the Kubernetes
-// packages they share with the components come from the Go build cache.
+// commands are the two builds, static (no cgo) with kubebin's flags, so
+// that the Kubernetes packages they share with the components come from
+// the Go build cache.
 func commands(out string) [][]string {
 	ld := kubebin.LDFlags()
 	return [][]string{
-		{"go", "build", "-ldflags", "-s -w " + ld, "-o", out + string(filepath.Separator), imagesPkg + Agnhost, imagesPkg + Regression74839, ginkgoPkg},
-		{"go", "test", "-c", "-vet=off", "-tags", SuiteTag, "-ldflags", ld, "-o", filepath.Join(out, Suite), SuitePackage},
+		{"go", "build", "-trimpath", "-ldflags", ld, "-o", out + string(filepath.Separator), imagesPkg + Agnhost, imagesPkg + Regression74839, ginkgoPkg},
+		{"go", "test", "-c", "-vet=off", "-trimpath", "-tags", SuiteTag, "-ldflags", ld, "-o", filepath.Join(out, Suite), SuitePackage},
 	}
 }
 

@@ -109,12 +109,15 @@ func Ensure(ctx context.Context, log *slog.Logger) (*Set, error) {
 	return &Set{Dir: c.Dir, Version: Version}, nil
 }
 
-// LDFlags returns the linker flags that stamp Version into the binaries.
-// Without them clients fail to parse the server version.
+// LDFlags returns the linker flags of every Kubernetes binary built here:
+// Version stamped in (without it clients fail to parse the server
+// version), and no symbol table or DWARF (as Kubernetes' own release
+// builds: a third of the size, and a link of a few seconds, not a dozen).
 func LDFlags() string {
 	major, minor, _ := strings.Cut(strings.TrimPrefix(Version, "v"), ".")
 	minor, _, _ = strings.Cut(minor, ".")
 	flags := []string{
+		"-s", "-w",
 		"-X k8s.io/component-base/version.gitVersion=" + Version,
 		"-X k8s.io/component-base/version.gitMajor=" + major,
 		"-X k8s.io/component-base/version.gitMinor=" + minor,
@@ -132,14 +135,16 @@ func build(ctx context.Context, log *slog.Logger, out string) error {
 	if err != nil {
 		return err
 	}
-	args := []string{"build", "-o", out + string(filepath.Separator), "-ldflags", LDFlags()}
+	args := []string{"build", "-trimpath", "-o", out + string(filepath.Separator), "-ldflags", LDFlags()}
 	for _, c := range components {
 		args = append(args, "k8s.io/kubernetes/cmd/"+c)
 	}
 	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Dir = mod
 	// Kubernetes ships its server binaries static; cgo would also make the
-	// build depend on a C toolchain being installed.
+	// build depend on a C toolchain being installed. Static and -trimpath
+	// are also how draind's image is built: the packages both use
+	// (client-go, the API types) are compiled once, on a fresh machine.
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	cmd.Stdout = os.Stderr
 	cmd.Stderr = os.Stderr
