@@ -527,7 +527,8 @@ func benchClusterScale(b *testing.B, sc scaleCase) {
 		b.Fatalf("synced %d local pods, want %d", n, scaleLocalPods)
 	}
 	d.modelMu.Lock()
-	drains := len(d.model.podDrains)
+	pd, _ := d.model.PodDrains()
+	drains := len(pd)
 	d.modelMu.Unlock()
 	dp.mu.Lock()
 	gone := len(dp.gone)

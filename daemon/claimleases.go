@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/draind/draind/daemon/lease"
+	"github.com/draind/draind/daemon/model"
 	"github.com/draind/draind/k8s"
 )
 
@@ -41,7 +42,7 @@ type claimLister interface {
 	ClaimLeases() []*k8s.DrainLease
 }
 
-func claimLeasesOf(st State) []*k8s.DrainLease {
+func claimLeasesOf(st model.State) []*k8s.DrainLease {
 	if cl, ok := st.(claimLister); ok {
 		return cl.ClaimLeases()
 	}
@@ -63,7 +64,7 @@ type claimsMemo struct {
 func (d *Daemon) readClaims(local *localPods, now time.Time) []netip.Addr {
 	mm := &d.drainsState.claimsMemo
 	leases := d.drainLeasesNow()
-	claimsGen, trustGen := d.claims.generation(), d.leaseTrust.Generation()
+	claimsGen, trustGen := d.claims.Generation(), d.leaseTrust.Generation()
 	if mm.initialized && mm.leases == leases && mm.local == local && mm.claimsGen == claimsGen &&
 		mm.trustGen == trustGen && (mm.until.IsZero() || now.Before(mm.until)) {
 		return nil
@@ -93,7 +94,7 @@ func (d *Daemon) readClaims(local *localPods, now time.Time) []netip.Addr {
 			next[ip] = l.PodUID
 		}
 	}
-	changed := d.claims.setRemote(next)
+	changed := d.claims.SetRemote(next)
 	if len(changed) > 0 {
 		d.log.Info("pod IPs claimed by a pod of another node changed", "ips", changed)
 		d.hosted.wake() // a drain of ours may have lost its IP

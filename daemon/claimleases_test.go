@@ -179,7 +179,7 @@ func TestClaimForgedIgnored(t *testing.T) {
 			if _, ok := h.dp.Drains[wildcard("10.0.0.7", bpf.TCP)]; !ok {
 				t.Fatalf("a forged claim ended node-b's drain:\n%s", h.describe())
 			}
-			if h.d.claims.claimedByOther(netip.MustParseAddr("10.0.0.7"), "x") {
+			if h.d.claims.ClaimedByOther(netip.MustParseAddr("10.0.0.7"), "x") {
 				t.Fatal("the forged claim is believed")
 			}
 		})

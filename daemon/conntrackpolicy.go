@@ -12,6 +12,7 @@ import (
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/conntrack"
 	"github.com/draind/draind/daemon/internal/runloop"
+	"github.com/draind/draind/daemon/model"
 )
 
 // udpSettle is how long after a drain starts its UDP flows are first
@@ -50,7 +51,7 @@ type udpDue struct {
 // conntrackPolicyConfig is what the conntrack policy depends on.
 type conntrackPolicyConfig struct {
 	Conntrack   conntrack.Interface // nil: no expiry at all
-	Claims      *claims
+	Claims      *model.Claims
 	Clock       clock.WithTicker
 	Metrics     *Metrics
 	Log         *slog.Logger
@@ -82,7 +83,7 @@ type conntrackPolicy struct {
 
 	mu        sync.Mutex
 	udp       map[bpf.EndpointKey]udpDue // draining UDP keys -> next expiry
-	gone      []departure
+	gone      []model.Departure
 	failures  int
 	nextRetry time.Time
 }
@@ -129,7 +130,7 @@ func (w *conntrackPolicy) udpDrain(k bpf.EndpointKey, present bool, now time.Tim
 }
 
 // departed queues the TCP expiry of an endpoint that left every slice.
-func (w *conntrackPolicy) departed(dep departure) {
+func (w *conntrackPolicy) departed(dep model.Departure) {
 	if w.cfg.Conntrack == nil || dep.Key.Proto != bpf.TCP {
 		return
 	}
@@ -155,24 +156,24 @@ func (w *conntrackPolicy) run(ctx context.Context) {
 
 // goneFilters appends the TCP expiry of each departure that is due and
 // still gone.
-func (w *conntrackPolicy) goneFilters(filters []conntrack.Filter, due []departure) []conntrack.Filter {
+func (w *conntrackPolicy) goneFilters(filters []conntrack.Filter, due []model.Departure) []conntrack.Filter {
 	ts := w.cfg.Conntrack.Timestamps()
 	for _, g := range due {
 		// Listed again by its Service since, at that port (the
 		// EndpointSlice controller moved it to another slice in two
 		// updates): not gone. Its flows stay; if it leaves again, that is
 		// a new departure.
-		if w.cfg.Claims.listsPodAt(g.Service, g.Key, g.UID) {
+		if w.cfg.Claims.ListsPodAt(g.Service, g.Key, g.UID) {
 			continue
 		}
 		// The same pod still serves at the IP (listed ready elsewhere, or
 		// a local pod not being deleted): it is not gone, its flows stay.
-		if w.cfg.Claims.stillServes(g.Key.Addr, g.UID) {
+		if w.cfg.Claims.StillServes(g.Key.Addr, g.UID) {
 			continue
 		}
 		// Without timestamps the age of a flow is unknown: if the IP
 		// already belongs to a new pod, leave its flows alone.
-		if !ts && w.cfg.Claims.claimedByOther(g.Key.Addr, g.UID) {
+		if !ts && w.cfg.Claims.ClaimedByOther(g.Key.Addr, g.UID) {
 			continue
 		}
 		filters = append(filters, conntrack.Filter{Proto: conntrack.TCP, ReplySrc: netip.AddrPortFrom(g.Key.Addr, g.Key.Port), CreatedBefore: g.GoneAt})
@@ -196,7 +197,7 @@ func (w *conntrackPolicy) pass(ctx context.Context) {
 			filters = append(filters, conntrack.Filter{Proto: conntrack.UDP, ReplySrc: netip.AddrPortFrom(k.Addr, k.Port)})
 		}
 	}
-	var goneDue, goneLater []departure
+	var goneDue, goneLater []model.Departure
 	nGone := len(w.gone)
 	for _, g := range w.gone {
 		if now.Sub(g.GoneAt) >= w.cfg.GoneGrace {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,6 +20,7 @@ import (
 	"github.com/draind/draind/daemon/gonepeers"
 	"github.com/draind/draind/daemon/internal/runloop"
 	"github.com/draind/draind/daemon/lease"
+	"github.com/draind/draind/daemon/model"
 	"github.com/draind/draind/daemon/nodeapi"
 	"github.com/draind/draind/daemon/reconcile"
 	"github.com/draind/draind/k8s"
@@ -101,14 +101,14 @@ type Config struct {
 type Daemon struct {
 	cfg       Config
 	inf       *k8s.Informers
-	state     State
+	state     model.State
 	datapath  Datapath
 	conntrack conntrack.Interface // nil: no conntrack
 	log       *slog.Logger
 	clock     clock.WithTicker
 	Metrics   *Metrics
 
-	claims   *claims
+	claims   *model.Claims
 	tracker  tracker
 	runner   *runner
 	handlers []cache.ResourceEventHandlerRegistration
@@ -124,7 +124,7 @@ type Daemon struct {
 
 	// Owned by whoever holds modelMu: the runner goroutine, or the slice
 	// watch's for a pass it runs itself (pass.go, passNow).
-	model      *model
+	model      *model.Model
 	reconciler *reconcile.Reconciler
 	lastFull   time.Time
 	// modelMu is held by every pass and by status readers: the status view
@@ -161,10 +161,10 @@ func New(cfg Config, client kubernetes.Interface, dp Datapath, ct conntrack.Inte
 	cfg.Defaults()
 	inf := k8s.NewInformers(client, k8s.Config{Namespace: cfg.Namespace, NodeName: cfg.Node, Clock: cfg.Clock, REST: cfg.REST})
 	d := &Daemon{cfg: cfg, inf: inf, state: inf, datapath: dp, conntrack: ct,
-		log: cfg.Logger, clock: cfg.Clock, claims: newClaims(cfg.Clock, cfg.Linger+cfg.LeaseDuration)}
+		log: cfg.Logger, clock: cfg.Clock, claims: model.NewClaims(cfg.Clock, cfg.Linger+cfg.LeaseDuration)}
 	d.Metrics = NewMetrics(cfg.Version, dp, inf, d.PodStatuses)
 	d.Metrics.Registry.MustRegister(&socketCollector{d: d})
-	d.model = newModel(ModelConfig{
+	d.model = model.New(model.Config{
 		Node: cfg.Node, EntryTTL: cfg.EntryTTL, Linger: cfg.Linger, RegistryOnlyPolicy: cfg.RegistryOnlyPolicy,
 		OnPolicyWarning: func(svc, value string) {
 			d.Metrics.PolicyInvalid.Inc()
@@ -287,7 +287,7 @@ func (d *Daemon) adoptDatapath() error {
 		return fmt.Errorf("reading pinned datapath state: %w", err)
 	}
 	d.reconciler.Adopt(dump)
-	d.model.ids.adopt(dump)
+	d.model.AdoptIDs(dump)
 	d.pinned = pinnedFrom(dump, d.clock.Now())
 	d.leaseTrust.Inherit(d.pinned.addrs)
 	if err := d.gone.Adopt(); err != nil {
@@ -317,18 +317,16 @@ func (d *Daemon) Ready() bool {
 // not per event.
 func (d *Daemon) PodStatuses() []PodStatus {
 	d.modelMu.Lock()
-	view := d.model.podStatuses()
+	rows := d.model.PodStatuses()
 	d.modelMu.Unlock()
-	for i := range view {
+	view := make([]PodStatus, len(rows))
+	for i, r := range rows {
+		view[i] = PodStatus{Namespace: r.Namespace, Name: r.Name, UID: r.UID, IPs: r.IPs, Reason: r.Reason,
+			Since: r.Since, Deadline: r.Deadline, State: StateDraining, Entries: r.Entries}
+		if r.Lingering {
+			view[i].State = StateLingering
+		}
 		d.hosted.annotate(&view[i])
 	}
 	return view
-}
-
-func splitPod(s string) (string, string) {
-	ns, name, ok := strings.Cut(s, "/")
-	if !ok {
-		return "", s
-	}
-	return ns, name
 }

@@ -1,21 +1,17 @@
 // Package daemon is draind's node agent. Its files, by the data they own:
 //
-//   - what is draining (the model; pure, no API calls): categorize.go (a
-//     Service's endpoints, one function), topology.go (the backends
-//     kube-proxy's topology picks), zone.go (this node's zone label),
-//     model.go, contributions.go and ids.go (the incremental model and
-//     its service-port ids; backend sets are packed by package
-//     internal/backendset),
-//     lingering.go (departed endpoints), claims.go (who holds which IP),
-//     poddrains.go (pod drains from Leases and this node), desired.go (the
-//     entries the kernel should hold);
+//   - what is draining: package model (pure, no API calls: categorize,
+//     topology, contributions, ids, lingering, claims, pod drains, the
+//     entries the kernel should hold; see its doc), zone.go (this node's
+//     zone label), poddrains.go (the pod drains a pass hands the model,
+//     from Leases and this node);
 //   - which Leases are believed, and who writes them: leasetrust.go (the
 //     one place a drain or claim Lease is believed), claimleases.go (an IP
 //     reused on another node); package lease writes this node's Leases
 //     off the loop (lease.Writer) and checks a Lease against its Pod
 //     object (lease.Trust);
 //   - what the kernel gets: package reconcile (the minimal, ordered diff,
-//     reading the model through desired.go's desiredView), datapath.go
+//     reading the model through model.Desired), datapath.go
 //     (the interface; its fake is package datapathtest),
 //     kernelfeatures.go;
 //   - drains hosted here: hosted.go (measure, settle, Events, their
@@ -23,9 +19,10 @@
 //     offline and online calls; the HTTP API is package nodeapi);
 //   - what is expired: conntrackpolicy.go;
 //   - the socket hooks: sockets.go (live connections), sockets_gone.go
-//     (the model's read-only view for the gone peers, and their wiring;
+//     (the gone peers' wiring, reading model.Gone;
 //     ending client sockets to gone peers is package gonepeers),
-//     sockets_vanish.go (endpoints that left without draining),
+//     sockets_vanish.go (collecting endpoints that left without draining;
+//     the model decides),
 //     sockets_status.go;
 //   - wiring: config.go (the one place defaults live), daemon.go
 //     (construction; each part's goroutine is a runloop.Loop, package
@@ -45,11 +42,11 @@
 // at its declaration what it holds, what invalidates it and its invariant
 // ("checked by FuzzSequenceDifferential", the test that compares, after
 // every pass of random event sequences, the datapath with a fresh
-// daemon's): the model (model.go: podDrainsGen, notesGen), the pod drains'
+// daemon's): the model (package model: Model.podDrainsGen, notesGen), the pod drains'
 // memos (poddrains.go: podDrainsState.modelGen, leaseDrainsMemo), the
-// Lease answers (lease.Trust's gen; claims.go: claims.gen), the gone
+// Lease answers (lease.Trust's gen; model.Claims' gen), the gone
 // peers (package gonepeers: noted, wantYet), the vanished endpoints
-// (sockets_vanish.go: markedGen), the deleting pods' drains (hosted.go:
+// (package model: vanishState.markedGen), the deleting pods' drains (hosted.go:
 // looked), the informer snapshots (daemon.go: local, leases) and the
 // reconciler's view of the datapath (package reconcile). Turned off one at a
 // time in BenchmarkClusterScale (150k endpoints, rollout churn), the gone
@@ -64,12 +61,12 @@
 //     lists it (bpf.EndpointKey); port 0 means every port of the address.
 //   - service-port: one port of one Service in one IP family; the unit that
 //     owns a selectable backend set and a numeric id in the maps
-//     (servicePortKey, bpf.ServicePortID).
+//     (model's servicePortKey, bpf.ServicePortID).
 //   - frontend: a ClusterIP:port of a service-port (bpf.Frontend).
 //   - selectable: a ready, non-draining endpoint a connection may be sent to.
 //   - pod drain: the cluster-wide fact that a pod takes no new connections,
 //     from its drain Lease or from this node's own knowledge of a pod it
-//     hosts (podDrain). A draining endpoint is an endpoint of a drained pod
+//     hosts (model.PodDrain). A draining endpoint is an endpoint of a drained pod
 //     or one its slice marks terminating or not ready.
 //   - drain Lease: the API object that carries a pod drain to every node
 //     (k8s.DrainLease); its holder is the node that hosts the pod.

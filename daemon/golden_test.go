@@ -246,7 +246,7 @@ func renumber(d *bpf.Dump) {
 	}
 	rest := slices.Clone(d.Backends)
 	slices.SortStableFunc(rest, func(a, b bpf.Backends) int {
-		return strings.Compare(backendSetKey(a.Backends), backendSetKey(b.Backends))
+		return strings.Compare(setKey(a.Backends), setKey(b.Backends))
 	})
 	for _, b := range rest {
 		see(b.Service)
@@ -352,4 +352,13 @@ func upsert[T any](ctx context.Context, api objectAPI[T], name string, obj T) er
 	}
 	_, err := api.Create(ctx, obj, metav1.CreateOptions{})
 	return err
+}
+
+// setKey names a backend set by its addresses, each followed by a comma.
+func setKey(b []netip.AddrPort) string {
+	parts := make([]string, len(b))
+	for i, ap := range b {
+		parts[i] = ap.String() + ","
+	}
+	return strings.Join(parts, "")
 }

@@ -112,7 +112,7 @@ func (h *harness) restart() *harness {
 	eventually(h.t, 10*time.Second, "the handlers to sync", h2.d.handlersSynced)
 	h2.d.synced.Store(true)
 	h2.d.SetAttached(true)
-	h2.d.claims.setLocalPods(h2.d.state.LocalPods())
+	h2.d.claims.SetLocalPods(h2.d.state.LocalPods())
 	h2.d.checkLeases(h.ctx)
 	return h2
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/draind/draind/conntrack"
 	"github.com/draind/draind/daemon/internal/runloop"
 	"github.com/draind/draind/daemon/lease"
+	"github.com/draind/draind/daemon/model"
 	"github.com/draind/draind/daemon/nodeapi"
 	"github.com/draind/draind/k8s"
 )
@@ -111,11 +112,11 @@ type hostedDrainsConfig struct {
 	// MaxWaitersPerPod caps one pod's waits (see reserve).
 	MaxWaitersPerPod int
 
-	State State
+	State model.State
 	// LocalPods is this node's pods as the passes see them (the Daemon's
 	// snapshot); nil: read from State.
 	LocalPods   func() *localPods
-	Claims      *claims
+	Claims      *model.Claims
 	Datapath    Datapath            // SYN and steering counters
 	Conntrack   conntrack.Interface // live connections; nil: not counted
 	Leases      *k8s.Leases
@@ -226,14 +227,14 @@ func (l *hostedDrains) event(ld *hostedDrain, typ, reason, msg string) {
 // eachPodDrain calls fn with this node's drains as the model takes them: no
 // deadline (this node renews nothing to itself), and a gone pod's drain
 // lasts its linger. fn may keep nothing of the object but a copy.
-func (l *hostedDrains) eachPodDrain(fn func(*podDrain)) {
+func (l *hostedDrains) eachPodDrain(fn func(*model.PodDrain)) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, ld := range l.pods {
 		if ld.state == StateCancelled {
 			continue
 		}
-		pd := podDrain{UID: ld.uid, Namespace: ld.namespace, Name: ld.name, IPs: ld.ips, Reason: ld.reason,
+		pd := model.PodDrain{UID: ld.uid, Namespace: ld.namespace, Name: ld.name, IPs: ld.ips, Reason: ld.reason,
 			Since: ld.started, Holder: l.cfg.Node, Lease: ld.published, State: ld.state,
 			SteerPodIP: ld.steerPodIP || ld.state == StateGone}
 		if ld.state == StateGone {
@@ -474,10 +475,6 @@ func (l *hostedDrains) drainDeleting(lp *localPods, now time.Time) {
 	}
 }
 
-// ReasonVanished is the drain reason of a pod that left its node without
-// draining (force deleted, or deleted while draind was not looking).
-const ReasonVanished = "vanished"
-
 // drainVanished gives local pods that disappeared without a drain (a force
 // delete: ready, then gone) or are being deleted with no grace (killed now)
 // a hosted drain that is gone from the start, so that its drain Lease tells
@@ -493,8 +490,8 @@ func (l *hostedDrains) drainVanished(pods map[types.UID]*k8s.Pod, now time.Time)
 			continue
 		}
 		if ld == nil || ld.state == StateCancelled {
-			ld = l.start(p, ReasonVanished, now, false)
-			l.cfg.Metrics.DrainStarts.WithLabelValues(ReasonVanished).Inc()
+			ld = l.start(p, model.ReasonVanished, now, false)
+			l.cfg.Metrics.DrainStarts.WithLabelValues(model.ReasonVanished).Inc()
 		}
 		ld.state, ld.goneAt, ld.lastRenew = StateGone, now, time.Time{}
 		l.finishWaiters(ld, now, StateGone, 200)
@@ -511,9 +508,9 @@ func (l *hostedDrains) drainVanished(pods map[types.UID]*k8s.Pod, now time.Time)
 		if ld := l.pods[uid]; ld != nil && ld.state != StateCancelled {
 			continue // draining already: the usual path makes it gone
 		}
-		ld := l.start(p, ReasonVanished, now, false)
+		ld := l.start(p, model.ReasonVanished, now, false)
 		ld.state, ld.goneAt = StateGone, now
-		l.cfg.Metrics.DrainStarts.WithLabelValues(ReasonVanished).Inc()
+		l.cfg.Metrics.DrainStarts.WithLabelValues(model.ReasonVanished).Inc()
 		l.cfg.Metrics.DrainOutcomes.WithLabelValues("gone").Inc()
 		l.cfg.Log.Info("pod vanished without a drain", logKeyPod, p.Namespace+"/"+p.Name)
 	}
@@ -565,7 +562,7 @@ func (l *hostedDrains) cleanStaleLeases(leases map[types.UID]*k8s.DrainLease, po
 		stale := mine && l.pods[uid] == nil && !dl.Expires().After(now)
 		for _, ip := range dl.IPs {
 			// Only the holder deletes a Lease (deleteLease).
-			if mine && l.cfg.Claims.claimedByOther(ip, uid) {
+			if mine && l.cfg.Claims.ClaimedByOther(ip, uid) {
 				stale = true
 				if ld := l.pods[uid]; ld != nil {
 					ld.claimedElsewhere = true // the linger ends now

@@ -269,8 +269,17 @@ func TestHostileAnnotationChurnMemory(t *testing.T) {
 	if after > base+2<<20 {
 		t.Errorf("the heap grew by %d KiB and stayed", (after-base)>>10)
 	}
-	if n := len(h.d.model.warned); n != 0 {
-		t.Errorf("%d warnings remembered for deleted Services", n)
+	// The warnings of the deleted Services are forgotten: the same
+	// Services with the values last warned about are warned about anew.
+	warned := testutilValue(t, h.d.Metrics.PolicyInvalid)
+	for i := 0; i < 40; i++ {
+		name := fmt.Sprintf("churn-%d", i)
+		h.addService(svc(name, []string{fmt.Sprintf("10.96.1.%d", i)}, []corev1.ServicePort{port("http", 80, corev1.ProtocolTCP)},
+			withAnnotation(fmt.Sprintf("%s-%d-%d", big, 7, i))))
+	}
+	h.pass()
+	if got := testutilValue(t, h.d.Metrics.PolicyInvalid) - warned; got != 40 {
+		t.Errorf("%v of 40 deleted Services warned about anew: the others' warnings were remembered", got)
 	}
 }
 

@@ -247,9 +247,9 @@ func (d *Daemon) sliceEvent(oldObj, newObj any, received time.Time) {
 		d.vanished.observe(trustedOld, cur, now) // only trusted slices identify a pod
 	}
 	if cur != nil {
-		d.tracker.markIPs(d.claims.setSlice(cur.Namespace+"/"+cur.Name, trustedCur))
+		d.tracker.markIPs(d.claims.SetSlice(cur.Namespace+"/"+cur.Name, trustedCur))
 	} else if old != nil {
-		d.tracker.markIPs(d.claims.setSlice(old.Namespace+"/"+old.Name, nil))
+		d.tracker.markIPs(d.claims.SetSlice(old.Namespace+"/"+old.Name, nil))
 	}
 	for _, s := range []*k8s.Slice{old, cur} {
 		if s != nil && s.Service != "" {
@@ -285,7 +285,7 @@ func (d *Daemon) serviceEvent(oldObj, newObj any, received time.Time) {
 	// (a Service deleted and created again under the same name).
 	if trustOf(old) != trustOf(cur) {
 		for _, sl := range d.state.SlicesOf(key) {
-			d.tracker.markIPs(d.claims.setSlice(sl.Namespace+"/"+sl.Name, d.trusted(sl)))
+			d.tracker.markIPs(d.claims.SetSlice(sl.Namespace+"/"+sl.Name, d.trusted(sl)))
 		}
 	}
 	d.tracker.markService(key, at)
@@ -365,7 +365,7 @@ func (d *Daemon) podEvent(_, _ any, received time.Time) {
 	defer d.events.pods.Add(1)
 	var pods []*k8s.Pod
 	d.local.update(func() *localPods { pods = d.state.LocalPods(); return newLocalPods(pods) })
-	d.tracker.markIPs(d.claims.setLocalPods(pods))
+	d.tracker.markIPs(d.claims.SetLocalPods(pods))
 	d.tracker.markPods(receivedAt(received, d.clock.Now()))
 	d.runner.Run()
 	d.hosted.wake()

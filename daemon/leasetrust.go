@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/draind/draind/daemon/model"
 	"github.com/draind/draind/k8s"
 )
 
@@ -59,10 +60,10 @@ type leaseHosts struct {
 // hostsOf returns what trusted slices say of the pod of l, a Lease of
 // another node: one index lookup per IP. It is asked only when the Leases
 // are read again (leaseDrainsMemo), so its answers are not kept.
-func hostsOf(c *claims, l *k8s.DrainLease) leaseHosts {
+func hostsOf(c *model.Claims, l *k8s.DrainLease) leaseHosts {
 	var h leaseHosts
 	for _, ip := range l.IPs {
-		node, listed, until := c.hostOf(ip, l.PodUID)
+		node, listed, until := c.HostOf(ip, l.PodUID)
 		if !until.IsZero() && (h.until.IsZero() || until.Before(h.until)) {
 			h.until = until
 		}

@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/draind/draind/bpf"
+	"github.com/draind/draind/daemon/model"
 	"github.com/draind/draind/k8s"
 )
 
@@ -15,7 +16,7 @@ const ns = "draind"
 // Label values known up front; every labelled series is pre-created at zero
 // so dashboards and alerts see a 0, not an absent series.
 var (
-	drainReasons   = []string{k8s.ReasonOffline, k8s.ReasonOperator, k8s.ReasonPodDeleting, ReasonTerminating, ReasonNotReady, ReasonDeparted}
+	drainReasons   = []string{k8s.ReasonOffline, k8s.ReasonOperator, k8s.ReasonPodDeleting, model.ReasonTerminating, model.ReasonNotReady, model.ReasonDeparted}
 	drainOutcomes  = []string{"drained", "timed_out", "cancelled", "gone"}
 	ctProtos       = []string{"tcp", "udp"}
 	leaseOps       = []string{"create", "renew", "delete"}

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/draind/draind/bpf"
+	"github.com/draind/draind/daemon/model"
 	"github.com/draind/draind/daemon/reconcile"
 	"github.com/draind/draind/k8s"
 )
@@ -130,14 +131,14 @@ func TestMalformedObjects(t *testing.T) {
 // it is equal in every field; a field identical does not compare (one added
 // later, say) would leave a stale value in the model.
 func TestPodDrainIdentical(t *testing.T) {
-	base := podDrain{UID: "a", Namespace: "default", Name: "pod-a", IPs: []netip.Addr{netip.MustParseAddr("10.0.0.1")},
+	base := model.PodDrain{UID: "a", Namespace: "default", Name: "pod-a", IPs: []netip.Addr{netip.MustParseAddr("10.0.0.1")},
 		Reason: k8s.ReasonOffline, Since: time.Unix(100, 0), Expires: time.Unix(200, 0), Holder: "node-b", State: StateDraining}
 	same := base
 	same.IPs = slices.Clone(base.IPs)
-	if !base.identical(&same) {
+	if !base.Identical(&same) {
 		t.Fatal("a copy is not identical")
 	}
-	fields := reflect.TypeFor[podDrain]()
+	fields := reflect.TypeFor[model.PodDrain]()
 	for i := range fields.NumField() {
 		other := base
 		other.IPs = slices.Clone(base.IPs)
@@ -154,9 +155,9 @@ func TestPodDrainIdentical(t *testing.T) {
 		case *bool:
 			*v = !*v
 		default:
-			t.Fatalf("podDrain.%s: a field of a type this test does not change (%s)", fields.Field(i).Name, f.Type())
+			t.Fatalf("model.PodDrain.%s: a field of a type this test does not change (%s)", fields.Field(i).Name, f.Type())
 		}
-		if base.identical(&other) {
+		if base.Identical(&other) {
 			t.Errorf("podDrains differing in %s are identical", fields.Field(i).Name)
 		}
 	}
@@ -355,7 +356,7 @@ func TestLingerEndsOnlyWhenItsServiceListsItAgain(t *testing.T) {
 	h.putSlice(slice("peers-1", "peers", v4, httpPorts(8080), ready("10.0.0.1", "a")))
 	h.departFromWeb1(notReady("10.0.0.1", "a"))
 	k := key("10.0.0.1:8080", bpf.TCP)
-	if h.d.model.lingering[k] == nil {
+	if !h.d.model.Lingers(k) {
 		t.Fatal("no linger after the departure")
 	}
 	// The IP's ready claims change (peers lists it not ready, then ready
@@ -364,17 +365,17 @@ func TestLingerEndsOnlyWhenItsServiceListsItAgain(t *testing.T) {
 	h.pass()
 	h.putSlice(slice("peers-1", "peers", v4, httpPorts(8080), ready("10.0.0.1", "a")))
 	h.pass()
-	if h.d.model.lingering[k] == nil {
+	if !h.d.model.Lingers(k) {
 		t.Fatal("linger ended by a change at the IP that is not web listing the pod again")
 	}
 	h.putSlice(slice("web-2", "web", v4, httpPorts(8080), notReady("10.0.0.1", "a")))
 	h.pass()
-	if h.d.model.lingering[k] == nil {
+	if !h.d.model.Lingers(k) {
 		t.Fatal("linger ended while web lists the pod not ready")
 	}
 	h.putSlice(slice("web-2", "web", v4, httpPorts(8080), ready("10.0.0.1", "a")))
 	h.pass()
-	if h.d.model.lingering[k] != nil || slices.Contains(h.dp.DrainKeys(), k) {
+	if h.d.model.Lingers(k) || slices.Contains(h.dp.DrainKeys(), k) {
 		t.Errorf("linger kept although web lists pod a ready again: drains %v", h.dp.DrainKeys())
 	}
 }

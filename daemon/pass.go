@@ -1,6 +1,10 @@
 package daemon
 
-import "time"
+import (
+	"time"
+
+	"github.com/draind/draind/daemon/model"
+)
 
 // One reconciler pass, run by the runner: take what changed, update the
 // model, write the difference, hand departures to the conntrack policy.
@@ -64,29 +68,29 @@ func (d *Daemon) syncLocked(loop bool) time.Time {
 
 	local := d.localPodsNow()
 	d.hosted.observeLocalPods(now)
-	m.addVanished(d.vanished.take())
+	m.AddVanished(d.vanished.take())
 	podAt := dirty.podEventAt(now)
-	var changedDrains []*podDrain
+	var changedDrains []*model.PodDrain
 	if next, changed := d.podDrains(local, now); changed {
-		changedDrains = m.setPodDrains(next)
+		changedDrains = m.SetPodDrains(next)
 	}
 	for _, ip := range d.readClaims(local, now) {
 		dirty.ips[ip] = struct{}{}
 	}
 	podViaServices := false
 	for _, pd := range changedDrains {
-		for _, svc := range m.servicesListing(pd.UID, pd.Namespace) {
+		for _, svc := range m.ServicesListing(pd.UID, pd.Namespace) {
 			podViaServices = true
 			if t, ok := dirty.services[svc]; !ok || podAt.Before(t) {
 				dirty.services[svc] = podAt
 			}
 		}
 	}
-	m.markVanished(dirty.services, podAt, now)
+	m.MarkVanished(dirty.services, podAt, now)
 	var changedAt []time.Time
 	var programmed []programming
 	for svc, at := range dirty.services {
-		if m.recomputeService(svc, now) {
+		if m.RecomputeService(svc, now) {
 			changedAt = append(changedAt, at)
 			if trig, ok := dirty.triggers[svc]; ok {
 				programmed = append(programmed, programming{trig, TriggerEndpointSlice})
@@ -101,17 +105,17 @@ func (d *Daemon) syncLocked(loop bool) time.Time {
 		programmed = append(programmed, programming{dirty.leaseTrigger, TriggerLease})
 	}
 	for ip := range dirty.ips {
-		m.claimsChanged(ip)
+		m.ClaimsChanged(ip)
 	}
 	for _, uid := range dirty.leasesGone {
-		m.endLingersOf(uid)
+		m.EndLingersOf(uid)
 	}
-	m.expireLingering(now)
-	m.forgetVanishedServices(now)
+	m.ExpireLingering(now)
+	m.ForgetVanishedServices(now)
 	first := d.apply(now, changedAt, programmed, loop)
-	d.gone.Pass(goneView{m}, now, dirty.ips, dirty.services)
-	d.hosted.setKeys(m.keysOf(d.hosted.uids()))
-	for _, dep := range m.takeDepartures() {
+	d.gone.Pass(m.Gone(), now, dirty.ips, dirty.services)
+	d.hosted.setKeys(m.KeysOf(d.hosted.uids()))
+	for _, dep := range m.TakeDepartures() {
 		d.conntrackPolicy.departed(dep)
 	}
 	if first {
@@ -120,7 +124,7 @@ func (d *Daemon) syncLocked(loop bool) time.Time {
 		// the rest of it (the gone peers' first look at every pod drain).
 		d.firstDone.Store(true)
 	}
-	next := m.nextDeadline()
+	next := m.NextDeadline()
 	if d.reconciler.Pending() {
 		if retry := now.Add(time.Second); next.IsZero() || retry.Before(next) {
 			next = retry
@@ -143,9 +147,9 @@ func (d *Daemon) apply(now time.Time, changedAt []time.Time, programmed []progra
 		d.lastFull = now
 	} else if loop && now.Sub(d.lastFull) >= d.cfg.EntryTTL/4 {
 		d.lastFull = now
-		d.reconciler.StartRefresh(desiredView{d.model}, now)
+		d.reconciler.StartRefresh(d.model.Desired(), now)
 	}
-	res := d.reconciler.Apply(desiredView{d.model}, now, first, loop)
+	res := d.reconciler.Apply(d.model.Desired(), now, first, loop)
 	done := d.clock.Now()
 	d.Metrics.DatapathOps.Add(float64(res.Ops))
 	if res.Ops > 0 {
@@ -164,7 +168,7 @@ func (d *Daemon) apply(now time.Time, changedAt []time.Time, programmed []progra
 		d.lastSync.Store(done.UnixNano())
 	}
 	if first {
-		d.model.ids.forgetPinned() // adopted or replaced by now
+		d.model.ForgetPinnedIDs() // adopted or replaced by now
 		d.log.Info("first datapath pass done", logKeyOps, res.Ops)
 	}
 	return first

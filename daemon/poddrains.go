@@ -3,11 +3,11 @@ package daemon
 import (
 	"maps"
 	"net/netip"
-	"slices"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/draind/draind/daemon/model"
 	"github.com/draind/draind/daemon/reconcile"
 	"github.com/draind/draind/k8s"
 )
@@ -23,9 +23,9 @@ import (
 // podDrainsState is podDrains' own, kept from pass to pass (modelMu).
 type podDrainsState struct {
 	leases     leaseDrainsMemo
-	hosted     map[types.UID]*podDrain // this node's drains of the last pass
-	merged     map[types.UID]*podDrain // scratch
-	ips        []netip.Addr            // scratch, let go past reconcile.ScratchKeep
+	hosted     map[types.UID]*model.PodDrain // this node's drains of the last pass
+	merged     map[types.UID]*model.PodDrain // scratch
+	ips        []netip.Addr                  // scratch, let go past reconcile.ScratchKeep
 	leasesSeen *drainLeases
 	claimsMemo claimsMemo // readClaims'
 	// modelGen is the model's podDrainsGen once it took the last answer:
@@ -43,7 +43,7 @@ type podDrainsState struct {
 // has not passed; any other, and readLeaseDrains reads them all again.
 // Checked by FuzzSequenceDifferential.
 type leaseDrainsMemo struct {
-	drains      map[types.UID]*podDrain
+	drains      map[types.UID]*model.PodDrain
 	leases      *drainLeases
 	local       *localPods
 	claimsGen   uint64
@@ -61,21 +61,21 @@ type leaseDrainsMemo struct {
 // good); a hosted drain holds whatever its Lease says (this node knows its
 // pod is draining even when the API server could not be reached to renew
 // the Lease). Unchanged drains keep their objects (and the model its map).
-func (d *Daemon) podDrains(local *localPods, now time.Time) (map[types.UID]*podDrain, bool) {
+func (d *Daemon) podDrains(local *localPods, now time.Time) (map[types.UID]*model.PodDrain, bool) {
 	st := &d.drainsState
-	prev := d.model.podDrains
-	if st.modelGen != d.model.podDrainsGen {
+	prev, gen := d.model.PodDrains()
+	if st.modelGen != gen {
 		st.leases.initialized = false
 		clear(st.hosted)
 	}
-	st.modelGen = d.model.podDrainsGen
+	st.modelGen = gen
 	leasesRead := d.readLeaseDrains(local, prev, now)
 	hostedChanged := st.readHosted(d.hosted, prev)
 	if !leasesRead && !hostedChanged {
 		return prev, false
 	}
 	if st.merged == nil {
-		st.merged = map[types.UID]*podDrain{}
+		st.merged = map[types.UID]*model.PodDrain{}
 	}
 	next := st.merged
 	clear(next)
@@ -90,23 +90,23 @@ func (d *Daemon) podDrains(local *localPods, now time.Time) (map[types.UID]*podD
 
 // readLeaseDrains brings st.leases up to date, reading every Lease again
 // if anything it depended on changed. It reports whether it read them.
-func (d *Daemon) readLeaseDrains(local *localPods, prev map[types.UID]*podDrain, now time.Time) bool {
+func (d *Daemon) readLeaseDrains(local *localPods, prev map[types.UID]*model.PodDrain, now time.Time) bool {
 	st := &d.drainsState
 	mm := &st.leases
 	leases := d.drainLeasesNow()
 	if leases != st.leasesSeen {
 		st.leasesSeen = leases
 		d.leaseTrust.ForgetExcept(leases.names)
-		d.claims.watch(otherNodesIPs(leases, d.cfg.Node))
+		d.claims.Watch(otherNodesIPs(leases, d.cfg.Node))
 	}
-	claimsGen, trustGen := d.claims.generation(), d.leaseTrust.Generation()
+	claimsGen, trustGen := d.claims.Generation(), d.leaseTrust.Generation()
 	if mm.initialized && mm.leases == leases && (mm.local == local || !mm.ownLeases) && mm.claimsGen == claimsGen &&
 		mm.trustGen == trustGen && (mm.until.IsZero() || now.Before(mm.until)) {
 		return false
 	}
 	*mm = leaseDrainsMemo{drains: mm.drains, leases: leases, local: local, claimsGen: claimsGen, trustGen: trustGen, initialized: true}
 	if mm.drains == nil {
-		mm.drains = map[types.UID]*podDrain{}
+		mm.drains = map[types.UID]*model.PodDrain{}
 	}
 	clear(mm.drains)
 	for _, l := range leases.list {
@@ -122,7 +122,7 @@ func (d *Daemon) readLeaseDrains(local *localPods, prev map[types.UID]*podDrain,
 			st.ips = ips[:0]
 		}
 		if ok {
-			keepPodDrain(mm.drains, prev, &podDrain{UID: l.PodUID, Namespace: l.PodNamespace, Name: l.PodName, IPs: ips,
+			model.KeepPodDrain(mm.drains, prev, &model.PodDrain{UID: l.PodUID, Namespace: l.PodNamespace, Name: l.PodName, IPs: ips,
 				Reason: l.Reason, Since: l.Acquired, Expires: exp, Holder: l.Holder, Lease: true, State: l.State,
 				SteerPodIP: l.SteerPodIP || l.State == StateGone})
 		}
@@ -154,14 +154,14 @@ func (mm *leaseDrainsMemo) deadline(t time.Time) {
 
 // readHosted reads this node's drains into st.hosted and reports whether
 // they changed since the last pass.
-func (st *podDrainsState) readHosted(h *hostedDrains, prev map[types.UID]*podDrain) bool {
+func (st *podDrainsState) readHosted(h *hostedDrains, prev map[types.UID]*model.PodDrain) bool {
 	if st.hosted == nil {
-		st.hosted = map[types.UID]*podDrain{}
+		st.hosted = map[types.UID]*model.PodDrain{}
 	}
 	changed, n := false, 0
-	h.eachPodDrain(func(pd *podDrain) {
+	h.eachPodDrain(func(pd *model.PodDrain) {
 		n++
-		if cur := st.hosted[pd.UID]; cur == nil || !cur.identical(pd) {
+		if cur := st.hosted[pd.UID]; cur == nil || !cur.Identical(pd) {
 			changed = true
 		}
 	})
@@ -169,18 +169,6 @@ func (st *podDrainsState) readHosted(h *hostedDrains, prev map[types.UID]*podDra
 		return false
 	}
 	clear(st.hosted)
-	h.eachPodDrain(func(pd *podDrain) { keepPodDrain(st.hosted, prev, pd) })
+	h.eachPodDrain(func(pd *model.PodDrain) { model.KeepPodDrain(st.hosted, prev, pd) })
 	return true
-}
-
-// keepPodDrain puts pd into m: the model's object (in prev) if identical,
-// else a copy of its own.
-func keepPodDrain(m, prev map[types.UID]*podDrain, pd *podDrain) {
-	if p := prev[pd.UID]; p != nil && p.identical(pd) {
-		m[pd.UID] = p
-		return
-	}
-	own := *pd
-	own.IPs = slices.Clone(pd.IPs)
-	m[pd.UID] = &own
 }

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/draind/draind/bpf"
+	"github.com/draind/draind/daemon/model"
+	"github.com/draind/draind/k8s"
 )
 
 // What a restart keeps steering.
@@ -71,7 +73,7 @@ func pinnedFrom(d *bpf.Dump, now time.Time) pinnedSteering {
 // name as departures of their Services (sockets_vanish.go): the model
 // takes those whose pod drain it honours and no slice lists any more.
 func (d *Daemon) restoreDepartures(now time.Time) {
-	var out []vanishedEndpoint
+	var out []model.VanishedEndpoint
 	for _, l := range d.drainLeasesNow().list {
 		if !l.Expires().After(now) {
 			continue
@@ -84,8 +86,8 @@ func (d *Daemon) restoreDepartures(now time.Time) {
 			if !ok {
 				continue
 			}
-			out = append(out, vanishedEndpoint{service: svc, key: r.key, portName: port, family: familyOf(r.key.Addr),
-				uid: l.PodUID, pod: l.PodNamespace + "/" + l.PodName, at: now, restored: true})
+			out = append(out, model.VanishedEndpoint{Service: svc, Key: r.key, PortName: port, Family: k8s.FamilyOf(r.key.Addr),
+				UID: l.PodUID, Pod: l.PodNamespace + "/" + l.PodName, At: now, Restored: true})
 		}
 	}
 	d.vanished.add(out)

@@ -23,7 +23,7 @@ import (
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/conntrack"
 	"github.com/draind/draind/daemon/datapathtest"
-	"github.com/draind/draind/daemon/internal/backendset"
+	"github.com/draind/draind/daemon/model"
 	"github.com/draind/draind/k8s"
 )
 
@@ -465,14 +465,12 @@ func startSynced(t *testing.T, ctx context.Context, d *Daemon) {
 //     out (see historyKeys and historyServicePorts), and the gone peers at
 //     an address whose all-ports keys are skipped;
 //   - a gone peer's times (when this node first saw its pod gone).
-func renderDatapath(d *Daemon, sd *datapathtest.Sockets, skip map[bpf.EndpointKey]bool, skipSP map[servicePortKey]bool) string {
+func renderDatapath(d *Daemon, sd *datapathtest.Sockets, skip map[bpf.EndpointKey]bool, skipSP map[string]bool) string {
 	dump, _ := sd.Dump()
-	keyOf := func(id bpf.ServicePortID) (servicePortKey, bool) {
-		sp := d.model.servicePorts[id]
-		if sp == nil {
-			return servicePortKey{}, false
-		}
-		return sp.key, true
+	sps := d.model.ServicePorts()
+	keyOf := func(id bpf.ServicePortID) (string, bool) {
+		sp, ok := sps[id]
+		return sp.Name, ok
 	}
 	skipped := func(id bpf.ServicePortID) bool {
 		k, ok := keyOf(id)
@@ -483,7 +481,7 @@ func renderDatapath(d *Daemon, sd *datapathtest.Sockets, skip map[bpf.EndpointKe
 			return "-"
 		}
 		if k, ok := keyOf(id); ok {
-			return fmt.Sprintf("{%v}", k)
+			return "{" + k + "}"
 		}
 		return fmt.Sprintf("{unknown id %d}", id)
 	}
@@ -584,7 +582,8 @@ func (s *seqRun) compare() string {
 	fresh := renderDatapath(fd, fsd, skip, skipSP)
 	if got != fresh {
 		var drains []string
-		for uid, pd := range s.h.d.model.podDrains {
+		pds, _ := s.h.d.model.PodDrains()
+		for uid, pd := range pds {
 			drains = append(drains, fmt.Sprintf("%s: %+v", uid, *pd))
 		}
 		return fmt.Sprintf("pod drains %v\nleases %v\nafter\n  %s\nthe datapath differs from a fresh daemon's:\n--- incremental\n%s\n--- fresh\n%s\n(skipped: %v)",
@@ -599,21 +598,8 @@ func (s *seqRun) compare() string {
 // its Service lists now (none if it lists none), as a linger rewrites to
 // them.
 func (s *seqRun) checkServicePorts() string {
-	m := s.h.d.model
-	for id, sp := range m.servicePorts {
-		var want []netip.AddrPort
-		if svc := m.state.Service(sp.key.Service); svc != nil {
-			cat := categorize(svc, m.state.SlicesOf(sp.key.Service), m.drainsByPod, place{m.cfg.Node, m.cfg.Zone}, nil)
-			for _, c := range cat.servicePorts {
-				if c.key == sp.key {
-					want = c.selectable
-				}
-			}
-		}
-		if sp.selectable != backendset.Pack(want) {
-			return fmt.Sprintf("service-port %d %v selects %v, its Service lists %v selectable\nafter\n  %s",
-				id, sp.key, sp.selectable.AppendAddrPorts(nil), want, strings.Join(s.ops, "\n  "))
-		}
+	if err := s.h.d.model.CheckSelectable(); err != nil {
+		return fmt.Sprintf("%v\nafter\n  %s", err, strings.Join(s.ops, "\n  "))
 	}
 	return ""
 }
@@ -637,10 +623,11 @@ func (s *seqRun) checkServicePorts() string {
 func (s *seqRun) historyKeys() map[bpf.EndpointKey]bool {
 	m := s.h.d.model
 	out := map[bpf.EndpointKey]bool{}
-	for k := range m.lingering {
+	for k := range m.LingeringKeys() {
 		out[k] = true
 	}
-	for _, pd := range m.podDrains {
+	pds, _ := m.PodDrains()
+	for _, pd := range pds {
 		if pd.Holder != testNode || pd.State != StateGone || s.h.d.localPodsNow().byUID[pd.UID] != nil {
 			continue
 		}
@@ -653,7 +640,7 @@ func (s *seqRun) historyKeys() map[bpf.EndpointKey]bool {
 			continue
 		}
 		for _, ip := range l.IPs {
-			if _, _, until := s.h.d.claims.hostOf(ip, l.PodUID); !until.IsZero() {
+			if _, _, until := s.h.d.claims.HostOf(ip, l.PodUID); !until.IsZero() {
 				for _, ip := range l.IPs {
 					skipAddr(out, m, ip) // the answer of a departed host
 				}
@@ -669,18 +656,17 @@ func (s *seqRun) historyKeys() map[bpf.EndpointKey]bool {
 // skipped keys keep active, and those whose Service lists an address with
 // a skipped key (whether that endpoint is selectable, and so what the
 // service-port steers to, or whether it steers at all, is history).
-func (s *seqRun) historyServicePorts(skip map[bpf.EndpointKey]bool) map[servicePortKey]bool {
+func (s *seqRun) historyServicePorts(skip map[bpf.EndpointKey]bool) map[string]bool {
 	m := s.h.d.model
+	sps := m.ServicePorts()
 	kept := map[bpf.ServicePortID]bool{}
-	for k, cs := range m.contributions {
-		for _, c := range cs {
-			kept[c.servicePort] = kept[c.servicePort] || !skip[k]
-		}
+	for k, id := range m.ContributionRefs() {
+		kept[id] = kept[id] || !skip[k]
 	}
-	out := map[servicePortKey]bool{}
+	out := map[string]bool{}
 	for id, k := range kept {
-		if sp := m.servicePorts[id]; !k && sp != nil {
-			out[sp.key] = true
+		if sp, ok := sps[id]; !k && ok {
+			out[sp.Name] = true
 		}
 	}
 	addrs := map[netip.Addr]bool{}
@@ -689,14 +675,14 @@ func (s *seqRun) historyServicePorts(skip map[bpf.EndpointKey]bool) map[serviceP
 	}
 	for _, svc := range seqServices() {
 		name := svc.Namespace + "/" + svc.Name
-		for _, sl := range m.state.SlicesOf(name) {
+		for _, sl := range s.h.d.state.SlicesOf(name) {
 			for i := range sl.Len() {
 				if !addrs[sl.Addr(i)] {
 					continue
 				}
-				for _, sp := range m.servicePorts {
-					if sp.key.Service == name {
-						out[sp.key] = true
+				for _, sp := range sps {
+					if sp.Service == name {
+						out[sp.Name] = true
 					}
 				}
 			}
@@ -706,8 +692,8 @@ func (s *seqRun) historyServicePorts(skip map[bpf.EndpointKey]bool) map[serviceP
 }
 
 // skipAddr adds every key of ip the model has a contribution to.
-func skipAddr(out map[bpf.EndpointKey]bool, m *model, ip netip.Addr) {
-	for _, k := range m.byIP[ip] {
+func skipAddr(out map[bpf.EndpointKey]bool, m *model.Model, ip netip.Addr) {
+	for _, k := range m.KeysAt(ip) {
 		out[k] = true
 	}
 	for _, proto := range []bpf.Protocol{bpf.TCP, bpf.UDP} {

@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/draind/draind/daemon/model"
 	"github.com/draind/draind/k8s"
 )
 
@@ -76,7 +77,7 @@ func (h *harness) goneLeaseFor(uid types.UID, name, holder string, d time.Durati
 	h.do(&h.d.events.leases, 1, func(ctx context.Context) error {
 		l := &k8s.Leases{Client: h.client, Namespace: testNS}
 		_, _, err := l.Publish(ctx, k8s.DrainRequest{PodNamespace: "default", PodName: name, PodUID: uid, IPs: addrs,
-			Node: holder, Reason: ReasonVanished, Duration: d, State: StateGone}, h.clock.Now())
+			Node: holder, Reason: model.ReasonVanished, Duration: d, State: StateGone}, h.clock.Now())
 		return err
 	})
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/conntrack"
 	"github.com/draind/draind/daemon/datapathtest"
+	"github.com/draind/draind/daemon/model"
 	"github.com/draind/draind/k8s"
 )
 
@@ -97,8 +98,8 @@ func TestVanishedEndpointSteeredOnceGone(t *testing.T) {
 			wildcard("10.0.0.1", bpf.TCP): bpf.PolicyOff, wildcard("10.0.0.1", bpf.UDP): bpf.PolicyOff,
 		}}
 	h.check(want)
-	if got, _ := h.d.model.results["default/web"].drainingAt(key("10.0.0.1:8080", bpf.TCP)); got.reason != ReasonVanished {
-		t.Errorf("reason %q, want %q", got.reason, ReasonVanished)
+	if got := h.d.model.DrainReason("default/web", key("10.0.0.1:8080", bpf.TCP)); got != model.ReasonVanished {
+		t.Errorf("reason %q, want %q", got, model.ReasonVanished)
 	}
 	// The next pass (asked for by the first) makes it a departure: it
 	// lingers, the VIP stays steered; the pod's other ports are refused
@@ -107,27 +108,27 @@ func TestVanishedEndpointSteeredOnceGone(t *testing.T) {
 	want.drains[wildcard("10.0.0.1", bpf.TCP)] = bpf.PolicyRefuse
 	want.drains[wildcard("10.0.0.1", bpf.UDP)] = bpf.PolicyRefuse
 	h.check(want)
-	if l := h.d.model.lingering[key("10.0.0.1:8080", bpf.TCP)]; l == nil || l.c.uid != "a" {
-		t.Errorf("vanished endpoint does not linger: %+v", l)
+	if uid, ok := h.d.model.LingeringFor(key("10.0.0.1:8080", bpf.TCP)); !ok || uid != "a" {
+		t.Errorf("vanished endpoint does not linger: %q %v", uid, ok)
 	}
 	// The Services that listed it are remembered (their opt-out of ending
 	// sockets) as long as it lingers, and forgotten in the pass at its
 	// end, which the model asks for.
-	if got := h.d.model.vanishedServicesOf("a"); !slices.Equal(got, []string{"default/web"}) {
+	if got := h.d.model.Gone().VanishedServices("a"); !slices.Equal(got, []string{"default/web"}) {
 		t.Errorf("Services of the vanished pod: %v, want [default/web]", got)
 	}
-	end := h.d.model.nextDeadline()
+	end := h.d.model.NextDeadline()
 	if want := h.clock.Now().Add(h.d.cfg.Linger); end.After(want) {
 		t.Errorf("next deadline %v, after the linger's end %v", end, want)
 	}
 	h.clock.Step(h.d.cfg.Linger)
 	h.pass()
-	if got := h.d.model.vanishedServicesOf("a"); len(got) != 0 {
+	if got := h.d.model.Gone().VanishedServices("a"); len(got) != 0 {
 		t.Errorf("Services of the vanished pod still remembered after its linger: %v", got)
 	}
 }
 
-// TestVanishedCandidateExpires: without a gone Lease within vanishWait the
+// TestVanishedCandidateExpires: without a gone Lease within model.VanishWait the
 // candidate is dropped; a gone Lease after that steers nothing by the
 // Service (only the pod drain's own all-ports entries remain).
 func TestVanishedCandidateExpires(t *testing.T) {
@@ -137,10 +138,10 @@ func TestVanishedCandidateExpires(t *testing.T) {
 	h.pass()
 	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.2", "b")))
 	h.pass()
-	h.clock.Step(vanishWait + time.Second)
+	h.clock.Step(model.VanishWait + time.Second)
 	h.pass()
-	if len(h.d.model.vanish.pending) != 0 {
-		t.Errorf("candidates kept past vanishWait: %v", h.d.model.vanish.pending)
+	if n := h.d.model.PendingVanished(); n != 0 {
+		t.Errorf("%d candidates kept past vanishWait", n)
 	}
 	h.goneLease("a", "pod-a", "node-b", "10.0.0.1")
 	h.pass()
@@ -199,7 +200,7 @@ func TestGonePeersFollowGoneLeases(t *testing.T) {
 	h.goneLease("e", "pod-e", "node-b", "10.0.0.5")
 	h.pass()
 	h.pass()
-	if !h.d.model.goneDrain("e") {
+	if !goneDrain(h, "e") {
 		t.Fatal("the gone Lease of a pod listed on its holder until it vanished is not believed")
 	}
 	if _, ok := sd.Peer("10.0.0.5"); ok {
@@ -208,7 +209,7 @@ func TestGonePeersFollowGoneLeases(t *testing.T) {
 	// Pod b is in both Services: the opt-out wins.
 	h.goneLease("b", "pod-b", "node-b", "10.0.0.2")
 	h.pass()
-	if !h.d.model.goneDrain("b") {
+	if !goneDrain(h, "b") {
 		t.Fatal("the gone Lease of pod b is not believed")
 	}
 	if _, ok := sd.Peer("10.0.0.2"); ok {
@@ -242,7 +243,7 @@ func TestGonePeersRememberAServiceThatListedTheDrainingPod(t *testing.T) {
 	h.pass()
 	h.goneLeaseUpdate("e", "10.0.0.5")
 	h.pass()
-	if !h.d.model.goneDrain("e") {
+	if !goneDrain(h, "e") {
 		t.Fatal("the gone Lease is not believed")
 	}
 	if _, ok := sd.Peer("10.0.0.5"); ok {
@@ -265,10 +266,10 @@ func TestGoneViewLingeringPods(t *testing.T) {
 	h.pass()
 	h.clock.Step(21 * time.Second) // the Lease expired, the departure lingers
 	h.pass()
-	if h.d.model.podDrains["a"] != nil {
+	if _, drains := h.d.model.Gone().PodDrain("a"); drains {
 		t.Fatal("the expired Lease still drains")
 	}
-	v := goneView{h.d.model}
+	v := h.d.model.Gone()
 	if _, drains := v.PodDrain("a"); drains || !v.Lingering("a") {
 		t.Fatalf("a departed pod whose endpoint lingers: drains %v, lingers %v:\n%s", drains, v.Lingering("a"), h.describe())
 	}
@@ -305,7 +306,7 @@ func TestVanishedLocalPodPublishesGone(t *testing.T) {
 	flush(h)
 	h.waitLeases(1)
 	l := h.d.state.DrainLeases()[0]
-	if l.State != StateGone || l.Reason != ReasonVanished || l.PodUID != "p0" {
+	if l.State != StateGone || l.Reason != model.ReasonVanished || l.PodUID != "p0" {
 		t.Fatalf("lease of the vanished pod: %+v", l)
 	}
 	h.pass()
@@ -532,19 +533,19 @@ func TestGoneLeaseBelievedOnlyFromTheDepartedHost(t *testing.T) {
 	h.pass()
 	h.goneLease("a", "pod-a", "node-c", "10.0.0.1") // not its host
 	h.pass()
-	if h.d.model.goneDrain("a") {
+	if goneDrain(h, "a") {
 		t.Error("a gone Lease from a node that never hosted the pod was believed")
 	}
 	h.goneLease("c", "pod-c", "node-b", "10.0.0.3")
 	h.pass()
-	if !h.d.model.goneDrain("c") {
+	if !goneDrain(h, "c") {
 		t.Error("the gone Lease of the pod's own host was not believed")
 	}
-	if node, ok, _ := h.d.claims.hostOf(netip.MustParseAddr("10.0.0.3"), "c"); !ok || node != "node-b" {
+	if node, ok, _ := h.d.claims.HostOf(netip.MustParseAddr("10.0.0.3"), "c"); !ok || node != "node-b" {
 		t.Errorf("host of the departed pod: %q %v", node, ok)
 	}
 	h.clock.Step(h.d.cfg.Linger + h.d.cfg.LeaseDuration)
-	if _, ok, _ := h.d.claims.hostOf(netip.MustParseAddr("10.0.0.3"), "c"); ok {
+	if _, ok, _ := h.d.claims.HostOf(netip.MustParseAddr("10.0.0.3"), "c"); ok {
 		t.Error("a departed host is remembered past linger + Lease duration")
 	}
 }
@@ -568,7 +569,7 @@ func TestFinishedLocalPodNeverVanishes(t *testing.T) {
 	if ld != nil {
 		t.Errorf("a finished pod removed later got a drain: state %s", ld.state)
 	}
-	if _, ok := h.d.claims.localOwner(netip.MustParseAddr("10.0.0.8")); ok {
+	if h.d.claims.ClaimedByOther(netip.MustParseAddr("10.0.0.8"), "") {
 		t.Error("a finished pod claims the IP it released")
 	}
 }
@@ -624,7 +625,7 @@ func TestGonePeersComputedAgainOnWhatTheyDependOn(t *testing.T) {
 	h.do(&h.d.events.leases, 1, func(ctx context.Context) error {
 		l := &k8s.Leases{Client: h.client, Namespace: testNS}
 		_, _, err := l.Publish(ctx, k8s.DrainRequest{PodNamespace: "default", PodName: "pod-a", PodUID: "a",
-			IPs: []netip.Addr{netip.MustParseAddr("10.0.0.1")}, Node: "node-b", Reason: ReasonVanished,
+			IPs: []netip.Addr{netip.MustParseAddr("10.0.0.1")}, Node: "node-b", Reason: model.ReasonVanished,
 			Duration: 10 * time.Minute, State: StateGone}, h.clock.Now())
 		return err
 	})
@@ -711,4 +712,11 @@ func TestGonePeerBoundedByItsLeaseNotRewritten(t *testing.T) {
 	if p, ok := sd.Peer("10.0.0.1"); !ok || p != listed {
 		t.Errorf("entry %+v (listed %v), want it unchanged: %+v", p, ok, listed)
 	}
+}
+
+// goneDrain reports whether the model has a pod drain of uid that says
+// the pod is gone, as the gone peers read it.
+func goneDrain(h *harness, uid types.UID) bool {
+	d, ok := h.d.model.Gone().PodDrain(uid)
+	return ok && d.Gone
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/draind/draind/bpf"
+	"github.com/draind/draind/daemon/model"
 )
 
 // Drain states of a pod.
@@ -13,9 +14,9 @@ const (
 	StateDraining  = "draining"
 	StateDrained   = "drained"
 	StateTimedOut  = "timed-out"
-	StateGone      = "gone"      // the pod was deleted; its IP still steered
-	StateLingering = "lingering" // departed endpoint, seen from another node
-	StateCancelled = "cancelled" // /v1/online or undrain
+	StateGone      = model.StateGone // the pod was deleted; its IP still steered
+	StateLingering = "lingering"     // departed endpoint, seen from another node
+	StateCancelled = "cancelled"     // /v1/online or undrain
 )
 
 // PodStatus is one drained pod, as `draind status` shows it.

@@ -301,7 +301,7 @@ func TestRefreshRoundsAreTheLoops(t *testing.T) {
 		t.Fatal("the loop's pass did not start the round that was due")
 	}
 	// A round under way, its first batch due: only the loop takes it.
-	d.reconciler.StartRefresh(desiredView{d.model}, clk.Now())
+	d.reconciler.StartRefresh(d.model.Desired(), clk.Now())
 	left := d.reconciler.RefreshLeft()
 	if left == 0 {
 		t.Fatal("an empty round")

@@ -12,6 +12,7 @@ import (
 
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/conntrack"
+	"github.com/draind/draind/daemon/model"
 	"github.com/draind/draind/test/bed"
 )
 
@@ -69,7 +70,7 @@ func TestPrivilegedUDPReplyInFlightAtDrainStart(t *testing.T) {
 
 	clk := testingclock.NewFakeClock(time.Now())
 	metrics := NewMetrics("test", nil, nil, nil)
-	policy := newConntrackPolicy(conntrackPolicyConfig{Conntrack: ct, Claims: newClaims(clk, time.Minute), Clock: clk,
+	policy := newConntrackPolicy(conntrackPolicyConfig{Conntrack: ct, Claims: model.NewClaims(clk, time.Minute), Clock: clk,
 		Metrics: metrics, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), GoneGrace: 5 * time.Second, UDPReexpire: 10 * time.Second})
 	ctx := context.Background()
 

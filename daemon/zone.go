@@ -11,7 +11,7 @@ import (
 
 // This node's zone: kube-proxy keeps zone-hinted traffic in the zone its
 // Node's topology.kubernetes.io/zone label names, and steering picks from
-// the same backends (topology.go). draind reads its Node (get, never a
+// the same backends (package model, topology.go). draind reads its Node (get, never a
 // watch of every node) when it starts and every zoneRefresh after, and
 // recomputes the Services that drain when the label changes.
 
@@ -35,15 +35,12 @@ func readZone(ctx context.Context, nodes typedcorev1.NodeInterface, node string)
 func (d *Daemon) setZone(zone string) bool {
 	d.modelMu.Lock()
 	defer d.modelMu.Unlock()
-	if d.model.cfg.Zone == zone {
-		return false
-	}
-	d.model.cfg.Zone = zone
+	changed, services := d.model.SetZone(zone)
 	now := d.clock.Now()
-	for key := range d.model.results {
+	for _, key := range services {
 		d.tracker.markService(key, now)
 	}
-	return true
+	return changed
 }
 
 // followZone reads the zone in zoneLoop, at once and then every

@@ -7,7 +7,7 @@ import "strings"
 // the endpoint's own zone; PreferSameNode: its node and its zone) or the
 // topology-mode annotation Auto (zone hints spread by capacity).
 // kube-proxy reads only the hints, never the Service's fields, and so does
-// draind (see the daemon's topology.go).
+// draind (see daemon/model's topology.go).
 
 // Hint bits: what an endpoint's hints say about one node (HintsFor).
 const (

@@ -53,6 +53,14 @@ const (
 	IPv6 Family = 6
 )
 
+// FamilyOf is the family of address a.
+func FamilyOf(a netip.Addr) Family {
+	if a.Is4() {
+		return IPv4
+	}
+	return IPv6
+}
+
 // protocolOf maps a port's protocol to the datapath's (SCTP is left alone).
 func protocolOf(p corev1.Protocol) (bpf.Protocol, bool) {
 	switch p {

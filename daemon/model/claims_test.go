@@ -1,4 +1,4 @@
-package daemon
+package model
 
 import (
 	"maps"
@@ -71,7 +71,7 @@ func TestClaimsMatchReference(t *testing.T) {
 	keys := []string{"ns/s1", "ns/s2", "ns/s3", "ns/s4"}
 	clk := clocktesting.NewFakePassiveClock(time.Unix(1e9, 0))
 	const keep = 10 * time.Second
-	c := newClaims(clk, keep)
+	c := NewClaims(clk, keep)
 	ref := claimsReference{}
 	// departed: the pods whose last listing at an IP ended in the latest
 	// step that ended one there (a step may end several: any may answer).
@@ -99,7 +99,7 @@ func TestClaimsMatchReference(t *testing.T) {
 					list = append(list, ip)
 				}
 			}
-			c.watch(list)
+			c.Watch(list)
 		}
 		key := keys[rng.IntN(len(keys))]
 		var s *k8s.Slice
@@ -138,7 +138,7 @@ func TestClaimsMatchReference(t *testing.T) {
 				}
 			}
 		}
-		changed := c.setSlice(key, s)
+		changed := c.SetSlice(key, s)
 		if s == nil {
 			delete(ref, key)
 		} else {
@@ -167,7 +167,7 @@ func TestClaimsMatchReference(t *testing.T) {
 			ready := ref.ready(ip)
 			for _, uid := range uids[1:] {
 				other := slices.ContainsFunc(ready, func(u types.UID) bool { return u != uid })
-				if got := c.claimedByOther(ip, uid); got != other {
+				if got := c.ClaimedByOther(ip, uid); got != other {
 					t.Fatalf("step %d: claimedByOther(%v, %s) = %v, want %v (ready: %v)", step, ip, uid, got, other, ready)
 				}
 				listed, ns := ref.nodes(ip, uid)
@@ -178,11 +178,11 @@ func TestClaimsMatchReference(t *testing.T) {
 					}
 				}
 				tie := len(departed[ip]) > 1 // which one the index remembers is its choice
-				gen, isWatched := c.generation(), c.isWatched(ip)
+				gen, isWatched := c.Generation(), c.isWatched(ip)
 				if _, w := watched[ip]; w != isWatched && watched != nil {
 					t.Fatalf("step %d: %v watched: %v, want %v", step, ip, isWatched, w)
 				}
-				node, gotListed, until := c.hostOf(ip, uid)
+				node, gotListed, until := c.HostOf(ip, uid)
 				k := ip.String() + "/" + string(uid)
 				if a, ok := answers[k]; ok && isWatched && a.gen == gen && (a.until.IsZero() || clk.Now().Before(a.until)) && (a.node != node || a.listed != gotListed) {
 					t.Fatalf("step %d: hostOf(%v, %s) = %q, %v at generation %d, which answered %q, %v", step, ip, uid, node, gotListed, gen, a.node, a.listed)
@@ -217,7 +217,7 @@ func TestClaimsMatchReference(t *testing.T) {
 	}
 	// Everything removed: nothing is left in the index.
 	for _, key := range keys {
-		c.setSlice(key, nil)
+		c.SetSlice(key, nil)
 	}
 	if n := len(c.byIP.v4) + len(c.byIP.other) + len(c.byIP.more) + len(c.slices); n != 0 {
 		t.Fatalf("%d index entries left after every slice went", n)
@@ -235,20 +235,20 @@ func TestClaimsMatchReference(t *testing.T) {
 // TestClaimsSameStateTwice: re-applying a slice (a Service event re-applies
 // its slices) reports nothing and counts nothing twice.
 func TestClaimsSameStateTwice(t *testing.T) {
-	c := newClaims(clocktesting.NewFakePassiveClock(time.Unix(1e9, 0)), time.Minute)
+	c := NewClaims(clocktesting.NewFakePassiveClock(time.Unix(1e9, 0)), time.Minute)
 	ip := netip.MustParseAddr("10.0.0.1")
 	s := &k8s.Slice{}
 	s.SetEndpoints([]k8s.Endpoint{{Addr: ip, PodUID: "a", Node: "n1", Conds: k8s.CondReady}})
-	if got := c.setSlice("ns/s", s); !slices.Equal(got, []netip.Addr{ip}) {
+	if got := c.SetSlice("ns/s", s); !slices.Equal(got, []netip.Addr{ip}) {
 		t.Fatalf("first apply reported %v, want [%v]", got, ip)
 	}
-	if got := c.setSlice("ns/s", s); len(got) != 0 {
+	if got := c.SetSlice("ns/s", s); len(got) != 0 {
 		t.Fatalf("second apply reported %v, want nothing", got)
 	}
-	if got := c.setSlice("ns/s", nil); !slices.Equal(got, []netip.Addr{ip}) {
+	if got := c.SetSlice("ns/s", nil); !slices.Equal(got, []netip.Addr{ip}) {
 		t.Fatalf("removal reported %v, want [%v]", got, ip)
 	}
-	if c.claimedByOther(ip, "b") {
+	if c.ClaimedByOther(ip, "b") {
 		t.Fatalf("%v still claimed after its slice went", ip)
 	}
 }

@@ -1,4 +1,4 @@
-package daemon
+package model
 
 import (
 	"cmp"
@@ -129,7 +129,7 @@ type oneListing struct {
 	sl         *k8s.Slice
 	i          int
 	identified bool
-	pd         *podDrain
+	pd         *PodDrain
 }
 
 // categorize categorises the endpoints of svc's slices for every service
@@ -141,7 +141,7 @@ type oneListing struct {
 //
 // It runs for every slice update of the cluster (a thousand a second in a
 // busy one), so it sorts and merges rather than building maps.
-func categorize(svc *k8s.Service, sliceList []*k8s.Slice, drains map[k8s.PodKey]*podDrain, at place, scratch *catScratch) categorized {
+func categorize(svc *k8s.Service, sliceList []*k8s.Slice, drains map[k8s.PodKey]*PodDrain, at place, scratch *catScratch) categorized {
 	n := 0
 	for _, sl := range sliceList {
 		n += sl.Len()
@@ -208,7 +208,7 @@ func categorize(svc *k8s.Service, sliceList []*k8s.Slice, drains map[k8s.PodKey]
 			}
 			c.selectable = selectable[first:len(selectable):len(selectable)]
 			for _, vip := range svc.ClusterIPs {
-				if familyOf(vip) == fam {
+				if k8s.FamilyOf(vip) == fam {
 					c.frontends = append(c.frontends, bpf.EndpointKey{Addr: vip, Port: sp.Port, Proto: sp.Protocol})
 				}
 			}
@@ -259,12 +259,12 @@ func targetPort(sl *k8s.Slice, fam k8s.Family, sp k8s.ServicePort) uint16 {
 // lingered). Any other slice (hand-written,
 // mirrored) only adds selectable endpoints, as kube-proxy routes to them:
 // what a tenant writes never changes where connections to a pod IP go.
-func listEndpoints(svc *k8s.Service, sl *k8s.Slice, port uint16, drains map[k8s.PodKey]*podDrain,
+func listEndpoints(svc *k8s.Service, sl *k8s.Slice, port uint16, drains map[k8s.PodKey]*PodDrain,
 	raw []oneListing, out *categorized) []oneListing {
 	trusted := sl.Trusted(svc)
 	for i := range sl.Len() {
 		identified := trusted && sl.HasPod(i)
-		var pd *podDrain
+		var pd *PodDrain
 		if identified && len(drains) > 0 {
 			// A pod drain drains its pod's own IPs only: a listing of the
 			// pod at another address is not the pod's (a Lease is honoured
@@ -354,7 +354,7 @@ func merge(svc *k8s.Service, ls []oneListing, at place, topo bool) listing {
 }
 
 // drainReason says why a listed endpoint drains.
-func drainReason(e *k8s.Endpoint, pd *podDrain) string {
+func drainReason(e *k8s.Endpoint, pd *PodDrain) string {
 	switch {
 	case pd != nil:
 		return pd.Reason
@@ -366,11 +366,4 @@ func drainReason(e *k8s.Endpoint, pd *podDrain) string {
 
 func endpointKey(ap netip.AddrPort, proto bpf.Protocol) bpf.EndpointKey {
 	return bpf.EndpointKey{Addr: ap.Addr(), Port: ap.Port(), Proto: proto}
-}
-
-func familyOf(a netip.Addr) k8s.Family {
-	if a.Is4() {
-		return k8s.IPv4
-	}
-	return k8s.IPv6
 }

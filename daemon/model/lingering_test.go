@@ -1,4 +1,4 @@
-package daemon
+package model
 
 import (
 	"math/rand/v2"
@@ -21,7 +21,7 @@ import (
 // a record still lingering (one that ended early wakes no pass).
 func TestLingerQueue(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
-	m := newModel(ModelConfig{Node: testNode, EntryTTL: time.Minute, Linger: time.Minute}, &fuzzState{}, newClaims(clock.RealClock{}, time.Minute))
+	m := New(Config{Node: testNode, EntryTTL: time.Minute, Linger: time.Minute}, &fuzzState{}, NewClaims(clock.RealClock{}, time.Minute))
 	now := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
 	uids := []types.UID{"pod-a", "pod-b", "pod-c", "pod-d"}
 	want := map[bpf.EndpointKey]time.Time{} // the reference: key -> end
@@ -39,7 +39,7 @@ func TestLingerQueue(t *testing.T) {
 			delete(want, k)
 		case r < 8: // a pod's drain Lease was deleted
 			uid := uids[rng.IntN(len(uids))]
-			m.endLingersOf(uid)
+			m.EndLingersOf(uid)
 			for k, u := range wantUID {
 				if u == uid {
 					delete(want, k)
@@ -47,7 +47,7 @@ func TestLingerQueue(t *testing.T) {
 			}
 		default:
 			now = now.Add(time.Duration(rng.IntN(5000)) * time.Millisecond)
-			m.expireLingering(now)
+			m.ExpireLingering(now)
 			for k, end := range want {
 				if !now.Before(end) {
 					delete(want, k)
@@ -72,7 +72,7 @@ func TestLingerQueue(t *testing.T) {
 		if got := m.firstLingerEnd(); !got.Equal(first) {
 			t.Fatalf("step %d: first linger end %v, want %v", step, got, first)
 		}
-		if got := m.nextDeadline(); !got.Equal(first) {
+		if got := m.NextDeadline(); !got.Equal(first) {
 			t.Fatalf("step %d: next deadline %v, want %v", step, got, first)
 		}
 		checkContributionIndex(t, m)
@@ -93,7 +93,7 @@ func TestLingerQueue(t *testing.T) {
 	checkContributionIndex(t, m)
 	// A minute later every record ended: none is left, in the queue
 	// either (those that ended early included).
-	m.expireLingering(now.Add(time.Minute))
+	m.ExpireLingering(now.Add(time.Minute))
 	if len(m.lingering) != 0 || len(m.lingerQueue) != 0 || m.firstLingerEnd() != (time.Time{}) {
 		t.Fatalf("%d lingering, %d queued a minute after the last departure", len(m.lingering), len(m.lingerQueue))
 	}
@@ -108,7 +108,7 @@ func TestLingerQueue(t *testing.T) {
 func BenchmarkLingerSteadyState(b *testing.B) {
 	for _, n := range []int{1000, 10000, 120000} {
 		b.Run("lingering="+strconv.Itoa(n), func(b *testing.B) {
-			m := newModel(ModelConfig{Node: testNode, EntryTTL: time.Minute, Linger: 2 * time.Minute}, &fuzzState{}, newClaims(clock.RealClock{}, time.Minute))
+			m := New(Config{Node: testNode, EntryTTL: time.Minute, Linger: 2 * time.Minute}, &fuzzState{}, NewClaims(clock.RealClock{}, time.Minute))
 			now := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
 			step := 2 * time.Minute / time.Duration(n)
 			depart := func(i int) {
@@ -118,8 +118,8 @@ func BenchmarkLingerSteadyState(b *testing.B) {
 				c := contribution{kind: fromLinger, uid: uid, servicePort: bpf.ServicePortID(1 + i%10000), policy: bpf.PolicyRefuse}
 				m.setLinger(k, &lingerRecord{c: c, until: now.Add(2 * time.Minute)})
 				now = now.Add(step)
-				m.expireLingering(now)
-				m.nextDeadline()
+				m.ExpireLingering(now)
+				m.NextDeadline()
 			}
 			for i := range n {
 				depart(i)

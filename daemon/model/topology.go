@@ -1,4 +1,4 @@
-package daemon
+package model
 
 import (
 	"net/netip"

@@ -1,4 +1,4 @@
-package daemon
+package model
 
 import (
 	"container/heap"
@@ -46,7 +46,7 @@ func (q *lingerQueue) Pop() any {
 	return x
 }
 
-func (m *model) setLinger(k bpf.EndpointKey, l *lingerRecord) {
+func (m *Model) setLinger(k bpf.EndpointKey, l *lingerRecord) {
 	m.clearLinger(k)
 	m.lingering[k] = l
 	m.lingerKeys[l.c.servicePort] = append(m.lingerKeys[l.c.servicePort], k)
@@ -59,7 +59,7 @@ func (m *model) setLinger(k bpf.EndpointKey, l *lingerRecord) {
 	}
 }
 
-func (m *model) clearLinger(k bpf.EndpointKey) {
+func (m *Model) clearLinger(k bpf.EndpointKey) {
 	l := m.lingering[k]
 	if l == nil {
 		return
@@ -83,13 +83,13 @@ func dropKey[K comparable](index map[K][]bpf.EndpointKey, at K, k bpf.EndpointKe
 }
 
 // lingeringOf reports whether pod uid has a lingering entry.
-func (m *model) lingeringOf(uid types.UID) bool { return len(m.lingerByPod[uid]) > 0 }
+func (m *Model) lingeringOf(uid types.UID) bool { return len(m.lingerByPod[uid]) > 0 }
 
-// endLingersOf ends the lingering entries of a pod: its drain Lease was
+// EndLingersOf ends the lingering entries of a pod: its drain Lease was
 // deleted, which the node hosting it does when the pod's IP is reused (or
 // its own linger ended). Remote nodes learn of a new owner no other way
 // when the new pod is in no Service.
-func (m *model) endLingersOf(uid types.UID) {
+func (m *Model) EndLingersOf(uid types.UID) {
 	if uid == "" {
 		return
 	}
@@ -98,8 +98,8 @@ func (m *model) endLingersOf(uid types.UID) {
 	}
 }
 
-// expireLingering ends the lingers that ran out, in order of end.
-func (m *model) expireLingering(now time.Time) {
+// ExpireLingering ends the lingers that ran out, in order of end.
+func (m *Model) ExpireLingering(now time.Time) {
 	for len(m.lingerQueue) > 0 && !now.Before(m.lingerQueue[0].rec.until) {
 		q := heap.Pop(&m.lingerQueue).(queuedLinger)
 		if m.lingering[q.key] == q.rec {
@@ -111,7 +111,7 @@ func (m *model) expireLingering(now time.Time) {
 // firstLingerEnd is the earliest end of a lingering record (zero: none).
 // Records that ended early are dropped from the queue's head first, so
 // that they wake no pass.
-func (m *model) firstLingerEnd() time.Time {
+func (m *Model) firstLingerEnd() time.Time {
 	for len(m.lingerQueue) > 0 {
 		q := m.lingerQueue[0]
 		if m.lingering[q.key] == q.rec {

@@ -1,4 +1,4 @@
-package daemon
+package model
 
 import (
 	"encoding/json"
@@ -9,6 +9,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 
@@ -50,8 +51,10 @@ func (s *fuzzState) LocalPods() []*k8s.Pod                    { return s.pods }
 func FuzzModel(f *testing.F) {
 	svc, _ := json.Marshal(corev1.Service{Spec: corev1.ServiceSpec{ClusterIPs: []string{"10.96.0.10", "fd00:96::10"},
 		Selector: map[string]string{"app": "web"}, Ports: []corev1.ServicePort{{Name: "http", Port: 80}, {Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP}}}})
-	sl, _ := json.Marshal(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b"), notReady("10.0.0.3", "c")))
-	pod, _ := json.Marshal(pod("pod-a", "a", "10.0.0.1"))
+	sl, _ := json.Marshal(seedSlice())
+	pod, _ := json.Marshal(corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "pod-a", Namespace: "default", UID: "a"},
+		Spec: corev1.PodSpec{NodeName: testNode}, Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.0.0.1",
+			PodIPs: []corev1.PodIP{{IP: "10.0.0.1"}}}})
 	lease, _ := json.Marshal(coordinationv1.Lease{})
 	f.Add(svc, sl, pod, lease, "rewrite")
 	f.Add(svc, sl, pod, lease, "refuse")
@@ -90,31 +93,31 @@ func FuzzModel(f *testing.F) {
 				st.leases = append(st.leases, dl)
 			}
 		}
-		cl := newClaims(clock.RealClock{}, time.Minute)
+		cl := NewClaims(clock.RealClock{}, time.Minute)
 		for _, sl := range st.slices {
-			cl.setSlice(sl.Namespace+"/"+sl.Name, sl)
+			cl.SetSlice(sl.Namespace+"/"+sl.Name, sl)
 		}
-		cl.setLocalPods(st.pods)
-		m := newModel(ModelConfig{Node: testNode, EntryTTL: time.Minute, Linger: time.Minute, RegistryOnlyPolicy: bpf.PolicyRefuse}, st, cl)
+		cl.SetLocalPods(st.pods)
+		m := New(Config{Node: testNode, EntryTTL: time.Minute, Linger: time.Minute, RegistryOnlyPolicy: bpf.PolicyRefuse}, st, cl)
 		now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
-		drains := map[types.UID]*podDrain{}
+		drains := map[types.UID]*PodDrain{}
 		for _, dl := range st.leases {
-			drains[dl.PodUID] = &podDrain{UID: dl.PodUID, Namespace: dl.PodNamespace, Name: dl.PodName, IPs: dl.IPs, Reason: dl.Reason, Expires: dl.Expires()}
+			drains[dl.PodUID] = &PodDrain{UID: dl.PodUID, Namespace: dl.PodNamespace, Name: dl.PodName, IPs: dl.IPs, Reason: dl.Reason, Expires: dl.Expires()}
 		}
-		m.setPodDrains(drains)
-		m.recomputeService("default/web", now)
+		m.SetPodDrains(drains)
+		m.RecomputeService("default/web", now)
 		checkContributionIndex(t, m)
-		m.recomputeService("default/web", now) // again: the same keys withdrawn and contributed anew
+		m.RecomputeService("default/web", now) // again: the same keys withdrawn and contributed anew
 		checkContributionIndex(t, m)
 		listed := st.slices
 		st.slices = nil // every endpoint departs
-		m.recomputeService("default/web", now.Add(time.Second))
+		m.RecomputeService("default/web", now.Add(time.Second))
 		checkContributionIndex(t, m)
 		defer func() {
 			st.slices = listed // listed again: lingers of endpoints not draining end
-			m.recomputeService("default/web", now.Add(2*time.Second))
+			m.RecomputeService("default/web", now.Add(2*time.Second))
 			checkContributionIndex(t, m)
-			m.expireLingering(now.Add(time.Hour))
+			m.ExpireLingering(now.Add(time.Hour))
 			checkContributionIndex(t, m)
 			if len(m.lingering) != 0 {
 				t.Fatalf("%d lingering after every linger ended", len(m.lingering))
@@ -129,13 +132,38 @@ func FuzzModel(f *testing.F) {
 				t.Fatalf("%v rewrites to service-port %d, which has no backends", k, dr.Service)
 			}
 		}
-		m.podStatuses()
+		m.PodStatuses()
 	})
 }
 
 // checkContributionIndex: every key in the model's contributions has one,
+
+// seedSlice is the EndpointSlice controller's slice of Service web: a terminating, a
+// ready and a not-ready endpoint at port http 8080.
+func seedSlice() *discoveryv1.EndpointSlice {
+	name, port, proto, yes := "http", int32(8080), corev1.ProtocolTCP, true
+	s := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Name: "web-1", Namespace: "default", Labels: map[string]string{discoveryv1.LabelServiceName: "web",
+			discoveryv1.LabelManagedBy: k8s.ManagedByController},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Service", Name: "web", UID: "svc-default-web", Controller: &yes}}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: &name, Port: &port, Protocol: &proto}},
+	}
+	for _, e := range []struct {
+		ip, uid                     string
+		ready, serving, terminating bool
+	}{{"10.0.0.1", "a", false, true, true}, {"10.0.0.2", "b", true, true, false}, {"10.0.0.3", "c", false, false, false}} {
+		node := testNode
+		s.Endpoints = append(s.Endpoints, discoveryv1.Endpoint{Addresses: []string{e.ip},
+			Conditions: discoveryv1.EndpointConditions{Ready: &e.ready, Serving: &e.serving, Terminating: &e.terminating},
+			NodeName:   &node,
+			TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: "default", Name: "pod-" + e.uid, UID: types.UID(e.uid)}})
+	}
+	return s
+}
+
 // and byIP lists exactly those keys.
-func checkContributionIndex(t *testing.T, m *model) {
+func checkContributionIndex(t *testing.T, m *Model) {
 	t.Helper()
 	n := 0
 	for k, cs := range m.contributions {

@@ -1,4 +1,4 @@
-package daemon
+package model
 
 import (
 	"net/netip"
@@ -50,7 +50,7 @@ func catService(mod ...func(*k8s.Service)) *k8s.Service {
 // selectable, which drain and why, per service-port and family.
 func TestCategorize(t *testing.T) {
 	leaseExp := time.Date(2026, 11, 29, 12, 0, 30, 0, time.UTC)
-	drains := map[types.UID]*podDrain{"d": {UID: "d", Reason: k8s.ReasonOffline, Expires: leaseExp, IPs: addrs("10.0.0.1")}}
+	drains := map[types.UID]*PodDrain{"d": {UID: "d", Reason: k8s.ReasonOffline, Expires: leaseExp, IPs: addrs("10.0.0.1")}}
 	type want struct {
 		selectable []string
 		draining   map[string]string // endpoint -> reason
@@ -146,8 +146,8 @@ func TestCategorize(t *testing.T) {
 }
 
 // byPod keys pod drains as the model does for categorize.
-func byPod(drains map[types.UID]*podDrain) map[k8s.PodKey]*podDrain {
-	out := make(map[k8s.PodKey]*podDrain, len(drains))
+func byPod(drains map[types.UID]*PodDrain) map[k8s.PodKey]*PodDrain {
+	out := make(map[k8s.PodKey]*PodDrain, len(drains))
 	for uid, d := range drains {
 		out[k8s.PodKeyOf(uid)] = d
 	}
@@ -158,7 +158,7 @@ func byPod(drains map[types.UID]*podDrain) map[k8s.PodKey]*podDrain {
 // (departure detection), and drained pods are reported. The listing
 // reuses the last one's array and keeps nothing of it.
 func TestCategorizeListed(t *testing.T) {
-	drains := map[types.UID]*podDrain{"d": {UID: "d", Reason: k8s.ReasonOffline, IPs: addrs("10.0.0.1")}}
+	drains := map[types.UID]*PodDrain{"d": {UID: "d", Reason: k8s.ReasonOffline, IPs: addrs("10.0.0.1")}}
 	last := listedEndpoints{{key("10.0.0.9:8080", bpf.TCP), k8s.PodKeyOf("x")}, {key("10.0.0.1:8080", bpf.TCP), k8s.PodKeyOf("x")}}
 	scratch := &catScratch{listed: last[:0], selectable: make([]netip.AddrPort, 1, 4)}
 	got := categorize(catService(), []*k8s.Slice{catSlice(k8s.IPv4, 8080, bpf.TCP,
@@ -185,7 +185,7 @@ func TestCategorizeListed(t *testing.T) {
 // several, the lowest pod.
 func TestCategorizeListingOrder(t *testing.T) {
 	exp1 := time.Date(2026, 11, 29, 12, 0, 30, 0, time.UTC)
-	drains := map[types.UID]*podDrain{
+	drains := map[types.UID]*PodDrain{
 		"d1": {UID: "d1", Reason: k8s.ReasonOffline, Expires: exp1, IPs: addrs("10.0.0.1")},
 		"d2": {UID: "d2", Reason: k8s.ReasonOperator, Expires: exp1.Add(time.Minute), IPs: addrs("10.0.0.1")},
 	}

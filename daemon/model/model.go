@@ -1,4 +1,4 @@
-package daemon
+package model
 
 import (
 	"cmp"
@@ -36,10 +36,18 @@ const (
 	ReasonTerminating = "terminating"
 	ReasonNotReady    = "not-ready"
 	ReasonDeparted    = "departed" // gone from every slice, lingering
+	// ReasonVanished: a pod that left its node without draining (force
+	// deleted, or deleted while draind was not looking), or an endpoint
+	// that left its slices so (vanish.go).
+	ReasonVanished = "vanished"
 )
 
-// ModelConfig holds the model's tunables.
-type ModelConfig struct {
+// StateGone is the state a hosting node publishes (a drain Lease's, this
+// node's own drain's) for a pod that was deleted: its IP is steered.
+const StateGone = "gone"
+
+// Config holds the model's tunables.
+type Config struct {
 	Node string
 	// Zone is the node's topology.kubernetes.io/zone label ("": none):
 	// steering picks from the backends kube-proxy would pick here.
@@ -54,34 +62,6 @@ type ModelConfig struct {
 	RegistryOnlyPolicy bpf.Policy
 	// OnPolicyWarning is told once per Service and bad annotation value.
 	OnPolicyWarning func(service, value string)
-}
-
-// podDrain is a drain of a whole pod: from a drain Lease, or from this
-// node's own knowledge of a pod it hosts (a deletion, an offline call).
-type podDrain struct {
-	UID             types.UID
-	Namespace, Name string
-	IPs             []netip.Addr
-	Reason          string
-	Since           time.Time
-	Expires         time.Time // zero: no deadline (this node's own drain)
-	Holder          string
-	Lease           bool
-	State           string // as the hosting node published it
-	// SteerPodIP: connections made straight to the pod's IP are steered
-	// (the pod asked to go offline, its workload opted in, or it is gone);
-	// otherwise only its Services' VIPs steer away from it.
-	SteerPodIP bool
-}
-
-func (d *podDrain) same(o *podDrain) bool {
-	return d.Reason == o.Reason && d.SteerPodIP == o.SteerPodIP && d.Expires.Equal(o.Expires) && slices.Equal(d.IPs, o.IPs) && d.Namespace == o.Namespace && d.Name == o.Name
-}
-
-// identical reports whether d and o are equal in every field (same
-// compares what the entries depend on).
-func (d *podDrain) identical(o *podDrain) bool {
-	return d.same(o) && d.UID == o.UID && d.Since.Equal(o.Since) && d.Holder == o.Holder && d.Lease == o.Lease && d.State == o.State
 }
 
 // servicePort is an active service-port: it has draining endpoints, or
@@ -156,7 +136,7 @@ func (r *serviceResult) sortDraining() {
 
 // departure is an endpoint that left every slice of a Service while
 // draining.
-type departure struct {
+type Departure struct {
 	Key     bpf.EndpointKey
 	UID     types.UID
 	Service string // namespace/name
@@ -171,10 +151,10 @@ type departure struct {
 // lingering entries (what it saw depart, by definition history). A pass
 // keeps it so by recomputing the Services the tracker marks and those
 // listing a changed pod drain. Checked by FuzzSequenceDifferential.
-type model struct {
-	cfg    ModelConfig
+type Model struct {
+	cfg    Config
 	state  State
-	claims *claims
+	claims *Claims
 
 	results        map[string]*serviceResult
 	servicePortIDs map[servicePortKey]bpf.ServicePortID
@@ -191,7 +171,7 @@ type model struct {
 	lingerKeys  map[bpf.ServicePortID][]bpf.EndpointKey
 	lingerByPod map[types.UID][]bpf.EndpointKey
 	lingerQueue lingerQueue
-	podDrains   map[types.UID]*podDrain
+	podDrains   map[types.UID]*PodDrain
 	// podDrainsGen changes whenever setPodDrains replaces podDrains;
 	// notesGen whenever podDrains, listings or vanish.services change (what
 	// the gone peers note of the pod drains, through goneView). Invariant:
@@ -202,7 +182,7 @@ type model struct {
 	podDrainsGen, notesGen uint64
 	podDrainsEnd           time.Time // the earliest end of a pod drain (zero: none)
 	// drainsByPod holds podDrains by the key slices compare pods by.
-	drainsByPod map[k8s.PodKey]*podDrain
+	drainsByPod map[k8s.PodKey]*PodDrain
 	listings    map[types.UID]map[string]struct{} // drained pod -> Services listing it
 	// listedPolicy is the most cautious policy of the Services that listed
 	// a drained pod: its all-ports entries keep it after the pod left them
@@ -216,12 +196,12 @@ type model struct {
 
 	touched             map[bpf.EndpointKey]struct{}
 	touchedServicePorts map[bpf.ServicePortID]struct{}
-	departures          []departure // since the last pass (conntrack, lease cleanup)
+	departures          []Departure // since the last pass (conntrack, lease cleanup)
 	vanish              vanishState // endpoints that left without draining (sockets_vanish.go)
 }
 
-func newModel(cfg ModelConfig, st State, cl *claims) *model {
-	m := &model{
+func New(cfg Config, st State, cl *Claims) *Model {
+	m := &Model{
 		cfg: cfg, state: st, claims: cl,
 		results:             map[string]*serviceResult{},
 		servicePortIDs:      map[servicePortKey]bpf.ServicePortID{},
@@ -231,7 +211,7 @@ func newModel(cfg ModelConfig, st State, cl *claims) *model {
 		lingering:           map[bpf.EndpointKey]*lingerRecord{},
 		lingerKeys:          map[bpf.ServicePortID][]bpf.EndpointKey{},
 		lingerByPod:         map[types.UID][]bpf.EndpointKey{},
-		podDrains:           map[types.UID]*podDrain{},
+		podDrains:           map[types.UID]*PodDrain{},
 		listings:            map[types.UID]map[string]struct{}{},
 		listedPolicy:        map[types.UID]bpf.Policy{},
 		warned:              map[string]string{},
@@ -243,7 +223,7 @@ func newModel(cfg ModelConfig, st State, cl *claims) *model {
 }
 
 // policyOf resolves a Service's pod-IP policy, warning once per bad value.
-func (m *model) policyOf(svc *k8s.Service) bpf.Policy {
+func (m *Model) policyOf(svc *k8s.Service) bpf.Policy {
 	def := bpf.PolicyRewrite
 	if svc.Headless {
 		def = bpf.PolicyOff
@@ -267,10 +247,10 @@ func (m *model) policyOf(svc *k8s.Service) bpf.Policy {
 	return p
 }
 
-// recomputeService recomputes one Service and updates the contributions,
+// RecomputeService recomputes one Service and updates the contributions,
 // active service-ports and lingering entries it owns. It reports whether
 // anything it contributes changed.
-func (m *model) recomputeService(key string, now time.Time) (changed bool) {
+func (m *Model) RecomputeService(key string, now time.Time) (changed bool) {
 	old := m.results[key]
 	svc := m.state.Service(key)
 	var cat categorized
@@ -325,8 +305,8 @@ func (m *model) recomputeService(key string, now time.Time) (changed bool) {
 //
 // The keys it empties stay (with their room and their place in byIP): the
 // Service usually contributes to the same keys again at once.
-// recomputeService forgets those it did not (forgetIfEmpty).
-func (m *model) withdrawService(old *serviceResult) {
+// RecomputeService forgets those it did not (forgetIfEmpty).
+func (m *Model) withdrawService(old *serviceResult) {
 	if old == nil {
 		return
 	}
@@ -344,7 +324,7 @@ func (m *model) withdrawService(old *serviceResult) {
 // activate makes a service-port with draining endpoints (or lingering ones
 // on its id) active, and contributes its draining endpoints. It reports
 // whether the service-port's frontends or backends changed.
-func (m *model) activate(next *serviceResult, c servicePortEndpoints, noSteer bool, policy bpf.Policy, old *serviceResult, now time.Time) (changed bool) {
+func (m *Model) activate(next *serviceResult, c servicePortEndpoints, noSteer bool, policy bpf.Policy, old *serviceResult, now time.Time) (changed bool) {
 	id, hasID := m.servicePortIDs[c.key]
 	lingerRefs := hasID && m.servicePorts[id] != nil && m.servicePorts[id].refs > 0
 	if len(c.draining) == 0 && !lingerRefs {
@@ -379,7 +359,7 @@ func (m *model) activate(next *serviceResult, c servicePortEndpoints, noSteer bo
 
 // updateServicePort sets an active service-port's frontends and selectable
 // endpoints to c's, and reports whether they changed.
-func (m *model) updateServicePort(sp *servicePort, c servicePortEndpoints, noSteer bool) bool {
+func (m *Model) updateServicePort(sp *servicePort, c servicePortEndpoints, noSteer bool) bool {
 	selectable := backendset.Pack(c.selectable)
 	if sp.selectable == selectable && slices.Equal(sp.frontends, c.frontends) && sp.noSteer == noSteer {
 		return false
@@ -398,7 +378,7 @@ func (m *model) updateServicePort(sp *servicePort, c servicePortEndpoints, noSte
 // in this very update, or the Service lists none there any more), with
 // what the Service selects there now: a linger rewrites to it. It reports
 // whether any changed.
-func (m *model) keepLingering(old, next *serviceResult, cat categorized, svc *k8s.Service) (changed bool) {
+func (m *Model) keepLingering(old, next *serviceResult, cat categorized, svc *k8s.Service) (changed bool) {
 	if old == nil {
 		return false
 	}
@@ -420,7 +400,7 @@ func (m *model) keepLingering(old, next *serviceResult, cat categorized, svc *k8
 
 // updateListings records which drained pods the Service lists now: their
 // all-ports entries change with it.
-func (m *model) updateListings(key string, old, next *serviceResult, policy bpf.Policy) {
+func (m *Model) updateListings(key string, old, next *serviceResult, policy bpf.Policy) {
 	for uid := range next.pods {
 		if p, ok := m.listedPolicy[uid]; !ok || policy > p {
 			m.listedPolicy[uid] = policy
@@ -446,7 +426,7 @@ func (m *model) updateListings(key string, old, next *serviceResult, policy bpf.
 // leaving says nothing of its pods, which may still be serving their
 // connections through their grace period. Their addresses are not
 // lingered, and their TCP flows are not expired.
-func (m *model) lingerDeparted(svc string, old, next *serviceResult, listed listedEndpoints, now time.Time) (departed bool) {
+func (m *Model) lingerDeparted(svc string, old, next *serviceResult, listed listedEndpoints, now time.Time) (departed bool) {
 	if old == nil || m.state.Service(svc) == nil {
 		return false
 	}
@@ -459,7 +439,7 @@ func (m *model) lingerDeparted(svc string, old, next *serviceResult, listed list
 			continue // listed again, ready: no longer draining
 		}
 		departed = true
-		m.departures = append(m.departures, departure{Key: k, UID: prev.uid, Service: svc, GoneAt: now})
+		m.departures = append(m.departures, Departure{Key: k, UID: prev.uid, Service: svc, GoneAt: now})
 		if prev.policy == bpf.PolicyOff || m.cfg.Linger <= 0 || m.suppressed(prev, k.Addr) {
 			continue
 		}
@@ -475,7 +455,7 @@ func (m *model) lingerDeparted(svc string, old, next *serviceResult, listed list
 // EndpointSlice controller moved it between slices in two updates (a pass
 // between them saw it leave every slice), and it is ready. It reports
 // whether any ended.
-func (m *model) endLingersListedAgain(next *serviceResult, listed listedEndpoints) (ended bool) {
+func (m *Model) endLingersListedAgain(next *serviceResult, listed listedEndpoints) (ended bool) {
 	for _, ref := range next.servicePorts {
 		for _, k := range slices.Clone(m.lingerKeys[ref.id]) { // clearLinger edits it
 			if listedNotDraining(next, listed, k, m.lingering[k].c.uid) {
@@ -497,7 +477,7 @@ func listedNotDraining(next *serviceResult, listed listedEndpoints, k bpf.Endpoi
 	return ok && pod == k8s.PodKeyOf(uid)
 }
 
-func (m *model) keyOf(id bpf.ServicePortID) servicePortKey {
+func (m *Model) keyOf(id bpf.ServicePortID) servicePortKey {
 	if sp := m.servicePorts[id]; sp != nil {
 		return sp.key
 	}
@@ -505,7 +485,7 @@ func (m *model) keyOf(id bpf.ServicePortID) servicePortKey {
 }
 
 // releaseIfUnused deactivates a service-port nothing refers to any more.
-func (m *model) releaseIfUnused(id bpf.ServicePortID) {
+func (m *Model) releaseIfUnused(id bpf.ServicePortID) {
 	sp := m.servicePorts[id]
 	if sp == nil || sp.refs > 0 {
 		return
@@ -516,9 +496,9 @@ func (m *model) releaseIfUnused(id bpf.ServicePortID) {
 	m.ids.release(id)
 }
 
-// setPodDrains replaces the pod drains and returns those that changed (old
+// SetPodDrains replaces the pod drains and returns those that changed (old
 // or new version): the Services listing their pods must be recomputed.
-func (m *model) setPodDrains(next map[types.UID]*podDrain) (changed []*podDrain) {
+func (m *Model) SetPodDrains(next map[types.UID]*PodDrain) (changed []*PodDrain) {
 	if maps.Equal(m.podDrains, next) { // the same objects
 		return nil
 	}
@@ -546,7 +526,7 @@ func (m *model) setPodDrains(next map[types.UID]*podDrain) (changed []*podDrain)
 		}
 	}
 	if len(next) > 0 || len(m.drainsByPod) > 0 {
-		m.drainsByPod = make(map[k8s.PodKey]*podDrain, len(next))
+		m.drainsByPod = make(map[k8s.PodKey]*PodDrain, len(next))
 		for uid, d := range next {
 			m.drainsByPod[k8s.PodKeyOf(uid)] = d
 		}
@@ -557,12 +537,12 @@ func (m *model) setPodDrains(next map[types.UID]*podDrain) (changed []*podDrain)
 		}
 		m.updatePodEntries(d.UID)
 	}
-	slices.SortFunc(changed, func(a, b *podDrain) int { return cmp.Compare(a.UID, b.UID) })
+	slices.SortFunc(changed, func(a, b *PodDrain) int { return cmp.Compare(a.UID, b.UID) })
 	return changed
 }
 
-// servicesListing returns the Services whose slices list a pod.
-func (m *model) servicesListing(uid types.UID, namespace string) []string {
+// ServicesListing returns the Services whose slices list a pod.
+func (m *Model) ServicesListing(uid types.UID, namespace string) []string {
 	set := map[string]struct{}{}
 	pod := k8s.PodKeyOf(uid)
 	for _, sl := range m.state.SlicesInNamespace(namespace) {
@@ -587,9 +567,9 @@ func (m *model) servicesListing(uid types.UID, namespace string) []string {
 	return out
 }
 
-// claimsChanged voids lingering entries whose IP another pod now owns, and
+// ClaimsChanged voids lingering entries whose IP another pod now owns, and
 // marks every entry of the IP for a re-merge.
-func (m *model) claimsChanged(ip netip.Addr) {
+func (m *Model) ClaimsChanged(ip netip.Addr) {
 	for _, k := range slices.Clone(m.byIP[ip]) { // clearLinger may remove k
 		m.touch(k)
 		if l := m.lingering[k]; l != nil && m.suppressed(l.c, ip) {
@@ -598,8 +578,8 @@ func (m *model) claimsChanged(ip netip.Addr) {
 	}
 }
 
-// nextDeadline is the earliest instant the model changes by itself.
-func (m *model) nextDeadline() time.Time {
+// NextDeadline is the earliest instant the model changes by itself.
+func (m *Model) NextDeadline() time.Time {
 	t := m.firstLingerEnd()
 	for _, e := range [2]time.Time{m.podDrainsEnd, m.vanish.servicesEnd} {
 		if !e.IsZero() && (t.IsZero() || e.Before(t)) {
@@ -611,12 +591,33 @@ func (m *model) nextDeadline() time.Time {
 
 // suppressed reports whether a contribution is void because its IP now
 // belongs to another pod (identity is the pod UID, not the IP).
-func (m *model) suppressed(c contribution, ip netip.Addr) bool {
-	return m.claims.claimedByOther(ip, c.uid)
+func (m *Model) suppressed(c contribution, ip netip.Addr) bool {
+	return m.claims.ClaimedByOther(ip, c.uid)
 }
 
-// takeDepartures returns the departures since the last call.
-func (m *model) takeDepartures() []departure {
+// AdoptIDs records the service-port ids of a previous draind's pinned
+// entries (serviceIDs.adopt), before the first pass.
+func (m *Model) AdoptIDs(d *bpf.Dump) { m.ids.adopt(d) }
+
+// ForgetPinnedIDs ends the adoption of pinned ids, after the first pass.
+func (m *Model) ForgetPinnedIDs() { m.ids.forgetPinned() }
+
+// SetZone makes zone the node's zone and reports whether it changed, with
+// the Services to recompute then (every one that steers).
+func (m *Model) SetZone(zone string) (changed bool, services []string) {
+	if m.cfg.Zone == zone {
+		return false, nil
+	}
+	m.cfg.Zone = zone
+	return true, slices.Collect(maps.Keys(m.results))
+}
+
+// PodDrains returns the pod drains, read-only, and the generation they
+// changed at (podDrainsGen).
+func (m *Model) PodDrains() (map[types.UID]*PodDrain, uint64) { return m.podDrains, m.podDrainsGen }
+
+// TakeDepartures returns the departures since the last call.
+func (m *Model) TakeDepartures() []Departure {
 	d := m.departures
 	m.departures = nil
 	return d

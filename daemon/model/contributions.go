@@ -1,4 +1,4 @@
-package daemon
+package model
 
 import (
 	"slices"
@@ -38,9 +38,9 @@ type contribution struct {
 	frontendOnly bool
 }
 
-func (m *model) touch(k bpf.EndpointKey) { m.touched[k] = struct{}{} }
+func (m *Model) touch(k bpf.EndpointKey) { m.touched[k] = struct{}{} }
 
-func (m *model) addContribution(k bpf.EndpointKey, c contribution) {
+func (m *Model) addContribution(k bpf.EndpointKey, c contribution) {
 	m.contributions[k] = append(m.contributions[k], c)
 	if c.servicePort != 0 {
 		if sp := m.servicePorts[c.servicePort]; sp != nil {
@@ -54,14 +54,14 @@ func (m *model) addContribution(k bpf.EndpointKey, c contribution) {
 }
 
 // removeContribution drops the contributions of k that match.
-func (m *model) removeContribution(k bpf.EndpointKey, match func(contribution) bool) {
+func (m *Model) removeContribution(k bpf.EndpointKey, match func(contribution) bool) {
 	m.dropContributions(k, match)
 	m.forgetIfEmpty(k)
 }
 
 // dropContributions drops the contributions of k that match and leaves k,
 // emptied, in place (forgetIfEmpty removes it).
-func (m *model) dropContributions(k bpf.EndpointKey, match func(contribution) bool) {
+func (m *Model) dropContributions(k bpf.EndpointKey, match func(contribution) bool) {
 	cs := m.contributions[k]
 	out := cs[:0]
 	for _, c := range cs {
@@ -83,7 +83,7 @@ func (m *model) dropContributions(k bpf.EndpointKey, match func(contribution) bo
 }
 
 // forgetIfEmpty removes k if it has no contribution left.
-func (m *model) forgetIfEmpty(k bpf.EndpointKey) {
+func (m *Model) forgetIfEmpty(k bpf.EndpointKey) {
 	if cs, ok := m.contributions[k]; !ok || len(cs) > 0 {
 		return
 	}
@@ -92,7 +92,7 @@ func (m *model) forgetIfEmpty(k bpf.EndpointKey) {
 }
 
 // setListing records whether a Service lists a drained pod.
-func (m *model) setListing(uid types.UID, svc string, on bool) {
+func (m *Model) setListing(uid types.UID, svc string, on bool) {
 	set := m.listings[uid]
 	_, was := set[svc]
 	if on == was {
@@ -117,7 +117,7 @@ func (m *model) setListing(uid types.UID, svc string, on bool) {
 // updatePodEntries sets the all-ports entries of a drained pod: they refuse
 // (or pass) connections to a pod no Service lists (a registry-only
 // workload), and on the pod's own node let the observer count every SYN.
-func (m *model) updatePodEntries(uid types.UID) {
+func (m *Model) updatePodEntries(uid types.UID) {
 	m.withdrawPodEntries(uid)
 	d := m.podDrains[uid]
 	if d == nil {
@@ -139,7 +139,7 @@ func (m *model) updatePodEntries(uid types.UID) {
 
 // withdrawPodEntries removes a drained pod's all-ports entries, found
 // through the IPs of its current drain.
-func (m *model) withdrawPodEntries(uid types.UID) {
+func (m *Model) withdrawPodEntries(uid types.UID) {
 	d := m.podDrains[uid]
 	if d == nil {
 		return

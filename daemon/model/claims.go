@@ -1,4 +1,4 @@
-package daemon
+package model
 
 import (
 	"net/netip"
@@ -35,7 +35,7 @@ import (
 // It indexes every trusted endpoint of the cluster, so it is kept small: an
 // IP maps to the slices that list it (a slice number, no copy of the
 // endpoint), and the answers are read from those slices' endpoints.
-type claims struct {
+type Claims struct {
 	mu     sync.Mutex
 	slices map[string]int32 // trusted slices as applied: namespace/name -> number
 	table  []*k8s.Slice     // by number; nil: free
@@ -92,9 +92,9 @@ type ipIndex struct {
 	more  map[netip.Addr][]int32
 }
 
-// newClaims returns an empty index that remembers departed hosts for keep.
-func newClaims(c clock.PassiveClock, keep time.Duration) *claims {
-	return &claims{slices: map[string]int32{}, local: map[netip.Addr]types.UID{},
+// NewClaims returns an empty index that remembers departed hosts for keep.
+func NewClaims(c clock.PassiveClock, keep time.Duration) *Claims {
+	return &Claims{slices: map[string]int32{}, local: map[netip.Addr]types.UID{},
 		byIP:  ipIndex{v4: map[[4]byte]int32{}, other: map[netip.Addr]int32{}, more: map[netip.Addr][]int32{}},
 		clock: c, keep: keep, departed: map[netip.Addr]departedClaim{}}
 }
@@ -172,7 +172,7 @@ func (x *ipIndex) each(ip netip.Addr, fn func(int32)) {
 // slice that lists a pod at ip, until fn returns false. It builds no
 // k8s.Endpoint: the callers, some on the pass's path, read the fields they
 // need (a pod's UID as a k8s.PodKey). The caller holds mu.
-func (c *claims) eachListing(ip netip.Addr, fn func(s *k8s.Slice, i int) bool) {
+func (c *Claims) eachListing(ip netip.Addr, fn func(s *k8s.Slice, i int) bool) {
 	more := true
 	c.byIP.each(ip, func(n int32) {
 		s := c.table[n]
@@ -213,12 +213,12 @@ func readyClaims(out []readyClaim, s *k8s.Slice) []readyClaim {
 	return slices.Compact(out)
 }
 
-// setSlice records the current state of slice key: s if it is trusted, nil
+// SetSlice records the current state of slice key: s if it is trusted, nil
 // if it is not (or was deleted). It returns the IPs whose ready claims
 // changed (the set of pods listed ready there). Setting the same state
 // twice changes nothing, so a Service event re-applying its slices and the
 // slices' own events never count a slice twice.
-func (c *claims) setSlice(key string, s *k8s.Slice) []netip.Addr {
+func (c *Claims) SetSlice(key string, s *k8s.Slice) []netip.Addr {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	n, had := c.slices[key]
@@ -272,7 +272,7 @@ func (c *claims) setSlice(key string, s *k8s.Slice) []netip.Addr {
 // noteDepartures remembers the host of every pod that old listed with a node
 // and that no trusted slice lists at that IP any more (s, old's successor,
 // already applied). c.mu held.
-func (c *claims) noteDepartures(old, s *k8s.Slice) {
+func (c *Claims) noteDepartures(old, s *k8s.Slice) {
 	now := c.clock.Now()
 	for i := range old.Len() {
 		if !old.HasPod(i) || (s != nil && i < s.Len() && s.Addr(i) == old.Addr(i) && s.PodKey(i) == old.PodKey(i)) {
@@ -315,7 +315,7 @@ func samePods(a, b *k8s.Slice) bool {
 // (samePods): a pod's ready claim at an IP changed where its readiness
 // flipped, unless another place in the slice, or another trusted slice,
 // still lists it ready there.
-func (c *claims) flippedIPs(old, s *k8s.Slice, n int32) []netip.Addr {
+func (c *Claims) flippedIPs(old, s *k8s.Slice, n int32) []netip.Addr {
 	var changed []netip.Addr
 	for i := range s.Len() {
 		if !s.HasPod(i) || old.Ready(i) == s.Ready(i) {
@@ -362,7 +362,7 @@ func sameIPs(a, b *k8s.Slice) bool {
 	}
 }
 
-func (c *claims) alloc(s *k8s.Slice) int32 {
+func (c *Claims) alloc(s *k8s.Slice) int32 {
 	if k := len(c.free); k > 0 {
 		n := c.free[k-1]
 		c.free = c.free[:k-1]
@@ -374,7 +374,7 @@ func (c *claims) alloc(s *k8s.Slice) int32 {
 }
 
 // index adds (or removes) slice n's IPs to (from) the IP index.
-func (c *claims) index(n int32, s *k8s.Slice, add bool) {
+func (c *Claims) index(n int32, s *k8s.Slice, add bool) {
 	for i := range s.Len() {
 		if !s.HasPod(i) {
 			continue
@@ -390,7 +390,7 @@ func (c *claims) index(n int32, s *k8s.Slice, add bool) {
 // changedIPs compares slice n's ready claims before and after, IP by IP: a
 // pod that became (or stopped being) ready at an IP changes its claims,
 // unless another trusted slice lists it ready there too.
-func (c *claims) changedIPs(before, after []readyClaim, n int32) []netip.Addr {
+func (c *Claims) changedIPs(before, after []readyClaim, n int32) []netip.Addr {
 	var changed []netip.Addr
 	flip := func(r readyClaim) {
 		if len(changed) > 0 && changed[len(changed)-1] == r.ip {
@@ -419,7 +419,7 @@ func (c *claims) changedIPs(before, after []readyClaim, n int32) []netip.Addr {
 
 // readyElsewhere reports whether a slice other than n lists r's pod ready
 // at r's IP.
-func (c *claims) readyElsewhere(r readyClaim, n int32) bool {
+func (c *Claims) readyElsewhere(r readyClaim, n int32) bool {
 	found := false
 	c.byIP.each(r.ip, func(m int32) {
 		if m == n || found {
@@ -436,9 +436,9 @@ func (c *claims) readyElsewhere(r readyClaim, n int32) bool {
 	return found
 }
 
-// setLocalPods replaces the local pods' claims (pods that exist and are
+// SetLocalPods replaces the local pods' claims (pods that exist and are
 // not being deleted) and returns the IPs that changed hands.
-func (c *claims) setLocalPods(pods []*k8s.Pod) []netip.Addr {
+func (c *Claims) SetLocalPods(pods []*k8s.Pod) []netip.Addr {
 	next := map[netip.Addr]types.UID{}
 	for _, p := range pods {
 		if p.HostNetwork || p.Deleting() || p.Finished() { // a finished pod released its IPs
@@ -471,9 +471,9 @@ func changedIPs(old, next map[netip.Addr]types.UID) []netip.Addr {
 	return changed
 }
 
-// claimedByOther reports whether ip is currently owned by a pod other than
+// ClaimedByOther reports whether ip is currently owned by a pod other than
 // uid: a local pod, a believed claim Lease, or a ready listing.
-func (c *claims) claimedByOther(ip netip.Addr, uid types.UID) bool {
+func (c *Claims) ClaimedByOther(ip netip.Addr, uid types.UID) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if l, ok := c.local[ip]; ok && l != uid {
@@ -490,9 +490,9 @@ func (c *claims) claimedByOther(ip netip.Addr, uid types.UID) bool {
 	return other
 }
 
-// setRemote replaces the believed claims (IP -> pod) and returns the IPs
+// SetRemote replaces the believed claims (IP -> pod) and returns the IPs
 // whose claim changed.
-func (c *claims) setRemote(next map[netip.Addr]types.UID) []netip.Addr {
+func (c *Claims) SetRemote(next map[netip.Addr]types.UID) []netip.Addr {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	changed := changedIPs(c.remote, next)
@@ -500,11 +500,11 @@ func (c *claims) setRemote(next map[netip.Addr]types.UID) []netip.Addr {
 	return changed
 }
 
-// stillServes reports whether the cluster's records show pod uid alive at
+// StillServes reports whether the cluster's records show pod uid alive at
 // ip right now: a trusted slice lists it there ready, or it is a local pod
 // not being deleted. Such a pod is not gone, whatever a slice that dropped
 // it says: a linger or a TCP expiry of its IP would cut a serving pod.
-func (c *claims) stillServes(ip netip.Addr, uid types.UID) bool {
+func (c *Claims) StillServes(ip netip.Addr, uid types.UID) bool {
 	if uid == "" {
 		return false
 	}
@@ -521,9 +521,9 @@ func (c *claims) stillServes(ip netip.Addr, uid types.UID) bool {
 	return serves
 }
 
-// listsPodAt reports whether a trusted slice of Service svc
+// ListsPodAt reports whether a trusted slice of Service svc
 // (namespace/name) lists pod uid at k: its address, with k's port.
-func (c *claims) listsPodAt(svc string, k bpf.EndpointKey, uid types.UID) bool {
+func (c *Claims) ListsPodAt(svc string, k bpf.EndpointKey, uid types.UID) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	pod := k8s.PodKeyOf(uid)
@@ -551,8 +551,8 @@ func sliceOf(s *k8s.Slice, svc string) bool {
 // pruneDeparted forgets departed hosts older than keep, oldest first
 // (c.mu held). A host noted again at the same IP keeps the later note; a
 // clock set back leaves older notes behind a newer one for a while, which
-// hostOf ignores once they are older than keep.
-func (c *claims) pruneDeparted() {
+// HostOf ignores once they are older than keep.
+func (c *Claims) pruneDeparted() {
 	now := c.clock.Now()
 	for c.head < len(c.departures) {
 		d := c.departures[c.head]
@@ -573,10 +573,10 @@ func (c *claims) pruneDeparted() {
 	}
 }
 
-// watch makes gen follow the IPs of ips alone (none if empty). gen
+// Watch makes gen follow the IPs of ips alone (none if empty). gen
 // changes if an IP is new to it (every IP was watched while watched was
 // nil): its listings may have changed unseen until now.
-func (c *claims) watch(ips []netip.Addr) {
+func (c *Claims) Watch(ips []netip.Addr) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	next := make(map[netip.Addr]struct{}, len(ips))
@@ -593,7 +593,7 @@ func (c *claims) watch(ips []netip.Addr) {
 
 // noteWatched changes gen if old or s (a slice's state before and after a
 // change of its pods) lists a pod at a watched IP (c.mu held).
-func (c *claims) noteWatched(old, s *k8s.Slice) {
+func (c *Claims) noteWatched(old, s *k8s.Slice) {
 	if c.watched != nil && len(c.watched) == 0 {
 		return
 	}
@@ -611,25 +611,25 @@ func (c *claims) noteWatched(old, s *k8s.Slice) {
 }
 
 // isWatched reports whether gen follows ip.
-func (c *claims) isWatched(ip netip.Addr) bool {
+func (c *Claims) isWatched(ip netip.Addr) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	_, ok := c.watched[ip]
 	return ok || c.watched == nil
 }
 
-// generation returns gen: an answer of hostOf for a watched IP read after
+// Generation returns gen: an answer of hostOf for a watched IP read after
 // it holds as long as gen stays, or until the end hostOf gives.
-func (c *claims) generation() uint64 {
+func (c *Claims) Generation() uint64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.gen
 }
 
-// hostOf returns the node that trusted slices say hosts pod uid at ip, or
+// HostOf returns the node that trusted slices say hosts pod uid at ip, or
 // hosted it until its listing ended less than keep ago; until is when such
 // a departed host's answer ends (zero: the listings' answer).
-func (c *claims) hostOf(ip netip.Addr, uid types.UID) (node string, listed bool, until time.Time) {
+func (c *Claims) HostOf(ip netip.Addr, uid types.UID) (node string, listed bool, until time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	pod := k8s.PodKeyOf(uid)
@@ -647,12 +647,4 @@ func (c *claims) hostOf(ip netip.Addr, uid types.UID) (node string, listed bool,
 		return dc.node, true, dc.at.Add(c.keep)
 	}
 	return "", listed, time.Time{}
-}
-
-// localOwner returns the local pod holding ip, if any.
-func (c *claims) localOwner(ip netip.Addr) (types.UID, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	u, ok := c.local[ip]
-	return u, ok
 }

@@ -1,4 +1,4 @@
-package daemon
+package model
 
 import (
 	"net/netip"
@@ -15,25 +15,25 @@ import (
 // BenchmarkVanishPending is a pass's look at vanished candidates while n
 // of them wait for a gone Lease that may never come: the endpoints a
 // rebalance of the EndpointSlice controller or a label change moved while
-// ready wait vanishWait (10 s), and every pass of those seconds (one per
+// ready wait VanishWait (10 s), and every pass of those seconds (one per
 // slice update of the cluster) looks at them.
 func BenchmarkVanishPending(b *testing.B) {
 	for _, n := range []int{1000, 10000} {
 		b.Run("pending="+strconv.Itoa(n), func(b *testing.B) {
-			m := newModel(ModelConfig{Node: testNode, EntryTTL: time.Minute, Linger: 2 * time.Minute}, &fuzzState{}, newClaims(clock.RealClock{}, time.Minute))
+			m := New(Config{Node: testNode, EntryTTL: time.Minute, Linger: 2 * time.Minute}, &fuzzState{}, NewClaims(clock.RealClock{}, time.Minute))
 			now := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
-			eps := make([]vanishedEndpoint, n)
+			eps := make([]VanishedEndpoint, n)
 			for i := range eps {
-				eps[i] = vanishedEndpoint{service: "default/svc-" + strconv.Itoa(i%1000),
-					key: bpf.EndpointKey{Addr: netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), Port: 8080, Proto: bpf.TCP},
-					uid: types.UID("pod-" + strconv.Itoa(i)), at: now}
+				eps[i] = VanishedEndpoint{Service: "default/svc-" + strconv.Itoa(i%1000),
+					Key: bpf.EndpointKey{Addr: netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), Port: 8080, Proto: bpf.TCP},
+					UID: types.UID("pod-" + strconv.Itoa(i)), At: now}
 			}
-			m.addVanished(eps)
+			m.AddVanished(eps)
 			dirty := map[string]time.Time{}
 			b.ResetTimer()
 			for range b.N {
-				now = now.Add(time.Microsecond) // a million passes stay within vanishWait
-				m.markVanished(dirty, now, now)
+				now = now.Add(time.Microsecond) // a million passes stay within VanishWait
+				m.MarkVanished(dirty, now, now)
 			}
 			b.StopTimer()
 			if len(dirty) != 0 {

@@ -1,4 +1,4 @@
-package daemon
+package model
 
 import (
 	"cmp"
@@ -6,12 +6,14 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/daemon/internal/backendset"
+	"github.com/draind/draind/daemon/reconcile"
 )
 
 // What the kernel gets: the model's contributions merged into one drain
@@ -19,7 +21,7 @@ import (
 
 // desiredDrain merges the contributions of one key: the most cautious
 // policy wins, the entry lives as long as its longest-lived contribution.
-func (m *model) desiredDrain(k bpf.EndpointKey, now time.Time) (bpf.Drain, bool) {
+func (m *Model) desiredDrain(k bpf.EndpointKey, now time.Time) (bpf.Drain, bool) {
 	d := bpf.Drain{Key: k, Policy: bpf.PolicyRewrite}
 	found := false
 	for _, c := range m.contributions[k] {
@@ -57,9 +59,9 @@ func (m *model) desiredDrain(k bpf.EndpointKey, now time.Time) (bpf.Drain, bool)
 // still serving at the IP: it only left that Service, or the slice that
 // listed it was withdrawn (a forged one the EndpointSlice controller
 // removed). Such a linger passes, whatever its Service's policy.
-func (m *model) steersPodIP(c contribution, ip netip.Addr) bool {
+func (m *Model) steersPodIP(c contribution, ip netip.Addr) bool {
 	if c.kind == fromLinger {
-		return !m.claims.stillServes(ip, c.uid)
+		return !m.claims.StillServes(ip, c.uid)
 	}
 	d := m.podDrains[c.uid]
 	return d != nil && d.SteerPodIP
@@ -68,7 +70,7 @@ func (m *model) steersPodIP(c contribution, ip netip.Addr) bool {
 // effectivePolicy is what one contribution asks for, given whether its
 // service-port has somewhere to rewrite to, and the service-port it would
 // rewrite to (0: none).
-func (m *model) effectivePolicy(c contribution) (bpf.Policy, bpf.ServicePortID) {
+func (m *Model) effectivePolicy(c contribution) (bpf.Policy, bpf.ServicePortID) {
 	p := c.policy
 	if c.servicePort == 0 {
 		if p == bpf.PolicyRewrite {
@@ -97,7 +99,7 @@ func (m *model) effectivePolicy(c contribution) (bpf.Policy, bpf.ServicePortID) 
 
 // entryExpiry bounds the entry one contribution asks for: EntryTTL from now
 // (refreshed while it lasts), the end of a linger, or a Lease's expiry.
-func (m *model) entryExpiry(k bpf.EndpointKey, c contribution, now time.Time) time.Time {
+func (m *Model) entryExpiry(k bpf.EndpointKey, c contribution, now time.Time) time.Time {
 	e := now.Add(m.cfg.EntryTTL)
 	if c.kind == fromLinger {
 		if l := m.lingering[k]; l != nil && l.until.Before(e) {
@@ -114,7 +116,7 @@ func (m *model) entryExpiry(k bpf.EndpointKey, c contribution, now time.Time) ti
 // service-port (nil backends: the service-port is not active). The backend
 // addresses are left packed (be.Backends nil, the service-port's
 // selectable set): the writer unpacks the few sets a pass writes.
-func (m *model) desiredServicePort(id bpf.ServicePortID, now time.Time) (fes []bpf.Frontend, be *bpf.Backends) {
+func (m *Model) desiredServicePort(id bpf.ServicePortID, now time.Time) (fes []bpf.Frontend, be *bpf.Backends) {
 	sp := m.servicePorts[id]
 	if sp == nil || sp.refs == 0 {
 		return nil, nil
@@ -129,9 +131,9 @@ func (m *model) desiredServicePort(id bpf.ServicePortID, now time.Time) (fes []b
 	return fes, &bpf.Backends{Service: id, Expires: exp}
 }
 
-// keysOf returns the entry keys contributed for each of the given pods,
+// KeysOf returns the entry keys contributed for each of the given pods,
 // found through their IPs (a drained pod's Lease or endpoints name them).
-func (m *model) keysOf(uids []types.UID) map[types.UID][]bpf.EndpointKey {
+func (m *Model) KeysOf(uids []types.UID) map[types.UID][]bpf.EndpointKey {
 	out := make(map[types.UID][]bpf.EndpointKey, len(uids))
 	for _, uid := range uids {
 		var keys []bpf.EndpointKey
@@ -154,9 +156,22 @@ func (m *model) keysOf(uids []types.UID) map[types.UID][]bpf.EndpointKey {
 	return out
 }
 
-// podStatuses groups the live contributions by pod into status rows
+// PodStatus is one drained pod as the model knows it: the status view's
+// part that no node's measurements make.
+type PodStatus struct {
+	Namespace, Name, UID string
+	IPs                  []string
+	Reason               string
+	Since, Deadline      time.Time
+	// Lingering: every entry of the pod lingers (it departed, or its
+	// drain says it is gone); else it drains.
+	Lingering bool
+	Entries   []string
+}
+
+// PodStatuses groups the live contributions by pod into status rows
 // (without this node's measurements), sorted by pod name.
-func (m *model) podStatuses() []PodStatus {
+func (m *Model) PodStatuses() []PodStatus {
 	type row struct {
 		PodStatus
 		keys           []bpf.EndpointKey
@@ -175,7 +190,7 @@ func (m *model) podStatuses() []PodStatus {
 			}
 			r := by[id]
 			if r == nil {
-				r = &row{PodStatus: PodStatus{UID: string(c.uid), Reason: c.reason, Since: c.since, State: StateDraining}}
+				r = &row{PodStatus: PodStatus{UID: string(c.uid), Reason: c.reason, Since: c.since}}
 				r.Namespace, r.Name = splitPod(c.pod)
 				by[id] = r
 			}
@@ -209,9 +224,7 @@ func (m *model) podStatuses() []PodStatus {
 			}
 			departed = departed || d.State == StateGone
 		}
-		if departed {
-			r.State = StateLingering
-		}
+		r.Lingering = departed
 		slices.SortFunc(r.keys, bpf.EndpointKey.Compare)
 		slices.SortFunc(r.ips, netip.Addr.Compare)
 		for _, ip := range r.ips {
@@ -228,8 +241,11 @@ func (m *model) podStatuses() []PodStatus {
 	return out
 }
 
-// desiredView is the model as the reconciler reads it (reconcile.Desired).
-type desiredView struct{ m *model }
+// Desired returns the model as the reconciler reads it.
+func (m *Model) Desired() reconcile.Desired { return desiredView{m} }
+
+// desiredView is the model's view for the reconciler.
+type desiredView struct{ m *Model }
 
 func (v desiredView) ServicePort(id bpf.ServicePortID, now time.Time) ([]bpf.Frontend, *bpf.Backends, backendset.Set) {
 	fes, be := v.m.desiredServicePort(id, now)
@@ -254,4 +270,13 @@ func (v desiredView) HasKey(k bpf.EndpointKey) bool {
 
 func (v desiredView) Touched() (map[bpf.ServicePortID]struct{}, map[bpf.EndpointKey]struct{}) {
 	return v.m.touchedServicePorts, v.m.touched
+}
+
+// splitPod splits a namespace/name.
+func splitPod(s string) (string, string) {
+	ns, name, ok := strings.Cut(s, "/")
+	if !ok {
+		return "", s
+	}
+	return ns, name
 }
