@@ -48,7 +48,7 @@ func BuildDraind(ctx context.Context, dir string) (string, error) {
 		return "", fmt.Errorf("building draind needs the go command on PATH: %w", err)
 	}
 	out := filepath.Join(dir, "draind")
-	cmd := exec.CommandContext(ctx, goBin, "build", "-o", out, "./cmd/draind")
+	cmd := exec.CommandContext(ctx, goBin, "build", "-trimpath", "-o", out, "./cmd/draind")
 	cmd.Dir = root
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("building draind (go build ./cmd/draind in %s): %w: %s", root, err, b)

@@ -126,7 +126,7 @@ func BuildDraind(ctx context.Context, dir string) (string, error) {
 		return "", err
 	}
 	out := filepath.Join(dir, "draind")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./cmd/draind")
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", out, "./cmd/draind")
 	cmd.Dir = root
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("building draind (go build ./cmd/draind in %s): %w: %s", root, err, b)
