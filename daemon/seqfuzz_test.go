@@ -574,11 +574,15 @@ func (s *seqRun) compare() string {
 	if msg := s.checkServicePorts(); msg != "" {
 		return msg
 	}
-	skip := s.historyKeys()
-	skipSP := s.historyServicePorts(skip)
+	// What history decides is read from both models: where the two
+	// daemons' answers differ by design, only one of them may have an
+	// entry at a skipped address or for its Service.
+	fd, fsd := s.freshDatapath()
+	models := []*model.Model{s.h.d.model, fd.model}
+	skip := s.historyKeys(models)
+	skipSP := s.historyServicePorts(skip, models)
 	got := renderDatapath(s.h.d, s.sd, skip, skipSP)
 	// The fresh daemon's entries for the skipped keys are left out too.
-	fd, fsd := s.freshDatapath()
 	fresh := renderDatapath(fd, fsd, skip, skipSP)
 	if got != fresh {
 		var drains []string
@@ -620,7 +624,10 @@ func (s *seqRun) checkServicePorts() string {
 //     a pod deleted without grace leaves its slice before its gone Lease
 //     comes; a listing on another node voids the Lease for a while), which
 //     a fresh daemon never saw.
-func (s *seqRun) historyKeys() map[bpf.EndpointKey]bool {
+//
+// The keys at an address are those either model (the incremental daemon's
+// first, then the fresh one's) has a contribution to.
+func (s *seqRun) historyKeys(models []*model.Model) map[bpf.EndpointKey]bool {
 	m := s.h.d.model
 	out := map[bpf.EndpointKey]bool{}
 	for k := range m.LingeringKeys() {
@@ -632,7 +639,7 @@ func (s *seqRun) historyKeys() map[bpf.EndpointKey]bool {
 			continue
 		}
 		for _, ip := range pd.IPs {
-			skipAddr(out, m, ip) // its all-ports keys, and its listings'
+			skipAddr(out, models, ip) // its all-ports keys, and its listings'
 		}
 	}
 	for _, l := range s.h.d.drainLeasesNow().list {
@@ -642,7 +649,7 @@ func (s *seqRun) historyKeys() map[bpf.EndpointKey]bool {
 		for _, ip := range l.IPs {
 			if _, _, until := s.h.d.claims.HostOf(ip, l.PodUID); !until.IsZero() {
 				for _, ip := range l.IPs {
-					skipAddr(out, m, ip) // the answer of a departed host
+					skipAddr(out, models, ip) // the answer of a departed host
 				}
 				break
 			}
@@ -655,18 +662,24 @@ func (s *seqRun) historyKeys() map[bpf.EndpointKey]bool {
 // history as much as the skipped keys do: those only contributions to
 // skipped keys keep active, and those whose Service lists an address with
 // a skipped key (whether that endpoint is selectable, and so what the
-// service-port steers to, or whether it steers at all, is history).
-func (s *seqRun) historyServicePorts(skip map[bpf.EndpointKey]bool) map[string]bool {
-	m := s.h.d.model
-	sps := m.ServicePorts()
-	kept := map[bpf.ServicePortID]bool{}
-	for k, id := range m.ContributionRefs() {
-		kept[id] = kept[id] || !skip[k]
-	}
+// service-port steers to, or whether it steers at all, is history), in
+// either model.
+func (s *seqRun) historyServicePorts(skip map[bpf.EndpointKey]bool, models []*model.Model) map[string]bool {
 	out := map[string]bool{}
-	for id, k := range kept {
-		if sp, ok := sps[id]; !k && ok {
-			out[sp.Name] = true
+	var all []model.ServicePort
+	for _, m := range models {
+		sps := m.ServicePorts()
+		kept := map[bpf.ServicePortID]bool{}
+		for k, id := range m.ContributionRefs() {
+			kept[id] = kept[id] || !skip[k]
+		}
+		for id, k := range kept {
+			if sp, ok := sps[id]; !k && ok {
+				out[sp.Name] = true
+			}
+		}
+		for _, sp := range sps {
+			all = append(all, sp)
 		}
 	}
 	addrs := map[netip.Addr]bool{}
@@ -680,7 +693,7 @@ func (s *seqRun) historyServicePorts(skip map[bpf.EndpointKey]bool) map[string]b
 				if !addrs[sl.Addr(i)] {
 					continue
 				}
-				for _, sp := range sps {
+				for _, sp := range all {
 					if sp.Service == name {
 						out[sp.Name] = true
 					}
@@ -691,10 +704,12 @@ func (s *seqRun) historyServicePorts(skip map[bpf.EndpointKey]bool) map[string]b
 	return out
 }
 
-// skipAddr adds every key of ip the model has a contribution to.
-func skipAddr(out map[bpf.EndpointKey]bool, m *model.Model, ip netip.Addr) {
-	for _, k := range m.KeysAt(ip) {
-		out[k] = true
+// skipAddr adds every key of ip the models have a contribution to.
+func skipAddr(out map[bpf.EndpointKey]bool, models []*model.Model, ip netip.Addr) {
+	for _, m := range models {
+		for _, k := range m.KeysAt(ip) {
+			out[k] = true
+		}
 	}
 	for _, proto := range []bpf.Protocol{bpf.TCP, bpf.UDP} {
 		out[bpf.EndpointKey{Addr: ip, Proto: proto}] = true
