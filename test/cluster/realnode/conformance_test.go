@@ -1,10 +1,5 @@
 package realnode_test
 
-// This file's name sorts after the package's other test files on purpose:
-// go test runs a package's tests in file order, and test/run starts this
-// package first, beside the module's other packages. The upstream suite,
-// which loads the machine most, then runs last, once those are done.
-
 import (
 	"bufio"
 	"context"
