@@ -9,6 +9,8 @@ import (
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/draind/draind/test/cluster/draindbin"
 )
 
 // promtool returns the path of Prometheus' promtool (Debian package
@@ -45,7 +47,7 @@ type alertTests struct {
 // both firing and staying silent.
 func TestAlertRules(t *testing.T) {
 	bin := promtool(t)
-	root, err := RepoRoot()
+	root, err := draindbin.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,8 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/draind/draind/test/cluster/draindbin"
 )
 
 // dockerfileBuild returns the shell command of the Dockerfile's RUN step
@@ -79,7 +81,7 @@ func dockerfileBuild(path string) (cmd, out string, err error) {
 // build argument, and that the DaemonSet only uses flags and DRAIND_*
 // variables `draind run` documents, with the ports it listens on.
 func TestStaticBuild(t *testing.T) {
-	root, err := RepoRoot()
+	root, err := draindbin.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,7 +16,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -44,7 +43,7 @@ import (
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
 
-	"github.com/draind/draind/test/cluster/kubebin"
+	"github.com/draind/draind/test/cluster/draindbin"
 )
 
 // InstallMonitoringCRDs installs the PodMonitor and PrometheusRule CRDs
@@ -97,23 +96,9 @@ func InstallMonitoringCRDs(ctx context.Context, cfg *rest.Config) error {
 	return nil
 }
 
-// RepoRoot returns the root of the draind repository (the main module),
-// two levels above the test/cluster module.
-func RepoRoot() (string, error) {
-	mod, err := kubebin.ModuleDir()
-	if err != nil {
-		return "", err
-	}
-	root := filepath.Dir(filepath.Dir(mod))
-	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
-		return "", fmt.Errorf("locating the repository root above %s: %w", mod, err)
-	}
-	return root, nil
-}
-
 // BaseDir returns the directory of the kustomize base, deploy/daemonset.
 func BaseDir() (string, error) {
-	root, err := RepoRoot()
+	root, err := draindbin.RepoRoot()
 	if err != nil {
 		return "", err
 	}

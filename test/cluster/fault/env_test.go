@@ -29,6 +29,7 @@ import (
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/k8s"
 	"github.com/draind/draind/test/bed"
+	"github.com/draind/draind/test/cluster/draindbin"
 	"github.com/draind/draind/test/cluster/e2e"
 	"github.com/draind/draind/test/cluster/headline"
 	"github.com/draind/draind/test/cluster/kube"
@@ -184,7 +185,7 @@ func startShared(bins *kubebin.Set) (_ *sharedEnv, err error) {
 	if err := headline.ApplyRBAC(ctx, env.kc.Admin); err != nil {
 		return nil, err
 	}
-	if env.draind, err = headline.BuildDraind(ctx, env.dir); err != nil {
+	if env.draind, err = draindbin.Build(ctx, env.dir); err != nil {
 		return nil, err
 	}
 	return env, nil

@@ -30,7 +30,7 @@ import (
 
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/test/bed"
-	"github.com/draind/draind/test/cluster/headline"
+	"github.com/draind/draind/test/cluster/draindbin"
 )
 
 // How long the tenant forges one case, and how long the test watches
@@ -321,7 +321,7 @@ func ptr[T any](v T) *T { return &v }
 // and waits until the API server refuses the tenant a labelled slice.
 func (fb *forger) applyPolicy(t *testing.T) {
 	t.Helper()
-	root, err := headline.MainModuleDir()
+	root, err := draindbin.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/draind/draind/test/bed"
+	"github.com/draind/draind/test/cluster/draindbin"
 	"github.com/draind/draind/test/cluster/e2e"
 	"github.com/draind/draind/test/cluster/kube"
 	"github.com/draind/draind/test/scenario"
@@ -136,7 +137,7 @@ func Start(ctx context.Context, kc *kube.Cluster, cfg Config) (_ *Cluster, err e
 	}
 	if c.cfg.DraindBinary == "" {
 		start := time.Now()
-		if c.cfg.DraindBinary, err = BuildDraind(ctx, c.dir); err != nil {
+		if c.cfg.DraindBinary, err = draindbin.Build(ctx, c.dir); err != nil {
 			return nil, err
 		}
 		cfg.Log.Info("built draind", "took", time.Since(start).Round(time.Millisecond))

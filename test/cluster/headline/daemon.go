@@ -13,7 +13,7 @@ import (
 // DraindOptions configure one node's draind for a test that drives it
 // itself (the fault tests: kill -9, restart, odd flags).
 type DraindOptions struct {
-	// Binary is the draind binary (BuildDraind).
+	// Binary is the draind binary (draindbin.Build).
 	Binary string
 	// Node is the bed node it runs on (its namespace, pods cgroup, IP).
 	Node *bed.Node

@@ -1,7 +1,6 @@
 package headline
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -18,43 +17,7 @@ import (
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/test/bed"
 	"github.com/draind/draind/test/cluster/kube"
-	"github.com/draind/draind/test/cluster/kubebin"
 )
-
-// MainModuleDir is the root of the draind module (two levels above
-// test/cluster).
-func MainModuleDir() (string, error) {
-	d, err := kubebin.ModuleDir()
-	if err != nil {
-		return "", err
-	}
-	root := filepath.Dir(filepath.Dir(d))
-	b, err := os.ReadFile(filepath.Join(root, "go.mod"))
-	if err != nil || !bytes.HasPrefix(b, []byte("module github.com/draind/draind\n")) {
-		return "", fmt.Errorf("locating the draind module: %s/go.mod is not github.com/draind/draind (%v)", root, err)
-	}
-	return root, nil
-}
-
-// BuildDraind builds the draind binary (go build ./cmd/draind in the main
-// module) into dir.
-func BuildDraind(ctx context.Context, dir string) (string, error) {
-	root, err := MainModuleDir()
-	if err != nil {
-		return "", err
-	}
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		return "", fmt.Errorf("building draind needs the go command on PATH: %w", err)
-	}
-	out := filepath.Join(dir, "draind")
-	cmd := exec.CommandContext(ctx, goBin, "build", "-trimpath", "-o", out, "./cmd/draind")
-	cmd.Dir = root
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("building draind (go build ./cmd/draind in %s): %w: %s", root, err, b)
-	}
-	return out, nil
-}
 
 // draindProc is `draind run` on one node: a separate process started in the
 // node's network namespace (so its offline API, metrics and conntrack are

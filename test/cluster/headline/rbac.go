@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 
+	"github.com/draind/draind/test/cluster/draindbin"
 	"github.com/draind/draind/test/cluster/kube"
 )
 
@@ -46,7 +47,7 @@ var docSep = regexp.MustCompile(`(?m)^---\s*$`)
 // ApplyRBAC creates the namespace, ServiceAccount, (Cluster)Roles and
 // bindings of deploy/daemonset, read from the repository.
 func ApplyRBAC(ctx context.Context, client kubernetes.Interface) error {
-	root, err := MainModuleDir()
+	root, err := draindbin.RepoRoot()
 	if err != nil {
 		return err
 	}

@@ -20,7 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 
-	"github.com/draind/draind/test/cluster/deploycheck"
+	"github.com/draind/draind/test/cluster/draindbin"
 )
 
 // ReleaseName is the release name the tests install the chart as.
@@ -42,7 +42,7 @@ var HelmLabels = []string{
 
 // ChartDir returns the chart's directory, deploy/helm/draind.
 func ChartDir() (string, error) {
-	root, err := deploycheck.RepoRoot()
+	root, err := draindbin.RepoRoot()
 	if err != nil {
 		return "", err
 	}

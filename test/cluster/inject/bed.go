@@ -38,6 +38,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/draind/draind/test/cluster/deploycheck"
+	"github.com/draind/draind/test/cluster/draindbin"
 )
 
 // Component directories under deploy/.
@@ -52,7 +53,7 @@ const (
 // write it; extra is appended to the overlay's kustomization.yaml (an
 // images: override, say).
 func RenderOverlay(components []string, extra string) ([]*unstructured.Unstructured, error) {
-	root, err := deploycheck.RepoRoot()
+	root, err := draindbin.RepoRoot()
 	if err != nil {
 		return nil, err
 	}
@@ -117,21 +118,6 @@ func Added(base, with []*unstructured.Unstructured) []*unstructured.Unstructured
 		}
 	}
 	return out
-}
-
-// BuildDraind builds cmd/draind of the main module into dir.
-func BuildDraind(ctx context.Context, dir string) (string, error) {
-	root, err := deploycheck.RepoRoot()
-	if err != nil {
-		return "", err
-	}
-	out := filepath.Join(dir, "draind")
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", out, "./cmd/draind")
-	cmd.Dir = root
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("building draind (go build ./cmd/draind in %s): %w: %s", root, err, b)
-	}
-	return out, nil
 }
 
 // HostArgs returns the arguments and environment of the rendered webhook

@@ -23,6 +23,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	podinject "github.com/draind/draind/k8s/inject"
+	"github.com/draind/draind/test/cluster/draindbin"
 	"github.com/draind/draind/test/cluster/kube"
 	"github.com/draind/draind/test/cluster/kubebin"
 )
@@ -100,7 +101,7 @@ func setupShared() error {
 	if err != nil {
 		return err
 	}
-	if shared.bin, err = BuildDraind(ctx, shared.dir); err != nil {
+	if shared.bin, err = draindbin.Build(ctx, shared.dir); err != nil {
 		return err
 	}
 	base, err := RenderOverlay(nil, "")

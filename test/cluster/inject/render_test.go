@@ -19,6 +19,7 @@ import (
 
 	"github.com/draind/draind/deploy/release"
 	"github.com/draind/draind/test/cluster/deploycheck"
+	"github.com/draind/draind/test/cluster/draindbin"
 )
 
 func render(t *testing.T, components []string, extra string) []*unstructured.Unstructured {
@@ -243,7 +244,7 @@ func TestInjectComponentImage(t *testing.T) {
 
 // TestInjectComponentInBase: the base itself may list the component.
 func TestInjectComponentInBase(t *testing.T) {
-	root, err := deploycheck.RepoRoot()
+	root, err := draindbin.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}

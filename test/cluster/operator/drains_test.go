@@ -22,7 +22,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/draind/draind/k8s"
-	"github.com/draind/draind/test/cluster/headline"
+	"github.com/draind/draind/test/cluster/draindbin"
 	"github.com/draind/draind/test/cluster/kube"
 )
 
@@ -93,7 +93,7 @@ func TestDrainsAgainstAPIServer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	dir := t.TempDir()
-	bin, err := headline.BuildDraind(ctx, dir)
+	bin, err := draindbin.Build(ctx, dir)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/draind/draind/deploy/image"
 	"github.com/draind/draind/test/cluster/deploycheck"
+	"github.com/draind/draind/test/cluster/draindbin"
 	injectbed "github.com/draind/draind/test/cluster/inject"
 	"github.com/draind/draind/test/cluster/kube"
 	"github.com/draind/draind/test/cluster/realnode"
@@ -45,7 +46,7 @@ func TestInjectRollout(t *testing.T) {
 	defer cancel()
 	start := time.Now()
 	n := startNode(ctx, t, bins)
-	root, err := deploycheck.RepoRoot()
+	root, err := draindbin.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}

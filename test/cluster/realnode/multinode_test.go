@@ -19,6 +19,7 @@ import (
 
 	"github.com/draind/draind/deploy/image"
 	"github.com/draind/draind/test/cluster/deploycheck"
+	"github.com/draind/draind/test/cluster/draindbin"
 	"github.com/draind/draind/test/cluster/kube"
 	"github.com/draind/draind/test/cluster/realnode"
 )
@@ -101,7 +102,7 @@ func startMultiBed(t *testing.T) (*multiBed, error) {
 	fail := func(err error) (*multiBed, error) { return nil, errors.Join(err, m.Stop()) }
 	t.Logf("multi-node figures: %d nodes up in %v (control plane, kubelets Ready, kube-proxy %s synced, test images imported)",
 		len(m.Nodes), time.Since(start).Round(time.Millisecond), m.ProxyMode())
-	root, err := deploycheck.RepoRoot()
+	root, err := draindbin.RepoRoot()
 	if err != nil {
 		return fail(err)
 	}

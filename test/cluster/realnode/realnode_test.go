@@ -25,6 +25,7 @@ import (
 	"github.com/draind/draind/daemon"
 	"github.com/draind/draind/deploy/image"
 	"github.com/draind/draind/test/cluster/deploycheck"
+	"github.com/draind/draind/test/cluster/draindbin"
 	"github.com/draind/draind/test/cluster/kube"
 	"github.com/draind/draind/test/cluster/kubebin"
 	"github.com/draind/draind/test/cluster/realnode"
@@ -134,7 +135,7 @@ func startDraindBed(ctx context.Context, t *testing.T) *draindBed {
 	n := startNode(ctx, t, kube.Binaries(t))
 	b := &draindBed{n: n}
 	var err error
-	if b.root, err = deploycheck.RepoRoot(); err != nil {
+	if b.root, err = draindbin.RepoRoot(); err != nil {
 		t.Fatal(err)
 	}
 	doc, err := readme.Load()
