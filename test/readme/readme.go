@@ -9,17 +9,17 @@
 package readme
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"sort"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/draind/draind/test/srcroot"
 )
 
 // Doc is one parsed Markdown file, or several read as one (Load).
@@ -40,14 +40,14 @@ type Block struct {
 // Where names the block's file and line for messages.
 func (b Block) Where() string { return fmt.Sprintf("%s:%d", b.File, b.Line) }
 
-// Path returns the path of the repository's README.md, located from this
-// source file (the tests of both modules run from the repository).
+// Path returns the path of the repository's README.md, at the root of the
+// draind module (the tests of both modules run from the repository).
 func Path() (string, error) {
-	_, file, _, ok := runtime.Caller(0)
-	if !ok {
-		return "", errors.New("locating README.md: no caller information")
+	root, err := srcroot.Module("github.com/draind/draind")
+	if err != nil {
+		return "", fmt.Errorf("locating README.md: %w", err)
 	}
-	p := filepath.Join(filepath.Dir(file), "..", "..", "README.md")
+	p := filepath.Join(root, "README.md")
 	if _, err := os.Stat(p); err != nil {
 		return "", fmt.Errorf("locating README.md: %w", err)
 	}

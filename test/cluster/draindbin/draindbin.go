@@ -4,36 +4,17 @@
 package draindbin
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 
-	"github.com/draind/draind/test/cluster/kubebin"
+	"github.com/draind/draind/test/srcroot"
 )
-
-// modulePath is the first line of the root go.mod.
-const modulePath = "module github.com/draind/draind\n"
 
 // RepoRoot returns the root of the repository: the directory of the draind
 // module, two levels above the test/cluster module.
-func RepoRoot() (string, error) {
-	mod, err := kubebin.ModuleDir()
-	if err != nil {
-		return "", err
-	}
-	root := filepath.Dir(filepath.Dir(mod))
-	b, err := os.ReadFile(filepath.Join(root, "go.mod"))
-	if err != nil {
-		return "", fmt.Errorf("locating the draind module above %s: %w", mod, err)
-	}
-	if !bytes.HasPrefix(b, []byte(modulePath)) {
-		return "", fmt.Errorf("locating the draind module: %s/go.mod is not github.com/draind/draind", root)
-	}
-	return root, nil
-}
+func RepoRoot() (string, error) { return srcroot.Module("github.com/draind/draind") }
 
 // Build builds cmd/draind of the main module into dir and returns the
 // binary's path. -trimpath, as the image's build: a clone at another path

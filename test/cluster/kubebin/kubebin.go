@@ -15,15 +15,15 @@ package kubebin
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"time"
+
+	"github.com/draind/draind/test/srcroot"
 )
 
 // Version is the k8s.io/kubernetes release this module requires. It keys the
@@ -57,19 +57,13 @@ type Set struct {
 // Path returns the path of a component's binary.
 func (s *Set) Path(component string) string { return filepath.Join(s.Dir, component) }
 
-// ModuleDir returns the directory of the test/cluster Go module, located from
-// this source file so that tests in any package of the module find it.
-func ModuleDir() (string, error) {
-	_, file, _, ok := runtime.Caller(0)
-	if !ok {
-		return "", errors.New("locating the test/cluster module: no caller information")
-	}
-	dir := filepath.Dir(filepath.Dir(file))
-	if _, err := os.Stat(filepath.Join(dir, "go.mod")); err != nil {
-		return "", fmt.Errorf("locating the test/cluster module (built with -trimpath? set %s): %w", EnvDir, err)
-	}
-	return dir, nil
-}
+// ModulePath is the test/cluster module's path.
+const ModulePath = "github.com/draind/draind/test/cluster"
+
+// ModuleDir returns the directory of the test/cluster Go module, so that
+// tests in any package of the module, and kubebuild, find it (see package
+// srcroot: it works under -trimpath too).
+func ModuleDir() (string, error) { return srcroot.Module(ModulePath) }
 
 // CacheDir returns where the binaries of Version are (or will be) cached.
 func CacheDir() (string, error) { return UserCacheDir(EnvDir, "kube") }
