@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
@@ -13,14 +14,18 @@ import (
 )
 
 // TestVersionStamped builds draind stamped as release.LDFlags does (the
-// function image builders use) and checks both outputs of `draind version`.
+// function image builders use), static and with -trimpath as the image is
+// built (which also shares the Go build cache with the other static
+// builds), and checks both outputs of `draind version`.
 func TestVersionStamped(t *testing.T) {
 	if _, err := exec.LookPath("go"); err != nil {
 		t.Skipf("SKIP: the go command is not on the PATH: %v", err)
 	}
 	bin := filepath.Join(t.TempDir(), "draind")
 	stamp := release.Stamp{Version: "v9.8.7-test", Commit: "0123456789abcdef", Date: "2026-11-30T12:00:00Z"}
-	b, err := exec.Command("go", "build", "-ldflags", release.LDFlags(stamp), "-o", bin, ".").CombinedOutput()
+	build := exec.Command("go", "build", "-trimpath", "-ldflags", release.LDFlags(stamp), "-o", bin, ".")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	b, err := build.CombinedOutput()
 	if err != nil {
 		t.Fatalf("go build: %v\n%s", err, b)
 	}
