@@ -2,12 +2,9 @@ package bpf_test
 
 import (
 	"fmt"
-	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/draind/draind/bpf"
 )
@@ -65,14 +62,4 @@ func checkKernelFeatures(t *testing.T, f bpf.Features) {
 	if strings.Join(names, ",") != strings.Join(bpf.KernelFeatureNames, ",") {
 		t.Errorf("kernel features %v, want %v", names, bpf.KernelFeatureNames)
 	}
-}
-
-// slow scales a bound on elapsed time for machines that run the tests
-// emulated: the kernel matrix's TCG guests set DRAIND_TEST_SLOWDOWN (a
-// factor, 1 when unset).
-func slow(d time.Duration) time.Duration {
-	if f, err := strconv.Atoi(os.Getenv("DRAIND_TEST_SLOWDOWN")); err == nil && f > 1 {
-		return d * time.Duration(f)
-	}
-	return d
 }

@@ -245,7 +245,7 @@ func TestPrivilegedPodIPPolicies(t *testing.T) {
 		// "Fails fast": no SYN is ever sent, so not one retransmission
 		// timeout (1 s) can have passed for all n of them (emulated: far
 		// less than one per refusal).
-		if el := time.Since(start); el > slow(time.Second) {
+		if el := time.Since(start); el > bed.Slow(time.Second) {
 			t.Errorf("refuse: %d refusals took %v", n, el)
 		}
 		if got := counter(t, f.dp, bpf.OutRefused, v6); got != n {

@@ -281,11 +281,22 @@ func proto(req Request) string {
 	return req.Proto
 }
 
+// timeout is a request's own, or 2 s scaled by Slow.
 func timeout(req Request) time.Duration {
 	if req.Timeout > 0 {
 		return req.Timeout
 	}
-	return 2 * time.Second
+	return Slow(2 * time.Second)
+}
+
+// Slow scales a bound on elapsed time for machines that run the tests
+// emulated: the kernel matrix's TCG guests set DRAIND_TEST_SLOWDOWN (a
+// factor, 1 when unset). A helper process inherits it from its test.
+func Slow(d time.Duration) time.Duration {
+	if f, err := strconv.Atoi(os.Getenv("DRAIND_TEST_SLOWDOWN")); err == nil && f > 1 {
+		return d * time.Duration(f)
+	}
+	return d
 }
 
 // dialOnce opens a connection, reads the greeting (or, for UDP, sends a
