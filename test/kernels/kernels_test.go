@@ -188,23 +188,32 @@ func boot(t *testing.T, vmlinuz, initrd, logPath string) []byte {
 // result is what one virtual machine reported.
 type result struct {
 	kernel   string
-	tests    map[string]string // top-level test -> PASS, FAIL or SKIP
-	features map[string]bool   // from TestPrivilegedProbe's log
-	exits    []string          // test binaries that exited non-zero
+	tests    map[string]string   // top-level test -> PASS, FAIL or SKIP
+	output   map[string][]string // top-level test -> the lines it printed
+	features map[string]bool     // from TestPrivilegedProbe's log
+	exits    []string            // test binaries that exited non-zero
 	done     bool
 }
 
 var (
 	reTest    = regexp.MustCompile(`^--- (PASS|FAIL|SKIP): (\S+)`)
+	reRun     = regexp.MustCompile(`^=== RUN\s+([^/\s]+)$`)
 	reFeature = regexp.MustCompile(`kernel feature (\S+) on=(true|false)`)
 	reResult  = regexp.MustCompile(`^DRAIND-KERNEL-RESULT (\S+) exit=(-?\d+)`)
 )
 
 func parseConsole(b []byte) result {
-	r := result{tests: map[string]string{}, features: map[string]bool{}}
+	r := result{tests: map[string]string{}, output: map[string][]string{}, features: map[string]bool{}}
+	running := "" // the top-level test whose lines these are
 	for _, l := range strings.Split(strings.ReplaceAll(string(b), "\r", ""), "\n") {
+		if m := reRun.FindStringSubmatch(l); m != nil {
+			running = m[1]
+		} else if running != "" && !strings.HasPrefix(l, "--- ") && !strings.HasPrefix(l, "=== ") {
+			r.output[running] = append(r.output[running], l)
+		}
 		if m := reTest.FindStringSubmatch(l); m != nil {
 			r.tests[m[2]] = m[1]
+			running = ""
 		} else if m := reFeature.FindStringSubmatch(l); m != nil {
 			r.features[m[1]] = m[2] == "true"
 		} else if m := reResult.FindStringSubmatch(l); m != nil && m[2] != "0" {
@@ -228,6 +237,20 @@ func (r result) passed() int {
 	return n
 }
 
+// said is what a test printed, its last lines at most, to quote in a
+// failure: a CI machine's console log is gone once the run ends.
+func (r result) said(name string) string {
+	const most = 30
+	lines := r.output[name]
+	if len(lines) == 0 {
+		return ""
+	}
+	if len(lines) > most {
+		lines = append([]string{fmt.Sprintf("[%d lines before]", len(lines)-most)}, lines[len(lines)-most:]...)
+	}
+	return ":\n" + strings.Join(lines, "\n")
+}
+
 func (r result) featureLine() string {
 	var out []string
 	for name, on := range r.features {
@@ -249,7 +272,7 @@ func checkRun(t *testing.T, k kernel, r result, logPath string) {
 	}
 	for _, name := range sortedKeys(r.tests) {
 		if r.tests[name] != "PASS" {
-			t.Errorf("%s (%s): %s %s (console in %s)", k.release, r.kernel, name, r.tests[name], logPath)
+			t.Errorf("%s (%s): %s %s (console in %s)%s", k.release, r.kernel, name, r.tests[name], logPath, r.said(name))
 		}
 	}
 	if len(r.tests) != wantTests {
