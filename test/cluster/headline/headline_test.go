@@ -35,7 +35,7 @@ const (
 // ServiceAccount), quiet and under load (2,000 extra Services, 20
 // EndpointSlice updates a second). It prints the side-by-side table and
 // fails if draind let any client fail, if the baseline showed no failure,
-// or if draind's rollout was not faster than sleep's.
+// or if a draind pod's preStop took as long as sleep's.
 func TestPrivilegedHeadline(t *testing.T) {
 	bed.RequirePrivileged(t)
 	if _, err := bpf.Probe(); err != nil {
