@@ -31,6 +31,9 @@ func TestParseConsole(t *testing.T) {
 		strings.Contains(got, "DRAIND-KERNEL") || strings.Contains(got, "--- FAIL") {
 		t.Errorf("TestB said %q", got)
 	}
+	if len(r.last) != 12 || r.last[11] != "DRAIND-KERNEL-DONE" {
+		t.Errorf("console's last lines %q", r.last)
+	}
 	if got := r.said("TestA"); got != "" {
 		t.Errorf("TestA printed nothing of its own, said %q", got)
 	}

@@ -196,6 +196,7 @@ type result struct {
 	output   map[string][]string // top-level test -> the lines it printed
 	features map[string]bool     // from TestPrivilegedProbe's log
 	exits    []string            // test binaries that exited non-zero
+	last     []string            // the console's last lines
 	done     bool
 }
 
@@ -209,7 +210,9 @@ var (
 func parseConsole(b []byte) result {
 	r := result{tests: map[string]string{}, output: map[string][]string{}, features: map[string]bool{}}
 	running := "" // the top-level test whose lines these are
-	for _, l := range strings.Split(strings.ReplaceAll(string(b), "\r", ""), "\n") {
+	lines := strings.Split(strings.TrimRight(strings.ReplaceAll(string(b), "\r", ""), "\n"), "\n")
+	r.last = lines[max(0, len(lines)-15):]
+	for _, l := range lines {
 		if m := reRun.FindStringSubmatch(l); m != nil {
 			running = m[1]
 		} else if running != "" && !strings.HasPrefix(l, "--- ") && !strings.HasPrefix(l, "=== ") {
@@ -272,7 +275,7 @@ func (r result) featureLine() string {
 // and checks the feature table the probe reported against the kernel.
 func checkRun(t *testing.T, k kernel, r result, logPath string) {
 	if !r.done || len(r.exits) > 0 {
-		t.Errorf("%s: the run did not complete (done=%v, %v): console in %s", k.release, r.done, r.exits, logPath)
+		t.Errorf("%s: the run did not complete (done=%v, %v): console in %s, ending:\n%s", k.release, r.done, r.exits, logPath, strings.Join(r.last, "\n"))
 	}
 	for _, name := range sortedKeys(r.tests) {
 		if r.tests[name] != "PASS" {
