@@ -3,8 +3,10 @@
 // compiled with `go test -c -vet=off -tags e2esuite`), agnhost, the suite's
 // test server, the Conntrack spec's regression-issue-74839 and the ginkgo
 // command that runs the suite in parallel, from the k8s.io/kubernetes module
-// this Go module requires, and caches them per Kubernetes version like
-// package kubebin.
+// this Go module requires, and CoreDNS (package conformance/coredns, from
+// the github.com/coredns/coredns module: the bed's cluster DNS and the DNS
+// specs' own server), and caches them per Kubernetes version like package
+// kubebin.
 //
 // The test binary shares most of its packages with the Kubernetes
 // components: built after them (as kubebuild does) it takes a minute or
@@ -41,16 +43,19 @@ const (
 	// Ginkgo is the ginkgo command at the version the suite links, which
 	// runs the suite's specs in parallel processes.
 	Ginkgo = "ginkgo"
+	// CoreDNS is the cluster DNS, also in the agnhost image as /coredns.
+	CoreDNS = "coredns"
 )
 
 // binaries are what a complete cache directory holds.
-var binaries = []string{Suite, Agnhost, Regression74839, Ginkgo}
+var binaries = []string{Suite, Agnhost, Regression74839, Ginkgo, CoreDNS}
 
 // SuitePackage is the package compiled into Suite, relative to the module,
 // and SuiteTag the build tag that lets it compile.
 const (
 	SuitePackage = "./conformance/suite"
 	SuiteTag     = "e2esuite"
+	corednsPkg   = "./conformance/coredns"
 	imagesPkg    = "k8s.io/kubernetes/test/images/"
 	ginkgoPkg    = "github.com/onsi/ginkgo/v2/ginkgo"
 )
@@ -61,7 +66,7 @@ type Set struct {
 	Version string
 }
 
-// Path returns the path of Suite or Agnhost.
+// Path returns the path of one of the binaries (Suite, Agnhost, …).
 func (s *Set) Path(name string) string { return filepath.Join(s.Dir, name) }
 
 // CacheDir returns where the binaries of kubebin.Version are cached.
@@ -91,7 +96,7 @@ func Ensure(ctx context.Context, log *slog.Logger) (*Set, error) {
 func commands(out string) [][]string {
 	ld := kubebin.LDFlags()
 	return [][]string{
-		{"go", "build", "-trimpath", "-ldflags", ld, "-o", out + string(filepath.Separator), imagesPkg + Agnhost, imagesPkg + Regression74839, ginkgoPkg},
+		{"go", "build", "-trimpath", "-ldflags", ld, "-o", out + string(filepath.Separator), imagesPkg + Agnhost, imagesPkg + Regression74839, ginkgoPkg, corednsPkg},
 		{"go", "test", "-c", "-vet=off", "-trimpath", "-tags", SuiteTag, "-ldflags", ld, "-o", filepath.Join(out, Suite), SuitePackage},
 	}
 }
