@@ -17,15 +17,15 @@ set -euo pipefail
 #   iproute2: root-only tests that run `ip` in a test namespace
 #   util-linux: setpriv (conntrack runs with CAP_NET_ADMIN only)
 #   curl, busybox: the documented preStop recipes (README, docs/prestop.md), run as printed from a test pod
-#   curl, busybox, netcat-openbsd, wget, dash: the upstream e2e suite's images
-#     (test/cluster/realnode, docs/conformance.md), copied from the host with their libraries
+#   curl, busybox, netcat-openbsd, wget, dash, bind9-dnsutils (dig): the upstream e2e suite's
+#     images (test/cluster/realnode, docs/conformance.md), copied from the host with their libraries
 #   ca-certificates: go module downloads
 #   containerd runc containernetworking-plugins: the real node of test/cluster/realnode
 #   qemu-system-x86 debian-archive-keyring kmod: the kernel matrix (test/kernels boots
 #     Debian's own kernels, downloaded from Debian's archive with a private apt
 #     configuration; depmod orders their modules)
 #   prometheus: promtool (alert rules checked and unit-tested, deploycheck's TestAlertRules)
-pkgs=(clang-15 llvm-15 libbpf-dev linux-libc-dev iptables nftables conntrack iproute2 util-linux curl busybox netcat-openbsd wget dash ca-certificates
+pkgs=(clang-15 llvm-15 libbpf-dev linux-libc-dev iptables nftables conntrack iproute2 util-linux curl busybox netcat-openbsd wget dash bind9-dnsutils ca-certificates
       containerd runc containernetworking-plugins qemu-system-x86 debian-archive-keyring kmod prometheus)
 
 missing=()

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
+	"net/http"
 	"net/netip"
-	"strings"
+	"os"
+	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/miekg/dns"
@@ -15,59 +17,141 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/draind/draind/test/cluster/kube"
 )
 
 // The bed's cluster DNS: every kubelet names ClusterDNSIP in its pods'
 // resolv.conf (ClusterFirst) with ClusterDomain, and ClusterDNS answers
-// there once started. It is a stand-in for CoreDNS (which this machine
-// cannot build offline) that serves what the upstream Services specs
-// resolve: <service>.<namespace>.svc.<domain> (A: the ClusterIP, or a
-// headless Service's ready endpoints; CNAME for ExternalName) and
-// <a-b-c-d>.<namespace>.pod.<domain>. Other names in the domain are
-// NXDOMAIN, names outside it REFUSED: nothing is forwarded off the machine.
+// there once started. It is CoreDNS (built from source with the e2e suite,
+// e2ebin.CoreDNS) with its kubernetes plugin, as a cluster's DNS add-on
+// configures it, run beside the control plane rather than as a pod: it
+// serves Services (A, SRV, headless Services' endpoints and their
+// hostnames, ExternalName CNAMEs), pods (<a-b-c-d>.<namespace>.pod) and
+// reverse (PTR) records. It forwards nothing: a name outside the cluster's
+// zones gets an error, and nothing leaves the machine.
 const (
 	ClusterDNSIP  = "10.96.0.10"
 	ClusterDomain = "cluster.local"
 )
 
-// ClusterDNS serves the cluster's names for a Multi's pods.
+// ClusterDNS is the cluster DNS's CoreDNS process.
 type ClusterDNS struct {
-	client  kubernetes.Interface
-	servers []*dns.Server
+	client   kubernetes.Interface
+	proc     *proc
+	stopOnce sync.Once
+	stopErr  error
 }
 
-// StartClusterDNS serves DNS on the first node's host address, port 53
-// (which every node's link guard lets through), and makes it the
+// corefile is the cluster DNS's configuration: the kubernetes plugin as a
+// cluster's DNS add-on sets it (pod records without a pod lookup, reverse
+// zones falling through), a short TTL and no cache, so that a spec sees a
+// changed Service within seconds.
+const corefile = `.:53 {
+    bind %[1]s
+    errors
+    ready %[2]s
+    kubernetes %[3]s in-addr.arpa ip6.arpa {
+        kubeconfig %[4]s
+        pods insecure
+        fallthrough in-addr.arpa ip6.arpa
+        ttl 5
+    }
+    loadbalance
+}
+`
+
+// StartClusterDNS runs CoreDNS (the binary at coredns) on the first node's
+// host address, port 53 (which every node's link guard lets through), waits
+// until its kubernetes plugin has synced and it answers, and makes it the
 // kube-system/kube-dns Service at ClusterDNSIP with a selector-less
-// EndpointSlice. It serves until ctx ends or Stop.
-func (m *Multi) StartClusterDNS(ctx context.Context) (*ClusterDNS, error) {
-	d := &ClusterDNS{client: m.Cluster.Admin}
-	addr := netip.AddrPortFrom(m.Nodes[0].HostIP, 53).String()
-	for _, network := range []string{"udp", "tcp"} {
-		s := &dns.Server{Addr: addr, Net: network, Handler: dns.HandlerFunc(d.serve)}
-		started := make(chan error, 1)
-		s.NotifyStartedFunc = func() { started <- nil }
-		go func() { started <- s.ListenAndServe() }()
-		if err := <-started; err != nil {
-			return nil, errors.Join(fmt.Errorf("cluster DNS on %s/%s: %w", addr, network, err), d.Stop())
-		}
-		d.servers = append(d.servers, s)
+// EndpointSlice. It serves until ctx ends, Stop, or the test process exits.
+func (m *Multi) StartClusterDNS(ctx context.Context, coredns string) (*ClusterDNS, error) {
+	addr := m.Nodes[0].HostIP
+	ready, err := kube.FreeAddr()
+	if err != nil {
+		return nil, err
 	}
-	go func() { <-ctx.Done(); d.Stop() }()
-	if err := d.publish(ctx, m.Nodes[0].HostIP); err != nil {
-		return nil, errors.Join(err, d.Stop())
+	kubeconfig := filepath.Join(m.Dir, "coredns.kubeconfig")
+	if err := kube.WriteKubeconfig(kubeconfig, m.Cluster.AdminConfig); err != nil {
+		return nil, err
+	}
+	conf := filepath.Join(m.Dir, "Corefile")
+	if err := os.WriteFile(conf, fmt.Appendf(nil, corefile, addr, ready, ClusterDomain, kubeconfig), 0o644); err != nil {
+		return nil, fmt.Errorf("writing the cluster DNS's Corefile: %w", err)
+	}
+	p, err := m.cp.startProcIn("", "coredns", coredns, "-conf", conf)
+	if err != nil {
+		return nil, err
+	}
+	d := &ClusterDNS{client: m.Cluster.Admin, proc: p}
+	stop := context.AfterFunc(ctx, func() { d.Stop() })
+	fail := func(err error) (*ClusterDNS, error) { stop(); return nil, errors.Join(err, d.Stop()) }
+	if err := d.waitReady(ctx, "http://"+ready+"/ready", netip.AddrPortFrom(addr, 53)); err != nil {
+		return fail(err)
+	}
+	if err := d.publish(ctx, addr); err != nil {
+		return fail(err)
 	}
 	return d, nil
 }
 
-// Stop stops serving.
-func (d *ClusterDNS) Stop() error {
-	var errs []error
-	for _, s := range d.servers {
-		errs = append(errs, s.Shutdown())
+// waitReady polls CoreDNS's readiness endpoint (ready once the kubernetes
+// plugin has listed the cluster), then asks it for the kubernetes Service's
+// name over UDP and TCP.
+func (d *ClusterDNS) waitReady(ctx context.Context, readyURL string, server netip.AddrPort) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	name := "kubernetes.default.svc." + ClusterDomain + "."
+	var last error
+	err := kube.Poll(ctx, 200*time.Millisecond, func() (bool, error) {
+		if err := d.proc.deadErr(); err != nil {
+			return false, err
+		}
+		if last = httpOK(ctx, readyURL); last != nil {
+			return false, nil
+		}
+		for _, network := range []string{"udp", "tcp"} {
+			c := &dns.Client{Net: network, Timeout: 2 * time.Second}
+			q := new(dns.Msg).SetQuestion(name, dns.TypeA)
+			r, _, err := c.ExchangeContext(ctx, q, server.String())
+			if err != nil {
+				last = err
+				return false, nil
+			}
+			if r.Rcode != dns.RcodeSuccess || len(r.Answer) == 0 {
+				last = fmt.Errorf("%s over %s: %s, %d answers", name, network, dns.RcodeToString[r.Rcode], len(r.Answer))
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		return fmt.Errorf("the cluster DNS (CoreDNS, log %s) did not become ready: %w (last: %v)", d.proc.logPath, err, last)
 	}
-	d.servers = nil
-	return errors.Join(errs...)
+	return nil
+}
+
+func httpOK(ctx context.Context, url string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	return nil
+}
+
+// Stop stops CoreDNS; later calls return the first one's result.
+func (d *ClusterDNS) Stop() error {
+	d.stopOnce.Do(func() { d.stopErr = d.proc.stop(5 * time.Second) })
+	return d.stopErr
 }
 
 // publish creates the kube-dns Service and its EndpointSlice (if absent).
@@ -99,94 +183,4 @@ func (d *ClusterDNS) publish(ctx context.Context, addr netip.Addr) error {
 		return fmt.Errorf("creating the kube-dns EndpointSlice: %w", err)
 	}
 	return nil
-}
-
-const dnsTTL = 5
-
-func (d *ClusterDNS) serve(w dns.ResponseWriter, q *dns.Msg) {
-	resp := new(dns.Msg)
-	resp.SetReply(q)
-	resp.Authoritative = true
-	if len(q.Question) == 1 {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		resp.Rcode, resp.Answer = d.answer(ctx, q.Question[0])
-		cancel()
-	} else {
-		resp.Rcode = dns.RcodeFormatError
-	}
-	w.WriteMsg(resp)
-}
-
-// answer resolves one question.
-func (d *ClusterDNS) answer(ctx context.Context, q dns.Question) (int, []dns.RR) {
-	name := strings.ToLower(q.Name)
-	rest, ok := strings.CutSuffix(name, "."+ClusterDomain+".")
-	if !ok {
-		return dns.RcodeRefused, nil
-	}
-	labels := strings.Split(rest, ".")
-	var targets []string // IPv4 addresses, or one name for a CNAME
-	cname := false
-	switch {
-	case len(labels) == 3 && labels[2] == "svc":
-		targets, cname = d.service(ctx, labels[1], labels[0])
-	case len(labels) == 3 && labels[2] == "pod":
-		if a, err := netip.ParseAddr(strings.ReplaceAll(labels[0], "-", ".")); err == nil && a.Is4() {
-			targets = []string{a.String()}
-		}
-	}
-	if targets == nil {
-		return dns.RcodeNameError, nil
-	}
-	hdr := dns.RR_Header{Name: q.Name, Class: dns.ClassINET, Ttl: dnsTTL}
-	var rrs []dns.RR
-	for _, t := range targets {
-		switch {
-		case cname:
-			hdr.Rrtype = dns.TypeCNAME
-			rrs = append(rrs, &dns.CNAME{Hdr: hdr, Target: dns.Fqdn(t)})
-		case q.Qtype == dns.TypeA || q.Qtype == dns.TypeANY:
-			hdr.Rrtype = dns.TypeA
-			rrs = append(rrs, &dns.A{Hdr: hdr, A: net.ParseIP(t).To4()})
-		}
-	}
-	return dns.RcodeSuccess, rrs // no AAAA: an empty answer, the name exists
-}
-
-// service returns a Service's addresses: its ClusterIPs, a headless
-// Service's ready endpoints (empty, not nil, when it has none), or an
-// ExternalName Service's name; nil if there is no such Service.
-func (d *ClusterDNS) service(ctx context.Context, ns, name string) ([]string, bool) {
-	svc, err := d.client.CoreV1().Services(ns).Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
-		return nil, false
-	}
-	switch {
-	case svc.Spec.Type == corev1.ServiceTypeExternalName:
-		return []string{svc.Spec.ExternalName}, true
-	case svc.Spec.ClusterIP != corev1.ClusterIPNone:
-		out := []string{}
-		for _, ip := range svc.Spec.ClusterIPs {
-			if a, err := netip.ParseAddr(ip); err == nil && a.Is4() {
-				out = append(out, ip)
-			}
-		}
-		return out, false
-	}
-	slices, err := d.client.DiscoveryV1().EndpointSlices(ns).List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + name})
-	if err != nil {
-		return nil, false
-	}
-	out := []string{}
-	for _, s := range slices.Items {
-		if s.AddressType != discoveryv1.AddressTypeIPv4 {
-			continue
-		}
-		for _, e := range s.Endpoints {
-			if e.Conditions.Ready == nil || *e.Conditions.Ready || svc.Spec.PublishNotReadyAddresses {
-				out = append(out, e.Addresses...)
-			}
-		}
-	}
-	return out, false
 }

@@ -19,27 +19,27 @@ import (
 )
 
 // The upstream e2e suite's images, built offline from source and from the
-// host's static busybox, under the names and tags test/utils/image of the
+// host's programs, under the names and tags test/utils/image of the
 // k8s.io/kubernetes version in go.mod expects (so no spec pulls):
 //
 //   - agnhost: the module's agnhost (static), porter's TLS files, /uploads,
-//     busybox's applets in /bin (sh, seq, …) and the host's curl, OpenBSD
-//     nc and GNU wget with the shared libraries they load;
+//     CoreDNS as /coredns (e2ebin.CoreDNS), busybox's applets in /bin (sh,
+//     seq, …) and the host's curl, OpenBSD nc, GNU wget, dig and getent
+//     with the shared libraries they load;
+//   - glibc-dns-testing: busybox's applets, dash as /bin/sh, and the host's
+//     dig and getent (glibc's resolver, as the image's name says);
 //   - busybox: the host's busybox with its applets (and, if it is not
 //     Debian's busybox-static, the shared objects it loads);
 //   - pause: agnhost's pause;
 //   - nginx: only ever run as a pod that listens (EndpointSlice specs),
 //     here agnhost's netexec on port 80;
 //   - regression-issue-74839: the module's program of that name.
-//
-// glibc-dns-testing (the DNS specs' dig) is not built: the bed has no
-// cluster DNS (CoreDNS is not in this machine's module proxy), so the DNS
-// specs are skipped (docs/conformance.md).
 
 // E2EImages returns the references BuildE2EImages writes.
 func E2EImages() []string {
 	return []string{
 		imageutils.GetE2EImage(imageutils.Agnhost),
+		imageutils.GetE2EImage(imageutils.GlibcDnsTesting),
 		imageutils.GetE2EImage(imageutils.BusyBox),
 		imageutils.GetPauseImageName(),
 		imageutils.GetE2EImage(imageutils.Nginx),
@@ -60,6 +60,10 @@ func BuildE2EImages(ctx context.Context, dir string, bins *e2ebin.Set) (string, 
 	if err != nil {
 		return "", fmt.Errorf("reading regression-issue-74839: %w", err)
 	}
+	coredns, err := os.ReadFile(bins.Path(e2ebin.CoreDNS))
+	if err != nil {
+		return "", fmt.Errorf("reading coredns: %w", err)
+	}
 	bb, err := busyboxFiles(ctx)
 	if err != nil {
 		return "", err
@@ -72,6 +76,11 @@ func BuildE2EImages(ctx context.Context, dir string, bins *e2ebin.Set) (string, 
 	if err != nil {
 		return "", err
 	}
+	// The DNS specs' probes: dig (bind9-dnsutils) and getent.
+	dnsTools, err := hostPrograms(ctx, map[string]string{"dig": "/usr/bin/dig", "getent": "/usr/bin/getent", "dash": "/usr/bin/dash"})
+	if err != nil {
+		return "", err
+	}
 	porter, err := porterFiles()
 	if err != nil {
 		return "", err
@@ -80,12 +89,16 @@ func BuildE2EImages(ctx context.Context, dir string, bins *e2ebin.Set) (string, 
 		{Path: "/agnhost", Mode: 0o755, Data: agnhost},
 		{Path: "/agnhost-2", Link: "agnhost"},
 		{Path: "/uploads/.keep", Mode: 0o644},
+		{Path: "/coredns", Mode: 0o755, Data: coredns},
 	}, porter...)
 	// /bin/sh is dash: Debian's busybox sh runs its own applets before
 	// PATH's programs, so its nc and wget would win.
-	agn = mergeFiles(agn, []image.File{{Path: "/bin/sh", Link: "/usr/bin/dash"}}, bb, curl)
+	sh := []image.File{{Path: "/bin/sh", Link: "/usr/bin/dash"}}
+	agn = mergeFiles(agn, sh, bb, curl, dnsTools)
+	glibcDNS := mergeFiles(sh, bb, dnsTools)
 	specs := map[string]image.Spec{
 		imageutils.GetE2EImage(imageutils.Agnhost):              {Files: agn, Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"}},
+		imageutils.GetE2EImage(imageutils.GlibcDnsTesting):      {Files: glibcDNS, Cmd: []string{"sh"}},
 		imageutils.GetE2EImage(imageutils.BusyBox):              {Files: bb, Cmd: []string{"sh"}},
 		imageutils.GetPauseImageName():                          {Files: agn[:1], Entrypoint: []string{"/agnhost", "pause"}},
 		imageutils.GetE2EImage(imageutils.Nginx):                {Files: agn, Entrypoint: []string{"/agnhost", "netexec", "--http-port=80"}},
