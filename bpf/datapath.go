@@ -1,25 +1,3 @@
-// Package bpf is draind's datapath: the connect4/connect6 steering hooks,
-// the sendmsg/recvmsg hooks that steer unconnected UDP datagram by datagram,
-// the SYN observer, and (with Options.Sockets) the socket hooks that count
-// live connections per pod address and end client sockets pinned to gone
-// pods (C sources in this directory, compiled by bpf2go), and a small typed
-// API to load them, attach them to the pods' cgroup and fill their maps.
-//
-// Maps and links are pinned under a bpffs directory, so a restart or an
-// upgrade of draind keeps steering: Load adopts what is pinned, Attach swaps
-// the programs of pinned links in place. Every steering entry carries an
-// expiry the programs check, so if draind dies for good steering stops by
-// itself at the deadline.
-//
-// Every hook first reads one flag, "something drains on this node"
-// (draind_node): while no frontend or drain entry exists, a connect(), a
-// datagram or a packet costs that one array lookup. The Datapath keeps the
-// flag true from before the first entry is written until after the last one
-// is deleted, and recomputes it from the maps when it adopts them. It assumes
-// it is the only writer of its pin directory (as the backend generations of
-// SetBackends do).
-//
-// Each concept has one word, defined in the repository's docs/glossary.md.
 package bpf
 
 import (

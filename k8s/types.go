@@ -1,10 +1,3 @@
-// Package k8s is draind's view of the Kubernetes API: informers that cache
-// slim objects (only what the drain model reads, so that a node watching
-// every EndpointSlice of a 100,000-endpoint cluster stays small), and the
-// drain Lease protocol by which any node tells every other node that a pod
-// is going offline.
-//
-// Each concept has one word, defined in the repository's docs/glossary.md.
 package k8s
 
 import (

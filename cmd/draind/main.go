@@ -1,7 +1,3 @@
-// Command draind is the node-level connection drainer: the daemon (run), its
-// debugging tools (status, bpf dump) and operator drains (drain, undrain).
-// The demo is its own command (cmd/draind-demo): this binary carries no
-// test code.
 package main
 
 import (

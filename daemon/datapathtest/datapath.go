@@ -1,7 +1,3 @@
-// Package datapathtest is an in-memory datapath for tests: the maps the
-// reconciler writes, operation counts and logs, injected failures, a full
-// map and a simulated crash. It implements daemon.Datapath, and Sockets
-// daemon.SocketDatapath.
 package datapathtest
 
 import (

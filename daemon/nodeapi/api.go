@@ -1,8 +1,3 @@
-// Package nodeapi is draind's node-local HTTP API — POST /v1/offline, POST
-// /v1/online, /healthz, /readyz — and the limits every HTTP listener of
-// draind has. It knows nothing of how a drain is done: it needs only the
-// Drains interface (see docs/prestop.md for the API, docs/glossary.md for
-// its words).
 package nodeapi
 
 import (

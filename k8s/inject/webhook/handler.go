@@ -1,7 +1,3 @@
-// Package webhook serves draind's mutating admission webhook: the HTTP
-// handler that answers AdmissionReviews with inject.Mutate's patch, and the
-// sources of its serving certificate (self-managed through selfcert, or
-// files a cert-manager Secret mounts).
 package webhook
 
 import (
