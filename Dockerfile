@@ -14,7 +14,7 @@
 # digest pins in order.
 #
 # Base images are pinned by digest (a tag moves; a node must get the image
-# that was tested). Where the digests come from, as of this commit:
+# that was tested). Where the digests come from:
 # - golang:1.26: the multi-arch index digest Renovate moved golang:1.26 to on
 #   2026-09-18 (vtmocanu/uzi pull request 1435), the same pin in Dockerfiles of
 #   several other public repositories; not checked against the registry from

@@ -88,11 +88,13 @@ func TestSlug(t *testing.T) {
 
 // narration matches text that tells how the project was built rather than
 // what the code does: work periods, tracker numbers with no tracker to
-// follow, and commit hashes used as units of time.
+// follow, a commit as the time something held, and commit hashes used as
+// units of time.
 var narration = []*regexp.Regexp{
 	regexp.MustCompile(`(?i)\b(this|previous|last|earlier|that|next|one|two|three|a few) sessions?\b`),
 	regexp.MustCompile(`(?i)\bsessions? (ago|before|earlier)\b`),
 	regexp.MustCompile(`(?i)\bissues? #?[0-9]+`),
+	regexp.MustCompile(`(?i)\bas of this (commit|change)\b`),
 }
 
 // hashSpan is a backquoted hexadecimal word of 7 to 12 characters; with
@@ -118,6 +120,7 @@ func TestNarrated(t *testing.T) {
 		"measured " + "this " + "session":       true,
 		"two " + "sessions " + "ago":            true,
 		"see " + "issue 12":                     true,
+		"pinned " + "as of this " + "commit":    true,
 		"at `" + "4c88b06" + "`, p99 0.3 ms":    true,
 		"SessionAffinity: ClientIP":             false,
 		"sessionAffinity ClientIP":              false,
