@@ -1,8 +1,8 @@
 // Package gonepeers ends client sockets to gone pods: it keeps the socket
 // hooks' gone-peer and gone-flow maps in step with the pod drains. It
-// reads the model only through View, a read-only view package daemon
-// implements, and never writes to it (see docs/glossary.md for its words).
-// Its files:
+// reads the model only through View, a read-only view package model
+// implements (Model.Gone), and never writes to it (see docs/glossary.md
+// for its words). Its files:
 //
 //   - config.go: what it depends on (Config; View and Drain, the model's
 //     read-only view; Sockets, the socket hooks' maps; State, the Services
