@@ -3,6 +3,8 @@
 // and with draind, side by side, from real connections. It is its own
 // command so that the daemon's binary carries no test bed, fake API server
 // or demo.
+//
+// Each concept has one word, defined in the repository's docs/glossary.md.
 package main
 
 import (

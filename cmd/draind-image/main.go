@@ -6,6 +6,8 @@
 //
 //	go run ./cmd/draind-image -o draind.tar --version "$(git describe --tags --always)"
 //	ctr -n k8s.io images import draind.tar      # or: docker load -i draind.tar
+//
+// Each concept has one word, defined in the repository's docs/glossary.md.
 package main
 
 import (

@@ -3,6 +3,8 @@
 // what a Desired view wants, as a small driver over per-map operations.
 // It reads the model only through Desired and the datapath only through
 // Datapath.
+//
+// Each concept has one word, defined in the repository's docs/glossary.md.
 package reconcile
 
 import (

@@ -12,6 +12,8 @@
 // /etc/nsswitch.conf and the nonroot home directory. What they share:
 // /etc/passwd and /etc/group with root and nonroot, a world-writable /tmp,
 // the same PATH and SSL_CERT_FILE, uid 0 and the ENTRYPOINT.
+//
+// Each concept has one word, defined in the repository's docs/glossary.md.
 package image
 
 import (

@@ -2,6 +2,8 @@
 // cmd/draind is stamped with it. The Dockerfile, the kustomize base's image
 // tag and any image builder take the version from here (tests keep them in
 // step), so a release is one edit of Version.
+//
+// Each concept has one word, defined in the repository's docs/glossary.md.
 package release
 
 import (

@@ -1,6 +1,8 @@
 // Package backendset packs a service-port's selectable endpoints into a
 // string: the model keeps one per active service-port, the reconciler the
 // one it wrote, and comparing two sets is comparing two strings.
+//
+// Each concept has one word, defined in the repository's docs/glossary.md.
 package backendset
 
 import (

@@ -1,5 +1,7 @@
 // Package runloop runs a daemon part's goroutine: one goroutine between
 // Start and Stop, and Stop waits for it to return.
+//
+// Each concept has one word, defined in the repository's docs/glossary.md.
 package runloop
 
 import "context"

@@ -21,6 +21,8 @@
 //
 // Replicas race on the Secret with optimistic concurrency (resourceVersion);
 // whatever one writes, Plan run by another on the result changes nothing.
+//
+// Each concept has one word, defined in the repository's docs/glossary.md.
 package selfcert
 
 import (
