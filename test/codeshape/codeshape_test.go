@@ -1,6 +1,7 @@
 // Package codeshape holds checks over the whole main module's production
-// code: every function short enough to read as one decision, and every
-// package's file map in its doc.go complete.
+// code: every function short enough to read as one decision, every
+// package of more than one file mapped file by file in its doc.go, and
+// every package comment linking the glossary.
 package codeshape
 
 import (
@@ -8,6 +9,7 @@ import (
 	"go/parser"
 	"go/token"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -58,6 +60,23 @@ func productionDirs(t *testing.T) []string {
 // goFiles are a directory's non-test Go files, generated ones excluded.
 func goFiles(t *testing.T, dir string) []string {
 	t.Helper()
+	var out []string
+	for _, n := range sourceFiles(t, dir) {
+		b, err := os.ReadFile(filepath.Join(dir, n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !generated.Match(b) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// sourceFiles are a directory's non-test Go files, generated ones
+// included: what a package's file map names.
+func sourceFiles(t *testing.T, dir string) []string {
+	t.Helper()
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -65,17 +84,9 @@ func goFiles(t *testing.T, dir string) []string {
 	var out []string
 	for _, e := range ents {
 		n := e.Name()
-		if e.IsDir() || !strings.HasSuffix(n, ".go") || strings.HasSuffix(n, "_test.go") {
-			continue
+		if !e.IsDir() && strings.HasSuffix(n, ".go") && !strings.HasSuffix(n, "_test.go") {
+			out = append(out, n)
 		}
-		b, err := os.ReadFile(filepath.Join(dir, n))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if generated.Match(b) {
-			continue
-		}
-		out = append(out, n)
 	}
 	return out
 }
@@ -115,24 +126,42 @@ func TestFunctionLength(t *testing.T) {
 // goFileName is a file name in a package comment's map.
 var goFileName = regexp.MustCompile(`\b[a-z0-9_]+\.go\b`)
 
-// TestDocMapsEveryFile: a package whose doc.go maps its files (names at
-// least one) names every one of them, and only files that exist.
-func TestDocMapsEveryFile(t *testing.T) {
-	maps := 0
-	for _, dir := range productionDirs(t) {
-		b, err := os.ReadFile(filepath.Join(dir, "doc.go"))
-		if os.IsNotExist(err) {
-			continue
-		} else if err != nil {
+// packageDocs are the package comments of a directory's non-test Go
+// files, by file.
+func packageDocs(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	fset := token.NewFileSet()
+	docs := map[string]string{}
+	for _, n := range sourceFiles(t, dir) {
+		af, err := parser.ParseFile(fset, filepath.Join(dir, n), nil, parser.PackageClauseOnly|parser.ParseComments)
+		if err != nil {
 			t.Fatal(err)
 		}
-		named := goFileName.FindAllString(string(b), -1)
-		if len(named) == 0 {
+		if af.Doc != nil {
+			docs[n] = af.Doc.Text()
+		}
+	}
+	return docs
+}
+
+// TestDocMapsEveryFile: every package of more than one file has a
+// doc.go whose package comment names every file of the package
+// (generated ones too) and only files that exist.
+func TestDocMapsEveryFile(t *testing.T) {
+	mapped := 0
+	for _, dir := range productionDirs(t) {
+		rel, _ := filepath.Rel(root, dir)
+		files := sourceFiles(t, dir)
+		if len(files) < 2 {
 			continue
 		}
-		maps++
-		rel, _ := filepath.Rel(root, dir)
-		files := goFiles(t, dir)
+		doc, ok := packageDocs(t, dir)["doc.go"]
+		if !ok {
+			t.Errorf("%s has %d files and no package comment in doc.go: say there what each holds", rel, len(files))
+			continue
+		}
+		mapped++
+		named := goFileName.FindAllString(doc, -1)
 		for _, f := range files {
 			if f != "doc.go" && !slices.Contains(named, f) {
 				t.Errorf("%s/doc.go does not say what %s holds", rel, f)
@@ -144,7 +173,24 @@ func TestDocMapsEveryFile(t *testing.T) {
 			}
 		}
 	}
-	if maps == 0 {
-		t.Fatal("no package maps its files in doc.go; daemon/doc.go should")
+	if mapped < 8 {
+		t.Fatalf("%d packages map their files in doc.go: the walk missed the module's packages", mapped)
+	}
+}
+
+// TestPackageDocLinksGlossary: every package has one package comment (in
+// one file), and it points to the glossary.
+func TestPackageDocLinksGlossary(t *testing.T) {
+	for _, dir := range productionDirs(t) {
+		rel, _ := filepath.Rel(root, dir)
+		docs := packageDocs(t, dir)
+		if len(docs) != 1 {
+			t.Errorf("%s: package comments in %d files %v, want one (doc.go where the package has one)", rel, len(docs), slices.Sorted(maps.Keys(docs)))
+		}
+		for f, doc := range docs {
+			if !strings.Contains(doc, "docs/glossary.md") {
+				t.Errorf("%s/%s: the package comment does not link docs/glossary.md", rel, f)
+			}
+		}
 	}
 }
