@@ -27,18 +27,21 @@ func DefaultConfig() Config {
 		PollEvery:        200 * time.Millisecond,
 		HeaderTimeout:    5 * time.Second,
 		BodyTimeout:      5 * time.Second,
+		APIQPS:           20,
+		APIBurst:         40,
 		Version:          "dev",
 	}
 }
 
 // Setting is one tunable of Config as `draind run` exposes it: a flag
 // bound to the field, its help, and whether 0 is a value of its own.
-// Exactly one of Dur and Int is set.
+// Exactly one of Dur, Int and Float is set.
 type Setting struct {
 	Flag   string
 	Usage  string
 	Dur    *time.Duration
 	Int    *int
+	Float  *float32
 	ZeroOK bool // 0 means something (otherwise an explicit 0 is refused)
 }
 
@@ -55,26 +58,37 @@ func (c *Config) Settings() []Setting {
 		{Flag: "max-waiters", Int: &c.MaxWaiters, Usage: "concurrent /v1/offline waits on the node before answering 429 (a pod's first wait is always accepted)"},
 		{Flag: "max-waiters-per-pod", Int: &c.MaxWaitersPerPod, Usage: "concurrent /v1/offline waits of one pod before answering 429"},
 		{Flag: "max-connections", Int: &c.MaxConnections, Usage: "open connections of the offline API (more are answered 503 and closed)"},
+		{Flag: "api-qps", Float: &c.APIQPS, Usage: "client QPS towards the API server"},
+		{Flag: "api-burst", Int: &c.APIBurst, Usage: "client burst towards the API server"},
 		{Flag: "min-sync-interval", Dur: &c.MinSyncInterval, ZeroOK: true, Usage: "bounded frequency: at most one datapath pass per interval, all of them on the event loop (0: as events arrive, an EndpointSlice update's in the watch's own goroutine)"},
 	}
 }
 
 // Value is the setting's value as a flag prints it.
 func (s Setting) Value() string {
-	if s.Dur != nil {
+	switch {
+	case s.Dur != nil:
 		return s.Dur.String()
+	case s.Int != nil:
+		return strconv.Itoa(*s.Int)
 	}
-	return strconv.Itoa(*s.Int)
+	return strconv.FormatFloat(float64(*s.Float), 'g', -1, 32)
 }
 
+// sign is -1, 0 or 1 as the value is negative, zero or positive; a NaN
+// is 0 (refused where 0 is).
 func (s Setting) sign() int {
-	v := 0
-	if s.Dur != nil {
-		v = int(max(min(*s.Dur, 1), -1))
-	} else {
-		v = max(min(*s.Int, 1), -1)
+	switch {
+	case s.Dur != nil:
+		return int(max(min(*s.Dur, 1), -1))
+	case s.Int != nil:
+		return max(min(*s.Int, 1), -1)
+	case *s.Float < 0:
+		return -1
+	case *s.Float > 0:
+		return 1
 	}
-	return v
+	return 0
 }
 
 // Validate refuses what the daemon cannot honour: a negative value, and
@@ -124,10 +138,13 @@ func (c *Config) Defaults() {
 	}
 	ds := d.Settings()
 	for i, s := range c.Settings() {
-		if s.Dur != nil {
+		switch {
+		case s.Dur != nil:
 			fill(s.Dur, *ds[i].Dur)
-		} else if *s.Int == 0 {
+		case s.Int != nil && *s.Int == 0:
 			*s.Int = *ds[i].Int
+		case s.Float != nil && *s.Float == 0:
+			*s.Float = *ds[i].Float
 		}
 	}
 	fill(&c.PollEvery, d.PollEvery)

@@ -43,10 +43,13 @@ func TestConfigValidate(t *testing.T) {
 		for _, v := range []int{-1, 0} {
 			c := DefaultConfig()
 			cs := c.Settings()[i]
-			if cs.Dur != nil {
+			switch {
+			case cs.Dur != nil:
 				*cs.Dur = time.Duration(v) * time.Second
-			} else {
+			case cs.Int != nil:
 				*cs.Int = v
+			default:
+				*cs.Float = float32(v)
 			}
 			err := c.Validate()
 			switch {

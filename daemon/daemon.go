@@ -89,6 +89,11 @@ type Config struct {
 	// REST is the configuration the client was made from, if any: with it
 	// the EndpointSlice watch decodes straight into slim slices (k8s.Config).
 	REST *rest.Config
+	// APIQPS and APIBurst are the client's rate limit towards the API
+	// server. Whoever makes the client applies them (`draind run` does);
+	// they live here with every other default.
+	APIQPS   float32
+	APIBurst int
 	// OnLatency, if set, sees every event-to-datapath latency (benchmarks).
 	OnLatency func(time.Duration)
 	// OnIntake, if set, sees how long every EndpointSlice event waited

@@ -35,11 +35,12 @@ func TestRunFlagsBindToConfig(t *testing.T) {
 }
 
 // TestRunRefusesMeaninglessValues: an explicit 0 that has no meaning of
-// its own, and any negative duration, stop `draind run` with an error
+// its own, and any negative value, stop `draind run` with an error
 // naming the flag, before it touches the node; a 0 that means something
 // (--min-sync-interval) is honoured.
 func TestRunRefusesMeaninglessValues(t *testing.T) {
-	for _, args := range [][]string{{"--linger=0"}, {"--quiet=0"}, {"--max-waiters=0"}, {"--entry-ttl=-1s"}, {"--gone-grace=-5s"}, {"--max-connections=-1"}} {
+	for _, args := range [][]string{{"--linger=0"}, {"--quiet=0"}, {"--max-waiters=0"}, {"--entry-ttl=-1s"}, {"--gone-grace=-5s"}, {"--max-connections=-1"},
+		{"--api-qps=0"}, {"--api-qps=-1"}, {"--api-qps=NaN"}, {"--api-burst=0"}, {"--api-burst=-3"}} {
 		o := &runOptions{}
 		fs := runCmd(o).Flags()
 		if err := fs.Parse(append([]string{"--node-name=n1", "--log-format=text"}, args...)); err != nil {

@@ -41,8 +41,6 @@ type runOptions struct {
 	socketHooks                 bool
 	conntrackZone               uint16
 	logFormat, logLevel         string
-	apiQPS                      float32
-	apiBurst                    int
 	procs                       int
 
 	flags *pflag.FlagSet // for status: every flag's value
@@ -95,8 +93,6 @@ their /v1/offline calls; expire stale conntrack flows; serve metrics and status.
 	f.StringVar(&o.node, "node-name", "", "name of this node (required; the downward API's spec.nodeName)")
 	f.StringVar(&o.namespace, "namespace", "draind-system", "namespace of the drain Leases (draind's own)")
 	f.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster configuration)")
-	f.Float32Var(&o.apiQPS, "api-qps", 20, "client QPS towards the API server")
-	f.IntVar(&o.apiBurst, "api-burst", 40, "client burst towards the API server")
 	f.StringVar(&o.pinDir, "bpffs-dir", bpf.DefaultPinDir, "bpffs directory for pinned maps and links")
 	f.StringVar(&o.cgroupPath, "cgroup-path", "", "cgroup v2 directory to hook: the pods' cgroup (default: kubepods.slice or kubepods under the cgroup2 mount)")
 	f.StringVar(&o.offlineAddr, "offline-addr", ":9460", "listen address of the node-local offline API (/v1/offline, /v1/online, /healthz, /readyz)")
@@ -104,10 +100,13 @@ their /v1/offline calls; expire stale conntrack flows; serve metrics and status.
 	f.StringVar(&o.statusSocket, "status-socket", DefaultStatusSocket, "unix socket for draind status (root-only)")
 	o.cfg = daemon.DefaultConfig()
 	for _, s := range o.cfg.Settings() {
-		if s.Dur != nil {
+		switch {
+		case s.Dur != nil:
 			f.DurationVar(s.Dur, s.Flag, *s.Dur, s.Usage)
-		} else {
+		case s.Int != nil:
 			f.IntVar(s.Int, s.Flag, *s.Int, s.Usage)
+		default:
+			f.Float32Var(s.Float, s.Flag, *s.Float, s.Usage)
 		}
 	}
 	f.StringVar(&o.registryOnlyPolicy, "registry-only-policy", "refuse", "pod-IP policy for drained pods no EndpointSlice lists: refuse or off")
@@ -283,7 +282,7 @@ func apiClient(o *runOptions) (kubernetes.Interface, *rest.Config, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("loading the API client configuration: %w", err)
 	}
-	cfg.QPS, cfg.Burst = o.apiQPS, o.apiBurst
+	cfg.QPS, cfg.Burst = o.cfg.APIQPS, o.cfg.APIBurst
 	cfg.UserAgent = "draind/" + version
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
