@@ -22,7 +22,7 @@ import (
 // queued behind one another, so their sum bounds it.
 func BenchmarkSliceEvent(b *testing.B) {
 	const perService = 15
-	d := New(Config{Node: "node-0", Namespace: "draind-system", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))},
+	d := mustNew(b, Config{Node: "node-0", Namespace: "draind-system", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))},
 		fake.NewClientset(), newBenchDatapath(), nil)
 	sliceStore, serviceStore := d.inf.Slices.GetStore(), d.inf.Services.GetStore()
 	for i := range scaleServices {

@@ -456,7 +456,7 @@ func benchClusterScale(b *testing.B, sc scaleCase) {
 	// Every entry is rewritten by a full pass each quarter of the entry
 	// TTL (a minute by default): a TTL of twice the churn puts one such
 	// pass in the middle of the churn, where its cost shows as latency.
-	d := New(Config{Node: "node-0", Namespace: "draind-system", Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	d := mustNew(b, Config{Node: "node-0", Namespace: "draind-system", Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		EntryTTL: 2 * *scaleChurn, Linger: sc.linger, REST: cfg,
 		OnIntake: func(l time.Duration) {
 			mu.Lock()

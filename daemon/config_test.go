@@ -1,9 +1,15 @@
 package daemon
 
 import (
+	"io"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
+
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/draind/draind/daemon/datapathtest"
 )
 
 // TestConfigDefaults: a zero Config gets every default of DefaultConfig,
@@ -63,5 +69,39 @@ func TestConfigValidate(t *testing.T) {
 				t.Errorf("--%s=%s: the error %q does not name the flag", s.Flag, cs.Value(), err)
 			}
 		}
+	}
+}
+
+// TestNewValidates: New fills what a configuration leaves 0 and refuses,
+// with Validate's error naming the flag, what the daemon cannot honour.
+func TestNewValidates(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		mod  func(*Config)
+		flag string // "" when New accepts it
+	}{
+		{name: "zero values take the defaults", mod: func(*Config) {}},
+		{name: "negative linger", mod: func(c *Config) { c.Linger = -time.Second }, flag: "--linger="},
+		{name: "negative quiet", mod: func(c *Config) { c.Quiet = -time.Millisecond }, flag: "--quiet="},
+		{name: "negative max-waiters", mod: func(c *Config) { c.MaxWaiters = -1 }, flag: "--max-waiters="},
+		{name: "negative api-qps", mod: func(c *Config) { c.APIQPS = -5 }, flag: "--api-qps="},
+		{name: "negative api-burst", mod: func(c *Config) { c.APIBurst = -1 }, flag: "--api-burst="},
+		{name: "negative min-sync-interval", mod: func(c *Config) { c.MinSyncInterval = -time.Second }, flag: "--min-sync-interval="},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := Config{Node: testNode, Namespace: testNS, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+			tc.mod(&cfg)
+			d, err := New(cfg, fake.NewClientset(), datapathtest.New(), nil)
+			switch {
+			case tc.flag == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tc.flag == "" && d.Config().APIQPS != DefaultConfig().APIQPS:
+				t.Errorf("api-qps %v in force, want the default %v", d.Config().APIQPS, DefaultConfig().APIQPS)
+			case tc.flag != "" && err == nil:
+				t.Errorf("accepted")
+			case tc.flag != "" && !strings.Contains(err.Error(), tc.flag):
+				t.Errorf("the error %q does not name %s", err, tc.flag)
+			}
+		})
 	}
 }

@@ -161,9 +161,14 @@ type Daemon struct {
 }
 
 // New builds a daemon over its dependencies; Run starts it. ct may be nil
-// (no conntrack expiry, live connections not counted).
-func New(cfg Config, client kubernetes.Interface, dp Datapath, ct conntrack.Interface) *Daemon {
+// (no conntrack expiry, live connections not counted). The settings cfg
+// leaves 0 take their defaults (Config.Defaults); a value the daemon
+// cannot honour is refused with Validate's error.
+func New(cfg Config, client kubernetes.Interface, dp Datapath, ct conntrack.Interface) (*Daemon, error) {
 	cfg.Defaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	inf := k8s.NewInformers(client, k8s.Config{Namespace: cfg.Namespace, NodeName: cfg.Node, Clock: cfg.Clock, REST: cfg.REST})
 	d := &Daemon{cfg: cfg, inf: inf, state: inf, datapath: dp, conntrack: ct,
 		log: cfg.Logger, clock: cfg.Clock, claims: model.NewClaims(cfg.Clock, cfg.Linger+cfg.LeaseDuration)}
@@ -199,7 +204,7 @@ func New(cfg Config, client kubernetes.Interface, dp Datapath, ct conntrack.Inte
 	d.nodes = client.CoreV1().Nodes()
 	d.gone = d.newGonePeers()
 	d.startErr = d.registerHandlers()
-	return d
+	return d, nil
 }
 
 func (d *Daemon) datapathError(what string, err error) {

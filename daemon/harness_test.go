@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	testingclock "k8s.io/utils/clock/testing"
@@ -76,7 +77,7 @@ func newHarness(t *testing.T, mod ...func(*Config)) *harness {
 	for _, m := range mod {
 		m(&cfg)
 	}
-	h.d = New(cfg, h.client, h.dp, h.ct)
+	h.d = mustNew(t, cfg, h.client, h.dp, h.ct)
 	h.d.hosted.startEvents()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(func() {
@@ -94,12 +95,22 @@ func newHarness(t *testing.T, mod ...func(*Config)) *harness {
 	return h
 }
 
+// mustNew is New for a test: a configuration New refuses fails it.
+func mustNew(tb testing.TB, cfg Config, client kubernetes.Interface, dp Datapath, ct conntrack.Interface) *Daemon {
+	tb.Helper()
+	d, err := New(cfg, client, dp, ct)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return d
+}
+
 // restart starts a second daemon over the same API and the same datapath
 // (pinned maps), adopting the datapath exactly as Run does.
 func (h *harness) restart() *harness {
 	h.t.Helper()
 	h2 := &harness{t: h.t, client: h.client, dp: h.dp, ct: h.ct, clock: h.clock, ctx: h.ctx}
-	h2.d = New(h.d.cfg, h.client, h.dp, h.ct)
+	h2.d = mustNew(h.t, h.d.cfg, h.client, h.dp, h.ct)
 	h2.d.hosted.startEvents()
 	h.t.Cleanup(h2.d.hosted.stopEvents)
 	if err := h2.d.adoptDatapath(); err != nil {

@@ -128,7 +128,7 @@ func newE2EWith(t *testing.T, o e2eOptions) *e2e {
 	if o.beforeStart != nil {
 		o.beforeStart(e)
 	}
-	e.d = New(Config{Node: "n0", Namespace: "draind-system", PollEvery: 50 * time.Millisecond, Quiet: time.Second,
+	e.d = mustNew(t, Config{Node: "n0", Namespace: "draind-system", PollEvery: 50 * time.Millisecond, Quiet: time.Second,
 		RegistryOnlyPolicy: bpf.PolicyRefuse, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, e.client, o.datapath(e.dp), ct)
 	e.d.SetAttached(true)
 	done := make(chan struct{})

@@ -30,7 +30,7 @@ func (unreadableSockets) GoneEntries() ([]bpf.GonePeer, []bpf.GoneFlow, error) {
 // gone peers' gauges; readable ones are exported.
 func TestSocketMetricsNotZeroOnReadError(t *testing.T) {
 	series := func(dp Datapath) string {
-		d := New(Config{Node: "n1", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, fake.NewClientset(), dp, nil)
+		d := mustNew(t, Config{Node: "n1", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, fake.NewClientset(), dp, nil)
 		mfs, err := d.Metrics.Registry.Gather()
 		if err != nil {
 			t.Fatal(err)

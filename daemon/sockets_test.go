@@ -40,7 +40,7 @@ func newSocketHarness(t *testing.T, mod ...func(*Config)) (*harness, *datapathte
 	for _, m := range mod {
 		m(&cfg)
 	}
-	h.d = New(cfg, h.client, sd, h.ct)
+	h.d = mustNew(t, cfg, h.client, sd, h.ct)
 	h.d.hosted.startEvents()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(func() {

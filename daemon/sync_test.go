@@ -42,7 +42,7 @@ func TestNothingAppliedBeforeSync(t *testing.T) {
 		return false, nil, nil
 	})
 	dp := datapathtest.New()
-	d := New(Config{Node: testNode, Namespace: testNS, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, client, dp, nil)
+	d := mustNew(t, Config{Node: testNode, Namespace: testNS, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, client, dp, nil)
 	d.SetAttached(true)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -93,7 +93,7 @@ func seedWeb(t *testing.T, d *Daemon, first *k8s.Slice) {
 func TestLatencyCountsFromReceipt(t *testing.T) {
 	clk := testingclock.NewFakeClock(time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC))
 	var got []time.Duration
-	d := New(Config{Node: testNode, Namespace: testNS, Clock: clk, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	d := mustNew(t, Config{Node: testNode, Namespace: testNS, Clock: clk, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		OnLatency: func(l time.Duration) { got = append(got, l) }}, fake.NewClientset(), datapathtest.New(), nil)
 	first, _ := k8s.SliceFrom(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")), nil)
 	seedWeb(t, d, first)
@@ -219,7 +219,7 @@ func TestSliceEventPassesAtOnce(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dp := datapathtest.New()
-			d := New(Config{Node: testNode, Namespace: testNS, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))},
+			d := mustNew(t, Config{Node: testNode, Namespace: testNS, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))},
 				fake.NewClientset(), dp, nil)
 			first, _ := k8s.SliceFrom(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.1", "a"), ready("10.0.0.2", "b")), nil)
 			seedWeb(t, d, first)
@@ -256,7 +256,7 @@ func TestSliceEventPassesAtOnce(t *testing.T) {
 // while the loop runs, and never when passes are rate limited.
 func TestInlinePassesFollowTheLoop(t *testing.T) {
 	for _, minSync := range []time.Duration{0, time.Second} {
-		d := New(Config{Node: testNode, Namespace: testNS, MinSyncInterval: minSync,
+		d := mustNew(t, Config{Node: testNode, Namespace: testNS, MinSyncInterval: minSync,
 			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, fake.NewClientset(), datapathtest.New(), nil)
 		d.SetAttached(true)
 		ctx, cancel := context.WithCancel(context.Background())
@@ -283,7 +283,7 @@ func TestInlinePassesFollowTheLoop(t *testing.T) {
 // one. The loop's does.
 func TestRefreshRoundsAreTheLoops(t *testing.T) {
 	clk := testingclock.NewFakeClock(time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC))
-	d := New(Config{Node: testNode, Namespace: testNS, Clock: clk, EntryTTL: time.Minute,
+	d := mustNew(t, Config{Node: testNode, Namespace: testNS, Clock: clk, EntryTTL: time.Minute,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, fake.NewClientset(), datapathtest.New(), nil)
 	sl, _ := k8s.SliceFrom(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")), nil)
 	seedWeb(t, d, sl)
@@ -334,7 +334,7 @@ func (s *slowDatapath) UpsertDrain(d bpf.Drain) error {
 func TestSliceWatchPassesStandAside(t *testing.T) {
 	clk := testingclock.NewFakeClock(time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC))
 	dp := &slowDatapath{datapathtest.New(), clk, 0}
-	d := New(Config{Node: testNode, Namespace: testNS, Clock: clk, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))},
+	d := mustNew(t, Config{Node: testNode, Namespace: testNS, Clock: clk, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))},
 		fake.NewClientset(), dp, nil)
 	svc, _ := k8s.ServiceFrom(webService())
 	if err := d.inf.Services.GetStore().Add(svc); err != nil {

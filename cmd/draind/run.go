@@ -230,7 +230,10 @@ func runDaemon(ctx context.Context, o *runOptions) error {
 	cfg := o.cfg
 	cfg.Node, cfg.Namespace, cfg.Version = o.node, o.namespace, version
 	cfg.RegistryOnlyPolicy, cfg.Logger, cfg.FlowLister, cfg.REST = regPolicy, log, flows, restCfg
-	d := daemon.New(cfg, client, dp, ct)
+	d, err := daemon.New(cfg, client, dp, ct)
+	if err != nil {
+		return err
+	}
 	d.Metrics.RegisterKernelFeatures(features.KernelFeatures)
 	if err := dp.Attach(cgroup); err != nil {
 		return err

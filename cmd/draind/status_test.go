@@ -109,8 +109,11 @@ func realStatusWith(t *testing.T, withCT bool) daemon.Status {
 			t.Fatal(err)
 		}
 	}
-	d := daemon.New(daemon.Config{Node: node, Namespace: "draind-system", Version: "v0.1.0-test", Clock: clk,
+	d, err := daemon.New(daemon.Config{Node: node, Namespace: "draind-system", Version: "v0.1.0-test", Clock: clk,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), RegistryOnlyPolicy: bpf.PolicyRefuse}, client, dp, cti)
+	if err != nil {
+		t.Fatal(err)
+	}
 	d.SetAttached(true)
 	go d.Run(ctx)
 	src := daemon.StatusSource{
@@ -259,8 +262,11 @@ func TestStatusConntrackOffDegrades(t *testing.T) {
 // (informers by name), not in map order.
 func TestStatusProblemsInStableOrder(t *testing.T) {
 	clk := testingclock.NewFakeClock(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
-	d := daemon.New(daemon.Config{Node: "node-a", Namespace: "draind-system", Clock: clk,
+	d, err := daemon.New(daemon.Config{Node: "node-a", Namespace: "draind-system", Clock: clk,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, fake.NewClientset(), datapathtest.New(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	want := []string{"informer endpointslices not synced", "informer leases not synced", "informer pods not synced",
 		"informer services not synced", "programs not attached", "not ready"}
 	for range 50 {

@@ -329,11 +329,14 @@ func testRBAC(ctx context.Context, t *testing.T, c *kube.Cluster, dyn dynamic.In
 func testDaemonWithRBAC(ctx context.Context, t *testing.T, c *kube.Cluster, sa kubernetes.Interface) {
 	const node = "node-a"
 	logs := &syncWriter{}
-	d := daemon.New(daemon.Config{
+	d, err := daemon.New(daemon.Config{
 		Node: node, Namespace: namespace, Version: "deploycheck",
 		LeaseDuration: 3 * time.Second, Quiet: 300 * time.Millisecond, Linger: time.Second, GoneGrace: 100 * time.Millisecond,
 		Logger: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}, sa, datapathtest.New(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	dctx, stop := context.WithCancel(ctx)
 	runErr := make(chan error, 1)
 	go func() { runErr <- d.Run(dctx) }()

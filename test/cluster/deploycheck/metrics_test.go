@@ -49,10 +49,13 @@ func serveDaemon(t *testing.T) ([]byte, string) {
 	drainIP := netip.MustParseAddr("10.244.0.7")
 
 	client := fake.NewClientset()
-	d := daemon.New(daemon.Config{
+	d, err := daemon.New(daemon.Config{
 		Node: node, Namespace: namespace, Version: "deploycheck",
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}, client, datapathtest.New(), conntrack.NewFake())
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	runErr := make(chan error, 1)
 	go func() { runErr <- d.Run(ctx) }()

@@ -52,11 +52,13 @@ func startDaemon(ctx context.Context, api *fake.Clientset, node *bed.Node, offli
 	if n.ct, err = conntrack.Open(conntrack.Options{NetNS: node.NS.Path()}); err != nil {
 		return nil, fmt.Errorf("opening conntrack of %s: %w", node.Name, err)
 	}
-	n.d = daemon.New(daemon.Config{
+	if n.d, err = daemon.New(daemon.Config{
 		Node: node.Name, Namespace: DraindNamespace, Version: "demo",
 		RegistryOnlyPolicy: bpf.PolicyRefuse, // as `draind run`
 		Logger:             log.With("node", node.Name),
-	}, nodeView{api}, n.dp, n.ct)
+	}, nodeView{api}, n.dp, n.ct); err != nil {
+		return nil, fmt.Errorf("configuring draind on %s: %w", node.Name, err)
+	}
 	if err := n.dp.Attach(node.Pods.Path); err != nil {
 		return nil, fmt.Errorf("attaching the datapath on %s: %w", node.Name, err)
 	}
