@@ -37,6 +37,18 @@ func (o *drainOptions) client() (kubernetes.Interface, error) {
 	return kubernetes.NewForConfig(cfg)
 }
 
+// validate refuses a drain Lease that would expire at once (a duration
+// of 0 or less) and a negative wait, before anything is read or written.
+func (o *drainOptions) validate() error {
+	if o.duration <= 0 {
+		return fmt.Errorf("--lease-duration=%s: must be more than 0 (the default is %s)", o.duration, daemon.DefaultConfig().LeaseDuration)
+	}
+	if o.wait < 0 {
+		return fmt.Errorf("--wait=%s: must not be negative (0: do not wait)", o.wait)
+	}
+	return nil
+}
+
 // podArg accepts "pod" (with -n) or "namespace/pod".
 func (o *drainOptions) podArg(arg string) (string, string) {
 	if ns, name, ok := strings.Cut(arg, "/"); ok {
@@ -57,6 +69,9 @@ The drain lasts until 'draind undrain', the pod's deletion, or the Lease
 expiring when nobody renews it.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := o.validate(); err != nil {
+				return err
+			}
 			c, err := o.client()
 			if err != nil {
 				return err
@@ -66,7 +81,7 @@ expiring when nobody renews it.`,
 		},
 	}
 	o.flags(cmd)
-	cmd.Flags().DurationVar(&o.duration, "lease-duration", 30*time.Second, "drain Lease duration (the pod's draind renews it)")
+	cmd.Flags().DurationVar(&o.duration, "lease-duration", daemon.DefaultConfig().LeaseDuration, "drain Lease duration (the pod's draind renews it)")
 	cmd.Flags().DurationVar(&o.wait, "wait", 0, "wait this long for the pod to be drained, printing progress")
 	return cmd
 }

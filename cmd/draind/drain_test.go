@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -83,6 +84,28 @@ func TestDrainRefusals(t *testing.T) {
 	for name, want := range map[string]string{"pending": "no IP yet", "hostnet": "host network", "missing": "not found"} {
 		if err := drain(ctx, &bytes.Buffer{}, c, o, "shop", name); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("drain %s: %v, want %q", name, err, want)
+		}
+	}
+}
+
+// TestDrainFlagRefusals: a drain Lease of 0 or less and a negative wait
+// stop `draind drain` with an error naming the flag, before any API call;
+// the Lease duration defaults to the daemon's.
+func TestDrainFlagRefusals(t *testing.T) {
+	if f := newDrainCmd().Flags().Lookup("lease-duration"); f.DefValue != daemon.DefaultConfig().LeaseDuration.String() {
+		t.Errorf("--lease-duration defaults to %s, daemon.DefaultConfig to %s", f.DefValue, daemon.DefaultConfig().LeaseDuration)
+	}
+	for _, tc := range []struct{ arg, want string }{
+		{"--lease-duration=0", "--lease-duration=0s: must be more than 0"},
+		{"--lease-duration=-30s", "--lease-duration=-30s: must be more than 0"},
+		{"--wait=-1s", "--wait=-1s: must not be negative"},
+	} {
+		cmd := newDrainCmd()
+		cmd.SetArgs([]string{"--kubeconfig=/nonexistent", tc.arg, "shop/cart-a"})
+		cmd.SetOut(io.Discard)
+		cmd.SetErr(io.Discard)
+		if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: err %v, want %q", tc.arg, err, tc.want)
 		}
 	}
 }
