@@ -28,13 +28,14 @@ import (
 // that ends. If the node stops, the claim expires.
 //
 // Every node, the drain Lease's holder included, believes a claim exactly
-// as it honours a drain Lease (honouredIPs: the holder must host the pod,
-// by trusted slices or the Pod object, and only the pod's own IPs count),
-// so neither a tenant nor another node can use one to end the drain of a
-// pod it does not host. A believed claim makes its IPs claimed by its pod
-// (claims.claimedByOther): every other pod's steering of those IPs is void
-// at once, and the holder of the older drain Lease ends that drain's
-// linger and deletes its own Lease.
+// as it believes a drain Lease (lease.Judge.Believed: the holder must host
+// the pod, by trusted slices or the Pod object, and only the pod's own IPs
+// count), so neither a tenant nor another node can use one to end the
+// drain of a pod it does not host. Which pod owns an IP, among the believed
+// claims and the cluster's other records, is the model's claim rule
+// (model.Claims.ClaimedByOther): a believed claim makes every other pod's
+// steering of its IPs void at once, and the holder of the older drain Lease
+// ends that drain's linger and deletes its own Lease.
 
 // claimLister is a State that also has claim Leases (k8s.Informers; a
 // test's State may have none).
@@ -77,12 +78,7 @@ func (d *Daemon) readClaims(local *localPods, now time.Time) []netip.Addr {
 	}
 	var next map[netip.Addr]types.UID
 	for _, l := range leases.claims {
-		exp := l.Expires()
-		if !exp.After(now) {
-			continue
-		}
-		deadline(exp)
-		ips, ok, until := d.honouredIPs(l, local.byIP, nil, now)
+		ips, ok, until := d.judge.Believed(l, local.byIP, nil, now)
 		deadline(until)
 		if !ok {
 			continue

@@ -145,6 +145,7 @@ type Daemon struct {
 	conntrackPolicy *conntrackPolicy
 	hosted          *hostedDrains
 	leaseTrust      *lease.Trust
+	judge           lease.Judge      // which Leases are believed
 	gone            *gonepeers.Peers // sockets_gone.go wires it
 	vanished        vanishIntake     // sockets_vanish.go
 	pinned          pinnedSteering   // at start-up, until the first pass (restart.go)
@@ -198,6 +199,7 @@ func New(cfg Config, client kubernetes.Interface, dp Datapath, ct conntrack.Inte
 		RequestPass: d.runner.Run,
 	})
 	d.leaseTrust = lease.NewTrust(client.CoreV1(), cfg.Clock, cfg.Logger, d.runner.Run)
+	d.judge = lease.Judge{Node: cfg.Node, Slices: d.claims, Pods: d.leaseTrust}
 	d.api = nodeapi.New(d, nodeapi.Config{Quiet: cfg.Quiet, MaxWait: cfg.MaxWait, BodyTimeout: cfg.BodyTimeout,
 		HeaderTimeout: cfg.HeaderTimeout, MaxConnections: cfg.MaxConnections,
 		Requests: d.Metrics.OfflineRequests, ConnsRefused: d.Metrics.OfflineConnsRefused.Inc})

@@ -5,11 +5,12 @@
 //     entries the kernel should hold; see its doc), zone.go (this node's
 //     zone label), poddrains.go (the pod drains a pass hands the model,
 //     from Leases and this node);
-//   - which Leases are believed, and who writes them: leasetrust.go (the
-//     one place a drain or claim Lease is believed), claimleases.go (an IP
-//     reused on another node); package lease writes this node's Leases
-//     off the loop (lease.Writer) and checks a Lease against its Pod
-//     object (lease.Trust);
+//   - which Leases are believed, and who writes them: package lease
+//     decides whether a drain or claim Lease is believed (lease.Judge,
+//     the one place; poddrains.go and claimleases.go hand it every Lease
+//     they read), writes this node's Leases off the loop (lease.Writer)
+//     and checks a Lease against its Pod object (lease.Trust);
+//     claimleases.go (an IP reused on another node);
 //   - what the kernel gets: package reconcile (the minimal, ordered diff,
 //     reading the model through model.Desired), datapath.go
 //     (the interface; its fake is package datapathtest),

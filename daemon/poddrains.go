@@ -110,20 +110,15 @@ func (d *Daemon) readLeaseDrains(local *localPods, prev map[types.UID]*model.Pod
 	}
 	clear(mm.drains)
 	for _, l := range leases.list {
-		exp := l.Expires()
-		if !exp.After(now) {
-			continue
-		}
 		mm.ownLeases = mm.ownLeases || l.Holder == d.cfg.Node
-		mm.deadline(exp)
-		ips, ok, until := d.honouredIPs(l, local.byIP, st.ips[:0], now)
+		ips, ok, until := d.judge.Believed(l, local.byIP, st.ips[:0], now)
 		mm.deadline(until)
 		if cap(ips) <= reconcile.ScratchKeep {
 			st.ips = ips[:0]
 		}
 		if ok {
 			model.KeepPodDrain(mm.drains, prev, &model.PodDrain{UID: l.PodUID, Namespace: l.PodNamespace, Name: l.PodName, IPs: ips,
-				Reason: l.Reason, Since: l.Acquired, Expires: exp, Holder: l.Holder, Lease: true, State: l.State,
+				Reason: l.Reason, Since: l.Acquired, Expires: l.Expires(), Holder: l.Holder, Lease: true, State: l.State,
 				SteerPodIP: l.SteerPodIP || l.State == StateGone})
 		}
 	}

@@ -26,8 +26,9 @@ type verdict struct {
 }
 
 // Trust checks Leases of pods no trusted slice lists against their Pod
-// objects, off the runner's path: a pass asks, a goroutine reads the pod,
-// the next pass has the answer.
+// objects for Judge, off the runner's path: a pass asks, a goroutine reads
+// the pod, the next pass has the answer. It reads and keeps; byPodObject
+// judges.
 type Trust struct {
 	pods        typedcorev1.PodsGetter
 	clock       clock.WithTicker
@@ -42,7 +43,7 @@ type Trust struct {
 	// inherited are the addresses a previous draind's pinned maps still
 	// steered when this one started (Inherit), until EndInherit.
 	inherited map[netip.Addr]bool
-	// gen changes with every verdict. Invariant: Verified's answers (the
+	// gen changes with every verdict. Invariant: verified's answers (the
 	// Pod read of a Lease with the same claim, a refusal until its
 	// recheck) hold while gen stays. Checked by the daemon's
 	// FuzzSequenceDifferential.
@@ -67,10 +68,10 @@ func sameClaim(a, b *k8s.DrainLease) bool {
 		a.PodName == b.PodName && slices.Equal(a.IPs, b.IPs)
 }
 
-// Verified returns the verdict on l, asking for a check when there is none
+// verified returns the verdict on l, asking for a check when there is none
 // (or it is stale). A refusal holds until recheck; the verdict of a check
-// asked for changes the generation.
-func (t *Trust) Verified(l *k8s.DrainLease) (ips []netip.Addr, ok bool, recheck time.Time) {
+// asked for changes the generation. Judge.Believed is its one caller.
+func (t *Trust) verified(l *k8s.DrainLease) (ips []netip.Addr, ok bool, recheck time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	v := t.verdicts[l.Name]
@@ -88,7 +89,7 @@ func (t *Trust) Verified(l *k8s.DrainLease) (ips []netip.Addr, ok bool, recheck 
 	return nil, false, time.Time{}
 }
 
-// Generation returns gen: Verified's answers hold while it stays (and a
+// Generation returns gen: the answers of its checks hold while it stays (and a
 // refusal until its recheck).
 func (t *Trust) Generation() uint64 {
 	t.mu.Lock()
@@ -163,50 +164,33 @@ func (t *Trust) Flush(ctx context.Context) bool {
 	return len(pending) > 0
 }
 
-// inherit honours v's Lease, whose pod is gone, for the IPs the pinned
-// maps steered at start-up (if any).
-func (t *Trust) inherit(v *verdict) {
-	t.mu.Lock()
-	for _, ip := range v.lease.IPs {
-		if t.inherited[ip] {
-			v.ips = append(v.ips, ip)
-		}
-	}
-	t.mu.Unlock()
-	if v.ok = len(v.ips) > 0; v.ok {
-		t.log.Info("drain Lease honoured as pinned: its pod is gone", "lease", v.lease.Name, "ips", v.ips)
-	}
-}
-
-// check reads the Lease's pod: it must exist with the Lease's UID, run on
-// the holder, and have the Lease's IPs (the others are dropped).
+// check reads the Lease's pod and judges the Lease by it (byPodObject):
+// the pod must exist with the Lease's UID, run on the holder, and have the
+// Lease's IPs (the others are dropped); a pod the API no longer has counts
+// for the inherited addresses. A failed read refuses it until its recheck.
 func (t *Trust) check(ctx context.Context, l k8s.DrainLease) *verdict {
 	v := &verdict{lease: l, checked: t.clock.Now()}
 	ctx, cancel := context.WithTimeout(ctx, CallTimeout)
 	defer cancel()
 	p, err := t.pods.Pods(l.PodNamespace).Get(ctx, l.PodName, metav1.GetOptions{})
-	if err != nil {
-		if !apierrors.IsNotFound(err) {
-			t.log.Warn("checking a drain Lease's pod", "lease", l.Name, "err", err)
-			return v
+	var pod *k8s.Pod
+	switch {
+	case err == nil:
+		if pod = k8s.PodFrom(p); pod.UID != l.PodUID {
+			pod = nil // another pod of the same name (a StatefulSet's): the Lease's is gone
 		}
-		t.inherit(v)
+	case !apierrors.IsNotFound(err):
+		t.log.Warn("checking a drain Lease's pod", "lease", l.Name, "err", err)
 		return v
 	}
-	pod := k8s.PodFrom(p)
-	if pod.UID != l.PodUID {
-		t.inherit(v) // another pod of the same name (a StatefulSet's): the Lease's is gone
-		return v
-	}
-	if pod.Node != l.Holder {
+	t.mu.Lock()
+	v.ips, v.ok = byPodObject(&l, pod, t.inherited)
+	t.mu.Unlock()
+	switch {
+	case pod == nil && v.ok:
+		t.log.Info("drain Lease honoured as pinned: its pod is gone", "lease", l.Name, "ips", v.ips)
+	case pod != nil && pod.Node != l.Holder:
 		t.log.Warn("drain Lease not honoured: its holder does not host the pod", "lease", l.Name, "holder", l.Holder, "node", pod.Node)
-		return v
 	}
-	for _, ip := range l.IPs {
-		if slices.Contains(pod.IPs, ip) {
-			v.ips = append(v.ips, ip)
-		}
-	}
-	v.ok = len(v.ips) > 0
 	return v
 }

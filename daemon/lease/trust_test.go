@@ -52,7 +52,7 @@ func TestTrustVerdicts(t *testing.T) {
 	ctx := t.Context()
 
 	l := trustLease()
-	if ips, ok, _ := tr.Verified(l); ok || ips != nil {
+	if ips, ok, _ := tr.verified(l); ok || ips != nil {
 		t.Fatalf("unchecked Lease believed: %v %v", ips, ok)
 	}
 	gen := tr.Generation()
@@ -60,9 +60,9 @@ func TestTrustVerdicts(t *testing.T) {
 		t.Fatalf("flush of a pending check: passes %d, generation %d -> %d; want a pass and a new generation",
 			passes.Load(), gen, tr.Generation())
 	}
-	ips, ok, recheck := tr.Verified(l)
+	ips, ok, recheck := tr.verified(l)
 	if !ok || !slices.Equal(ips, []netip.Addr{netip.MustParseAddr("10.0.0.7")}) || !recheck.IsZero() {
-		t.Fatalf("Verified = %v, %v, %v; want only the pod's own IP, no recheck", ips, ok, recheck)
+		t.Fatalf("verified = %v, %v, %v; want only the pod's own IP, no recheck", ips, ok, recheck)
 	}
 	if tr.Flush(ctx) {
 		t.Fatal("a believed Lease was checked again")
@@ -71,11 +71,11 @@ func TestTrustVerdicts(t *testing.T) {
 	// Another holder: the pod runs on node-b, not node-c.
 	other := trustLease()
 	other.Holder = "node-c"
-	if _, ok, _ := tr.Verified(other); ok {
+	if _, ok, _ := tr.verified(other); ok {
 		t.Fatal("a Lease with a changed holder kept the old verdict")
 	}
 	tr.Flush(ctx)
-	_, ok, recheck = tr.Verified(other)
+	_, ok, recheck = tr.verified(other)
 	if ok || !recheck.Equal(clk.Now().Add(RecheckAfter)) {
 		t.Fatalf("holder not hosting the pod: ok %v, recheck %v; want refused until %v", ok, recheck, clk.Now().Add(RecheckAfter))
 	}
@@ -83,12 +83,12 @@ func TestTrustVerdicts(t *testing.T) {
 		t.Fatal("a refused Lease was checked again before its recheck")
 	}
 	clk.Step(RecheckAfter)
-	if _, ok, _ := tr.Verified(other); ok || !tr.Flush(ctx) {
+	if _, ok, _ := tr.verified(other); ok || !tr.Flush(ctx) {
 		t.Fatal("a refused Lease was not checked again at its recheck")
 	}
 
 	tr.ForgetExcept(map[string]bool{})
-	if _, ok, _ := tr.Verified(l); ok {
+	if _, ok, _ := tr.verified(l); ok {
 		t.Fatal("a forgotten verdict still answered")
 	}
 }
@@ -111,17 +111,17 @@ func TestTrustRefusesMissingPod(t *testing.T) {
 				}
 			}
 			tr := NewTrust(client.CoreV1(), testingclock.NewFakeClock(time.Now()), quietLog(), nil)
-			tr.Verified(trustLease())
+			tr.verified(trustLease())
 			tr.Flush(t.Context())
-			if ips, ok, _ := tr.Verified(trustLease()); ok || len(ips) != 0 {
-				t.Fatalf("Verified = %v, %v; want refused", ips, ok)
+			if ips, ok, _ := tr.verified(trustLease()); ok || len(ips) != 0 {
+				t.Fatalf("verified = %v, %v; want refused", ips, ok)
 			}
 		})
 	}
 }
 
 // TestTrustStartChecks: between Start and Stop the checker's own
-// goroutine answers a Verified call's request and asks for a pass; Stop
+// goroutine answers a verified call's request and asks for a pass; Stop
 // waits for it to end.
 func TestTrustStartChecks(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -129,9 +129,9 @@ func TestTrustStartChecks(t *testing.T) {
 		passed := make(chan struct{}, 1)
 		tr := NewTrust(client.CoreV1(), clock.RealClock{}, quietLog(), func() { passed <- struct{}{} })
 		tr.Start(t.Context())
-		tr.Verified(trustLease())
+		tr.verified(trustLease())
 		<-passed
-		if _, ok, _ := tr.Verified(trustLease()); !ok {
+		if _, ok, _ := tr.verified(trustLease()); !ok {
 			t.Fatal("checked Lease not believed")
 		}
 		tr.Stop()
@@ -158,29 +158,29 @@ func TestTrustInherit(t *testing.T) {
 	elsewhere.Holder = "node-c"
 	renamed := trustLease() // web-1 is another pod now
 	renamed.Name, renamed.PodUID = k8s.LeaseName("uid-web-1-old"), "uid-web-1-old"
-	tr.Verified(gone)
-	tr.Verified(elsewhere)
-	tr.Verified(renamed)
+	tr.verified(gone)
+	tr.verified(elsewhere)
+	tr.verified(renamed)
 	tr.Flush(ctx)
-	if ips, ok, _ := tr.Verified(renamed); !ok || !slices.Equal(ips, []netip.Addr{netip.MustParseAddr("10.0.0.7")}) {
+	if ips, ok, _ := tr.verified(renamed); !ok || !slices.Equal(ips, []netip.Addr{netip.MustParseAddr("10.0.0.7")}) {
 		t.Errorf("Lease of a pod whose name another pod has now, while inheriting: %v %v; want the inherited 10.0.0.7", ips, ok)
 	}
-	if ips, ok, _ := tr.Verified(gone); !ok || !slices.Equal(ips, []netip.Addr{netip.MustParseAddr("10.0.0.8")}) {
+	if ips, ok, _ := tr.verified(gone); !ok || !slices.Equal(ips, []netip.Addr{netip.MustParseAddr("10.0.0.8")}) {
 		t.Errorf("gone pod's Lease while inheriting: %v %v; want only the inherited 10.0.0.8", ips, ok)
 	}
-	if _, ok, _ := tr.Verified(elsewhere); ok {
+	if _, ok, _ := tr.verified(elsewhere); ok {
 		t.Error("a Lease whose pod runs on another node was believed from the inherited addresses")
 	}
 
 	tr.EndInherit()
 	later := *gone
 	later.Name, later.PodUID = k8s.LeaseName("uid-later"), "uid-later"
-	tr.Verified(&later)
+	tr.verified(&later)
 	tr.Flush(ctx)
-	if _, ok, _ := tr.Verified(&later); ok {
+	if _, ok, _ := tr.verified(&later); ok {
 		t.Error("a gone pod's Lease was believed after inheriting ended")
 	}
-	if _, ok, _ := tr.Verified(gone); !ok {
+	if _, ok, _ := tr.verified(gone); !ok {
 		t.Error("the verdict given while inheriting was dropped")
 	}
 }

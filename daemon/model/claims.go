@@ -22,11 +22,16 @@ import (
 //   - is IP X claimed by a pod other than A? A drain entry of pod A on X is
 //     void the moment X is claimed by another pod: pod IPs are reused,
 //     identity is the pod UID;
-//   - which node hosts the pod listed at X? A drain Lease is honoured only
-//     when its holder is that node, and only for the pod's own IPs. A pod's
-//     host is remembered for a while after its last listing of X ends
-//     (departed): a pod deleted without grace leaves its slice before its
-//     node publishes the Lease that says it is gone.
+//   - which node hosts the pod listed at X (HostOf)? It is a record that
+//     package lease reads when it decides whether a Lease is believed
+//     (lease.Judge); nothing here judges a Lease. A pod's host is
+//     remembered for a while after its last listing of X ends (departed):
+//     a pod deleted without grace leaves its slice before its node
+//     publishes the Lease that says it is gone.
+//
+// The first question is the claim rule: which of the pods that believed
+// claims (SetRemote), local pods and ready listings put at an IP owns it
+// (ClaimedByOther). Whether a claim Lease is believed is not decided here.
 //
 // A hand-written slice (any tenant can write one, with any label) claims
 // nothing. Informer handlers update it (under mu) as events arrive; the
@@ -490,8 +495,8 @@ func (c *Claims) ClaimedByOther(ip netip.Addr, uid types.UID) bool {
 	return other
 }
 
-// SetRemote replaces the believed claims (IP -> pod) and returns the IPs
-// whose claim changed.
+// SetRemote replaces the believed claims (IP -> pod), as lease.Judge
+// believed them, and returns the IPs whose claim changed.
 func (c *Claims) SetRemote(next map[netip.Addr]types.UID) []netip.Addr {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -628,7 +633,8 @@ func (c *Claims) Generation() uint64 {
 
 // HostOf returns the node that trusted slices say hosts pod uid at ip, or
 // hosted it until its listing ended less than keep ago; until is when such
-// a departed host's answer ends (zero: the listings' answer).
+// a departed host's answer ends (zero: the listings' answer). It is the
+// trusted slices' lease.Record: a fact, not a verdict on any Lease.
 func (c *Claims) HostOf(ip netip.Addr, uid types.UID) (node string, listed bool, until time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
