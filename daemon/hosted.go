@@ -558,10 +558,9 @@ func (l *hostedDrains) cleanStaleLeases(leases map[types.UID]*k8s.DrainLease, po
 		if pods[uid] != nil {
 			continue
 		}
-		mine := dl.Holder == l.cfg.Node
+		mine := l.deletes(dl.Holder)
 		stale := mine && l.pods[uid] == nil && !dl.Expires().After(now)
 		for _, ip := range dl.IPs {
-			// Only the holder deletes a Lease (deleteLease).
 			if mine && l.cfg.Claims.ClaimedByOther(ip, uid) {
 				stale = true
 				if ld := l.pods[uid]; ld != nil {
@@ -576,27 +575,38 @@ func (l *hostedDrains) cleanStaleLeases(leases map[types.UID]*k8s.DrainLease, po
 	}
 }
 
-// deleteLease is the one place that decides who deletes a Lease, and the
-// one place this node asks for a deletion (l.mu held; the writer performs
-// it). Only a Lease's holder deletes it: the shipped Lease policy denies
-// any other node, and a local pod at the IP of another node's drain Lease
-// claims the IP instead (publishClaims), so a Lease of another holder is
-// never deleted here. The holder deletes:
+// deleteLease asks the writer to delete Lease name of holder, if this
+// node deletes it (deletes). It takes no lock of its own: callers hold l.mu.
+func (l *hostedDrains) deleteLease(name, holder string) {
+	if l.deletes(holder) {
+		l.writer.Want(name, lease.Write{Kind: lease.Delete})
+	}
+}
+
+// deleteLeaseNow is deleteLease at once, for /v1/online
+// (hostedDrains.online): the pod's own drain Lease, deleted while the
+// call's answer waits for it and reports its error.
+func (l *hostedDrains) deleteLeaseNow(ctx context.Context, name, holder string) error {
+	if !l.deletes(holder) {
+		return fmt.Errorf("drain lease %s is held by %s: only its holder deletes it", name, holder)
+	}
+	return l.writer.DeleteNow(ctx, name)
+}
+
+// deletes is the one place that decides whether this node deletes a
+// Lease; the writer (lease.Writer) is the one that does. Only a Lease's
+// holder deletes it: the shipped Lease policy denies any other node, and a
+// local pod at the IP of another node's drain Lease claims the IP instead
+// (publishClaims), so a Lease of another holder is never deleted here.
+// The holder deletes:
 //   - a drain Lease whose drain ended: its pod gone and the linger over,
 //     or its IP claimed elsewhere (forget);
 //   - a drain Lease it holds naming an IP a different pod now holds, or
 //     whose pod is gone and that expired (cleanStaleLeases);
 //   - a claim Lease no longer needed, or left by an earlier run
-//     (publishClaims).
-//
-// The one other deletion is /v1/online's (hostedDrains.online): the pod's
-// own drain Lease, deleted at once because the call's answer waits for it.
-func (l *hostedDrains) deleteLease(name, holder string) {
-	if holder != l.cfg.Node {
-		return
-	}
-	l.writer.Want(name, lease.Write{Kind: lease.Delete})
-}
+//     (publishClaims);
+//   - a drain Lease whose drain /v1/online cancels (deleteLeaseNow).
+func (l *hostedDrains) deletes(holder string) bool { return holder == l.cfg.Node }
 
 // forget drops a drain (l.mu held); deleteLease also deletes its Lease.
 func (l *hostedDrains) forget(uid types.UID, deleteLease bool) {

@@ -9,7 +9,6 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/draind/draind/daemon/lease"
 	"github.com/draind/draind/daemon/nodeapi"
 	"github.com/draind/draind/k8s"
 )
@@ -132,10 +131,7 @@ func (l *hostedDrains) online(ctx context.Context, ip netip.Addr) OfflineResult 
 		res.Error, res.Code = "the pod is being deleted: its drain cannot be undone", http.StatusConflict
 		return res
 	}
-	l.writer.Drop(k8s.LeaseName(p.UID))
-	dctx, cancel := context.WithTimeout(ctx, lease.CallTimeout)
-	err := l.cfg.Leases.Delete(dctx, k8s.LeaseName(p.UID))
-	cancel()
+	err := l.deleteLeaseNow(ctx, k8s.LeaseName(p.UID), l.cfg.Node)
 	l.cfg.Metrics.LeaseOps.WithLabelValues("delete", result(err)).Inc()
 	if err != nil {
 		res.Error, res.Code = err.Error(), http.StatusServiceUnavailable

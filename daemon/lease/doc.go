@@ -11,8 +11,9 @@
 //     (hostedIPs);
 //   - writer.go: Writer, this node's Lease writes (create, renew, delete)
 //     off the loop that measures drains, the latest write per Lease, with
-//     a transient and a refused backoff; Permanent and Gone classify a
-//     failed write;
+//     a transient and a refused backoff, and DeleteNow, a deletion its
+//     caller waits for: the one code path that deletes a Lease; Permanent
+//     and Gone classify a failed write;
 //   - trust.go: Trust, the Pod-object read of a Lease whose pod no
 //     trusted EndpointSlice lists, off the runner's path, judged by
 //     believe.go's rule; its generation is the cache invariant the
@@ -22,6 +23,6 @@
 // believed claims and the cluster's other records put at an IP owns it is
 // a claim conflict, decided in package model (Claims.ClaimedByOther).
 // Package daemon decides which Leases this node deletes
-// (hostedDrains.deleteLease, the one place). Terms are those of the
-// daemon's glossary (package daemon's doc, docs/glossary.md).
+// (hostedDrains.deletes, the one place); Writer deletes them. Terms are
+// those of the daemon's glossary (package daemon's doc, docs/glossary.md).
 package lease

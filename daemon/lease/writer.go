@@ -84,7 +84,8 @@ func Gone(kind Kind, err error) bool {
 }
 
 // Writer performs this node's Lease writes (drain and claim Leases), off
-// the loop that measures drains and answers offline calls. It keeps only
+// the loop that measures drains and answers offline calls; it is the one
+// code path that deletes a Lease (do). It keeps only
 // the latest write per Lease, retries each with backoff until it lands,
 // and stamps a renewal with the instant it is sent, not the instant it was
 // asked for (a renewal that waited out an outage must not land already
@@ -149,6 +150,16 @@ func (lw *Writer) Drop(name string) {
 	lw.mu.Lock()
 	defer lw.mu.Unlock()
 	delete(lw.pending, name)
+}
+
+// DeleteNow deletes Lease name at once and returns the error (Leases
+// absent count as deleted), for a caller whose answer waits for the
+// deletion; the write waiting for name is dropped first. The caller
+// reports the result: onResult is not told.
+func (lw *Writer) DeleteNow(ctx context.Context, name string) error {
+	lw.Drop(name)
+	_, err := lw.do(ctx, name, Write{Kind: Delete})
+	return err
 }
 
 // Run writes until ctx ends.

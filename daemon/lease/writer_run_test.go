@@ -77,3 +77,38 @@ func TestWriterRunBacksOff(t *testing.T) {
 		}
 	})
 }
+
+// TestWriterDeleteNow: DeleteNow deletes at once and returns the API
+// server's error, drops the write that waited for the Lease (a renewal
+// queued before the deletion is never sent after it), and tells onResult
+// nothing (its caller reports).
+func TestWriterDeleteNow(t *testing.T) {
+	gr := schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}
+	client := fake.NewClientset()
+	var verbs []string
+	refuse := false
+	client.PrependReactor("*", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		verbs = append(verbs, a.GetVerb())
+		if refuse {
+			return true, nil, apierrors.NewForbidden(gr, "drain-x", nil)
+		}
+		return true, nil, nil
+	})
+	told := 0
+	lw := NewWriter(&k8s.Leases{Client: client, Namespace: testNamespace}, 30*time.Second, clock.RealClock{}, func(Result) { told++ })
+	lw.Want("drain-x", Write{Kind: Renew})
+	if err := lw.DeleteNow(t.Context(), "drain-x"); err != nil {
+		t.Fatalf("DeleteNow: %v", err)
+	}
+	if lw.Has("drain-x") {
+		t.Fatal("the renewal queued before the deletion still waits")
+	}
+	lw.Flush(t.Context())
+	if !slices.Equal(verbs, []string{"delete"}) || told != 0 {
+		t.Fatalf("API calls %v, onResult told %d times; want one delete, none told", verbs, told)
+	}
+	refuse = true
+	if err := lw.DeleteNow(t.Context(), "drain-x"); !apierrors.IsForbidden(err) {
+		t.Fatalf("DeleteNow refused: %v, want the 403", err)
+	}
+}
