@@ -353,7 +353,7 @@ func TestHostileOfflineConnectionCap(t *testing.T) {
 		}
 		conns = append(conns, c)
 	}
-	eventually(t, 5*time.Second, "the cap to fill", func() bool { return f.d.openConnections() == 8 })
+	eventually(t, 5*time.Second, "the cap to fill", func() bool { return f.openConnections() == 8 })
 	for i := 0; i < 32; i++ {
 		c, err := net.Dial("tcp", f.addr)
 		if err != nil {
@@ -369,14 +369,14 @@ func TestHostileOfflineConnectionCap(t *testing.T) {
 			t.Fatalf("connection %d past the cap got %q, want a 503", i, b)
 		}
 	}
-	if n := f.d.openConnections(); n != 8 {
+	if n := f.openConnections(); n != 8 {
 		t.Fatalf("%d connections open, cap 8", n)
 	}
 	if n := testutilValue(t, f.d.Metrics.OfflineConnsRefused); n != 32 {
 		t.Errorf("%v refusals counted, want 32", n)
 	}
 	conns[0].Close()
-	eventually(t, 5*time.Second, "a slot to free", func() bool { return f.d.openConnections() == 7 })
+	eventually(t, 5*time.Second, "a slot to free", func() bool { return f.openConnections() == 7 })
 	if code, _ := f.get(t, http.MethodGet, "/healthz", ""); code != http.StatusOK {
 		t.Errorf("a freed slot answered %d", code)
 	}
@@ -404,7 +404,7 @@ func TestHostileSlowBodyAnyPath(t *testing.T) {
 		conns = append(conns, c)
 		fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\nab", paths[i%len(paths)])
 	}
-	eventually(t, 5*time.Second, "the slow clients to connect", func() bool { return f.d.openConnections() == slow })
+	eventually(t, 5*time.Second, "the slow clients to connect", func() bool { return f.openConnections() == slow })
 	// Every slow connection is closed by the server within a few body
 	// timeouts (an answer may come first).
 	for i, c := range conns {
@@ -415,7 +415,7 @@ func TestHostileSlowBodyAnyPath(t *testing.T) {
 			}
 		}
 	}
-	eventually(t, 5*time.Second, "the slow connections to close", func() bool { return f.d.openConnections() == 0 })
+	eventually(t, 5*time.Second, "the slow connections to close", func() bool { return f.openConnections() == 0 })
 	// Fill the cap again but one, then the pod's own call goes through.
 	for i := range slow {
 		c, err := net.Dial("tcp", f.addr)
@@ -425,7 +425,7 @@ func TestHostileSlowBodyAnyPath(t *testing.T) {
 		conns = append(conns, c)
 		fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\nab", paths[i%len(paths)])
 	}
-	eventually(t, 5*time.Second, "the slow clients to connect", func() bool { return f.d.openConnections() == slow })
+	eventually(t, 5*time.Second, "the slow clients to connect", func() bool { return f.openConnections() == slow })
 	start := time.Now()
 	f.openConn2("127.0.0.1:8080")
 	code, res := f.get(t, http.MethodPost, "/v1/offline", "127.0.0.1")

@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,7 +22,40 @@ import (
 // 127.0.0.1 (the caller identity of a loopback client).
 type httpFixture struct {
 	*harness
-	addr string
+	addr  string
+	conns *countingListener
+}
+
+// openConnections is how many connections the offline API holds open.
+func (f *httpFixture) openConnections() int { return int(f.conns.open.Load()) }
+
+// countingListener counts the connections it accepted that are still open
+// on the server's side.
+type countingListener struct {
+	net.Listener
+	open atomic.Int64
+}
+
+func (l *countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	l.open.Add(1)
+	return &countedConn{Conn: c, l: l}, nil
+}
+
+// countedConn leaves the count when first closed, before its socket
+// closes: a client that sees the connection end finds it uncounted.
+type countedConn struct {
+	net.Conn
+	l    *countingListener
+	once sync.Once
+}
+
+func (c *countedConn) Close() error {
+	c.once.Do(func() { c.l.open.Add(-1) })
+	return c.Conn.Close()
 }
 
 func newHTTPFixture(t *testing.T, mod ...func(*Config)) *httpFixture {
@@ -35,15 +69,16 @@ func newHTTPFixture(t *testing.T, mod ...func(*Config)) *httpFixture {
 	if err != nil {
 		t.Fatal(err)
 	}
+	cl := &countingListener{Listener: l}
 	ctx, cancel := context.WithCancel(h.ctx)
 	done := make(chan struct{})
-	go func() { h.d.API().Serve(ctx, l); close(done) }()
+	go func() { h.d.API().Serve(ctx, cl); close(done) }()
 	t.Cleanup(func() {
 		h.d.hosted.cancelAll("the test is over") // pending waits answer, as at a stop
 		cancel()
 		<-done
 	})
-	return &httpFixture{harness: h, addr: l.Addr().String()}
+	return &httpFixture{harness: h, addr: l.Addr().String(), conns: cl}
 }
 
 func (f *httpFixture) get(t *testing.T, method, path string, from string) (int, OfflineResult) {

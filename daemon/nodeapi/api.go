@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/netip"
 	"strconv"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -67,7 +66,6 @@ type Config struct {
 type Server struct {
 	drains Drains
 	cfg    Config
-	conns  atomic.Int64
 }
 
 // New returns the API of drains.
@@ -181,7 +179,6 @@ func (s *Server) HTTPServer(addr string) *http.Server {
 		WriteTimeout:      s.cfg.MaxWait + 30*time.Second,
 		IdleTimeout:       localIdleTimeout,
 		MaxHeaderBytes:    maxHeaderBytes,
-		ConnState:         s.countConn,
 	}
 }
 
@@ -190,19 +187,6 @@ func (s *Server) HTTPServer(addr string) *http.Server {
 func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	return Serve(ctx, s.HTTPServer(l.Addr().String()), CapListener(l, s.cfg.MaxConnections, s.cfg.ConnsRefused))
 }
-
-// countConn tracks the API's open connections.
-func (s *Server) countConn(_ net.Conn, st http.ConnState) {
-	switch st {
-	case http.StateNew:
-		s.conns.Add(1)
-	case http.StateClosed, http.StateHijacked:
-		s.conns.Add(-1)
-	}
-}
-
-// OpenConnections is how many connections the API has open.
-func (s *Server) OpenConnections() int { return int(s.conns.Load()) }
 
 // readBody reads (and drops) the request body within BodyTimeout, then lifts
 // the deadline. Until the body is read the server does not watch the
