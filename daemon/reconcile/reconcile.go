@@ -512,6 +512,3 @@ func (r *Reconciler) referenced(id bpf.ServicePortID) bool {
 
 // Pending reports whether failed work waits for a retry.
 func (r *Reconciler) Pending() bool { return len(r.retryKeys) > 0 || len(r.retryServicePorts) > 0 }
-
-// RefreshLeft is how many targets the refresh round under way has left.
-func (r *Reconciler) RefreshLeft() int { return len(r.refreshKeys) + len(r.refreshServicePorts) }

@@ -198,13 +198,13 @@ func TestRefreshRoundInBatches(t *testing.T) {
 	r.Apply(d, now, true, false)
 	now = now.Add(ttl/2 + time.Second) // every entry due
 	r.StartRefresh(d, now)
-	if r.RefreshLeft() != 3*RefreshBatch {
-		t.Fatalf("round of %d targets, want %d", r.RefreshLeft(), 3*RefreshBatch)
+	if r.refreshLeft() != 3*RefreshBatch {
+		t.Fatalf("round of %d targets, want %d", r.refreshLeft(), 3*RefreshBatch)
 	}
 	total := 0
 	for i := 0; r.Refreshing(); i++ {
 		if i > 3 {
-			t.Fatalf("the round is not over after %d batches: %d left", i, r.RefreshLeft())
+			t.Fatalf("the round is not over after %d batches: %d left", i, r.refreshLeft())
 		}
 		res := r.Apply(d, now, false, true)
 		if res.Ops > RefreshBatch {
@@ -217,3 +217,6 @@ func TestRefreshRoundInBatches(t *testing.T) {
 		t.Errorf("the round rewrote %d backend sets, want %d", total, 3*RefreshBatch)
 	}
 }
+
+// refreshLeft is how many targets the refresh round under way has left.
+func (r *Reconciler) refreshLeft() int { return len(r.refreshKeys) + len(r.refreshServicePorts) }
