@@ -130,17 +130,6 @@ type Hints struct {
 	Zones, Nodes []string
 }
 
-func (h *Hints) parts() []hintPart[string] {
-	var out []hintPart[string]
-	for _, z := range h.Zones {
-		out = append(out, hintPart[string]{name: z})
-	}
-	for _, n := range h.Nodes {
-		out = append(out, hintPart[string]{name: n, node: true})
-	}
-	return out
-}
-
 // names returns endpoint i's hints (nil: none).
 func (h *sliceHints) names(i int) *Hints {
 	refs := h.refs[h.at[i]:h.at[i+1]]

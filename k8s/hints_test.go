@@ -41,8 +41,8 @@ func TestHints(t *testing.T) {
 	for i := range fromAPI.Len() {
 		eps = append(eps, fromAPI.Endpoint(i))
 	}
-	byHand.SetEndpoints(eps)
-	for name, s := range map[string]*Slice{"SliceFrom": fromAPI, "SliceFromProto": fromProto, "SetEndpoints": &byHand} {
+	byHand.setEndpoints(eps)
+	for name, s := range map[string]*Slice{"SliceFrom": fromAPI, "SliceFromProto": fromProto, "setEndpoints": &byHand} {
 		for i, w := range want {
 			if got := s.Endpoint(i).Hints; !reflect.DeepEqual(got, w) {
 				t.Errorf("%s: endpoint %d: hints %+v, want %+v", name, i, got, w)

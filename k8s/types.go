@@ -392,24 +392,6 @@ func splitPodName[T bytestring](name T) (prefix, suffix T) {
 	return name[:i+1], name[i+1:]
 }
 
-// SetEndpoints replaces the endpoints (a slice built by hand, in tests:
-// one with no node table, so it keeps its node names itself).
-// Addresses with a zone, and pod UIDs or names longer than 65,535 bytes,
-// are skipped and counted: the API accepts neither. A node name longer
-// than 255 bytes (the API allows 253) is dropped and counted; its endpoint
-// is kept.
-func (s *Slice) SetEndpoints(eps []Endpoint) (skipped int) {
-	in := make([]endpointIn[string], len(eps))
-	for i := range eps {
-		e := &eps[i]
-		in[i] = endpointIn[string]{addr: e.Addr, conds: e.Conds, node: e.Node, uid: string(e.PodUID), name: e.PodName}
-		if h := e.Hints; h != nil {
-			in[i].hints = h.parts()
-		}
-	}
-	return packEndpoints(s, in)
-}
-
 // bytestring is text as received: a string of a decoded object, or bytes
 // straight from the wire (SliceFromProto), read without a copy.
 type bytestring interface{ ~string | ~[]byte }
@@ -423,7 +405,10 @@ type endpointIn[T bytestring] struct {
 }
 
 // packEndpoints replaces s's endpoints with eps, packed (see Slice), and
-// counts those it skips (as SetEndpoints says). Their text is copied once,
+// counts those it skips. Addresses with a zone, and pod UIDs or names
+// longer than 65,535 bytes, are skipped and counted: the API accepts
+// neither. A node name longer than 255 bytes (the API allows 253) is
+// dropped and counted; its endpoint is kept. Their text is copied once,
 // into one string.
 func packEndpoints[T bytestring](s *Slice, eps []endpointIn[T]) (skipped int) {
 	s.wide = false
@@ -587,15 +572,6 @@ func (s *Slice) Trusted(svc *Service) bool {
 	return s.Controller && svc != nil && svc.HasSelector && s.owner != 0 && s.owner == uidHash(string(svc.UID))
 }
 
-// SetServiceOwner records the controller ownerReference a slice built by
-// hand carries: the UID of its Service ("" for none).
-func (s *Slice) SetServiceOwner(uid types.UID) {
-	s.owner = 0
-	if uid != "" {
-		s.owner = uidHash(string(uid))
-	}
-}
-
 // uidHash is FNV-1a of a UID, never 0 (0 means no owner).
 func uidHash[T bytestring](uid T) uint32 {
 	h := uint32(2166136261)
@@ -629,9 +605,6 @@ type Endpoint struct {
 func (e *Endpoint) Ready() bool {
 	return e.Conds&CondReady != 0 && e.Conds&CondTerminating == 0
 }
-
-// Serving reports the serving condition.
-func (e *Endpoint) Serving() bool { return e.Conds&CondServing != 0 }
 
 // Terminating reports the terminating condition.
 func (e *Endpoint) Terminating() bool { return e.Conds&CondTerminating != 0 }

@@ -54,11 +54,11 @@ func TestSliceFrom(t *testing.T) {
 		t.Fatalf("endpoints %+v", sl.endpoints)
 	}
 	e := sl.Endpoint(0)
-	if !e.Ready() || !e.Serving() || e.Terminating() || e.Node != "node-a" || e.PodUID != "u1" || e.PodName != "p1" {
+	if !e.Ready() || e.Conds&CondServing == 0 || e.Terminating() || e.Node != "node-a" || e.PodUID != "u1" || e.PodName != "p1" {
 		t.Errorf("endpoint 0 %+v", e)
 	}
 	e = sl.Endpoint(1)
-	if e.Ready() || !e.Serving() || !e.Terminating() {
+	if e.Ready() || e.Conds&CondServing == 0 || !e.Terminating() {
 		t.Errorf("endpoint 1 %+v", e)
 	}
 	if e := sl.Endpoint(2); e.PodUID != "" || e.Addr != netip.MustParseAddr("10.0.0.3") {
@@ -141,7 +141,7 @@ func TestSliceEndpointsPacked(t *testing.T) {
 		{Addr: netip.MustParseAddr("10.0.0.6"), PodUID: types.UID(strings.Repeat("u", 70000))}, // skipped
 	}
 	var s Slice
-	if skipped := s.SetEndpoints(in); skipped != 2 {
+	if skipped := s.setEndpoints(in); skipped != 2 {
 		t.Errorf("skipped %d, want 2", skipped)
 	}
 	if s.Len() != 4 {
@@ -197,7 +197,7 @@ func TestSliceEndpointsCompact(t *testing.T) {
 			PodUID: types.UID(fmt.Sprintf("00000000-0000-0000-0000-%012d", i)), PodName: fmt.Sprintf("owner%d-%d", i, i)})
 	}
 	var s Slice
-	if skipped := s.SetEndpoints(in); skipped != 0 {
+	if skipped := s.setEndpoints(in); skipped != 0 {
 		t.Fatalf("skipped %d", skipped)
 	}
 	if s.wide || len(s.addrs) != 4*len(in) {
@@ -240,7 +240,7 @@ func TestNodeNumbersConcurrent(t *testing.T) {
 			for i := range 500 {
 				node := fmt.Sprintf("concurrent-%d-%d", g, i%50)
 				var s Slice
-				s.SetEndpoints([]Endpoint{{Addr: netip.MustParseAddr("10.0.0.1"), Node: node}})
+				s.setEndpoints([]Endpoint{{Addr: netip.MustParseAddr("10.0.0.1"), Node: node}})
 				if got := s.Endpoint(0).Node; got != node {
 					t.Errorf("node %q read back as %q", node, got)
 					return
@@ -280,7 +280,7 @@ func TestNodeNamesBounded(t *testing.T) {
 	long := strings.Repeat("n", 300) // more than the API allows: kept without its node, full table or not
 	s := Slice{nodes: nodes}
 	before := nodes.Len()
-	if skipped := s.SetEndpoints([]Endpoint{{Addr: netip.MustParseAddr("10.0.0.1"), Node: long}}); skipped != 1 || s.Len() != 1 || s.Node(0) != "" || nodes.Len() != before {
+	if skipped := s.setEndpoints([]Endpoint{{Addr: netip.MustParseAddr("10.0.0.1"), Node: long}}); skipped != 1 || s.Len() != 1 || s.Node(0) != "" || nodes.Len() != before {
 		t.Fatalf("a 300-byte node name: %d skipped, %d endpoints, node %q, table %d -> %d", skipped, s.Len(), s.Node(0), before, nodes.Len())
 	}
 	for n := 0; nodes.Len() < maxNodeNames; n++ {
@@ -289,7 +289,7 @@ func TestNodeNamesBounded(t *testing.T) {
 			eps[i] = Endpoint{Addr: netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), Node: fmt.Sprintf("made-up-%d-%d", n, i)}
 		}
 		s := Slice{nodes: nodes}
-		s.SetEndpoints(eps)
+		s.setEndpoints(eps)
 	}
 	if n := nodes.Len(); n != maxNodeNames {
 		t.Fatalf("the table numbers %d names, want %d", n, maxNodeNames)
@@ -399,4 +399,24 @@ func TestHostileForgedSliceTrust(t *testing.T) {
 			}
 		}
 	}
+}
+
+// setEndpoints replaces the endpoints of a slice built by hand, as
+// SliceFrom packs them (see packEndpoints for what is skipped and
+// counted). A slice with no node table keeps its node names itself.
+func (s *Slice) setEndpoints(eps []Endpoint) (skipped int) {
+	in := make([]endpointIn[string], len(eps))
+	for i := range eps {
+		e := &eps[i]
+		in[i] = endpointIn[string]{addr: e.Addr, conds: e.Conds, node: e.Node, uid: string(e.PodUID), name: e.PodName}
+		if h := e.Hints; h != nil {
+			for _, z := range h.Zones {
+				in[i].hints = append(in[i].hints, hintPart[string]{name: z})
+			}
+			for _, n := range h.Nodes {
+				in[i].hints = append(in[i].hints, hintPart[string]{name: n, node: true})
+			}
+		}
+	}
+	return packEndpoints(s, in)
 }

@@ -24,14 +24,8 @@ const (
 )
 
 func catSlice(fam k8s.Family, port uint16, proto bpf.Protocol, eps ...k8s.Endpoint) *k8s.Slice {
-	s := &k8s.Slice{Service: "web", Controller: true, Family: fam, Ports: []k8s.SlicePort{{Name: "http", Port: port, Protocol: proto}}}
-	s.SetServiceOwner(catServiceUID)
-	return withEndpoints(s, eps...)
-}
-
-func withEndpoints(s *k8s.Slice, eps ...k8s.Endpoint) *k8s.Slice {
-	s.SetEndpoints(eps)
-	return s
+	return apiSlice(&k8s.Slice{Service: "web", Controller: true, Family: fam, Ports: []k8s.SlicePort{{Name: "http", Port: port, Protocol: proto}}},
+		catServiceUID, eps...)
 }
 
 const catServiceUID = "uid-web"
@@ -104,8 +98,8 @@ func TestCategorize(t *testing.T) {
 				{selectable: []string{"[fd00::1]:8080"}, frontends: []string{"[fd00:96::10]:80"}}}},
 		{"a slice port of another protocol or name is not this service-port", catService(), []*k8s.Slice{
 			catSlice(k8s.IPv4, 8080, bpf.UDP, catEndpoint("10.0.0.1", "a", "n1", condTerminating)),
-			withEndpoints(&k8s.Slice{Service: "web", Controller: true, Family: k8s.IPv4, Ports: []k8s.SlicePort{{Name: "metrics", Port: 9090, Protocol: bpf.TCP}}},
-				catEndpoint("10.0.0.2", "b", "n1", condTerminating))},
+			apiSlice(&k8s.Slice{Service: "web", Controller: true, Family: k8s.IPv4, Ports: []k8s.SlicePort{{Name: "metrics", Port: 9090, Protocol: bpf.TCP}}},
+				"", catEndpoint("10.0.0.2", "b", "n1", condTerminating))},
 			nil},
 		{"headless: no frontends", catService(func(s *k8s.Service) { s.ClusterIPs, s.Headless = nil, true }),
 			[]*k8s.Slice{catSlice(k8s.IPv4, 8080, bpf.TCP, catEndpoint("10.0.0.1", "a", "n1", condTerminating), catEndpoint("10.0.0.2", "b", "n1", condReady))},

@@ -69,6 +69,12 @@ func TestClaimsMatchReference(t *testing.T) {
 	uids := []types.UID{"", "pod-a", "pod-b", "pod-c"}
 	nodes := []string{"", "node-1", "node-2"}
 	keys := []string{"ns/s1", "ns/s2", "ns/s3", "ns/s4"}
+	// A slice lists one family of addresses, as the API's do.
+	keyFamily := map[string]k8s.Family{"ns/s1": k8s.IPv4, "ns/s2": k8s.IPv4, "ns/s3": k8s.IPv6, "ns/s4": k8s.IPv6}
+	ipsOf := map[k8s.Family][]netip.Addr{}
+	for _, ip := range ips {
+		ipsOf[k8s.FamilyOf(ip)] = append(ipsOf[k8s.FamilyOf(ip)], ip)
+	}
 	clk := clocktesting.NewFakePassiveClock(time.Unix(1e9, 0))
 	const keep = 10 * time.Second
 	c := NewClaims(clk, keep)
@@ -106,23 +112,22 @@ func TestClaimsMatchReference(t *testing.T) {
 		switch prev := ref[key]; {
 		case prev != nil && rng.IntN(3) == 0:
 			// The usual update: the same endpoints, new conditions.
-			s = &k8s.Slice{}
 			var eps []k8s.Endpoint
 			for i := range prev.Len() {
 				e := prev.Endpoint(i)
 				e.Conds = uint8(rng.IntN(8))
 				eps = append(eps, e)
 			}
-			s.SetEndpoints(eps)
+			s = apiSlice(&k8s.Slice{Family: keyFamily[key]}, "", eps...)
 		case rng.IntN(5) > 0:
-			s = &k8s.Slice{}
 			var eps []k8s.Endpoint
+			pool := ipsOf[keyFamily[key]]
 			for range rng.IntN(5) {
-				e := k8s.Endpoint{Addr: ips[rng.IntN(len(ips))], PodUID: uids[rng.IntN(len(uids))], Node: nodes[rng.IntN(len(nodes))]}
+				e := k8s.Endpoint{Addr: pool[rng.IntN(len(pool))], PodUID: uids[rng.IntN(len(uids))], Node: nodes[rng.IntN(len(nodes))]}
 				e.Conds = uint8(rng.IntN(8))
 				eps = append(eps, e)
 			}
-			s.SetEndpoints(eps)
+			s = apiSlice(&k8s.Slice{Family: keyFamily[key]}, "", eps...)
 		}
 		before := map[netip.Addr][]types.UID{}
 		type ipUID struct {
@@ -237,8 +242,7 @@ func TestClaimsMatchReference(t *testing.T) {
 func TestClaimsSameStateTwice(t *testing.T) {
 	c := NewClaims(clocktesting.NewFakePassiveClock(time.Unix(1e9, 0)), time.Minute)
 	ip := netip.MustParseAddr("10.0.0.1")
-	s := &k8s.Slice{}
-	s.SetEndpoints([]k8s.Endpoint{{Addr: ip, PodUID: "a", Node: "n1", Conds: k8s.CondReady}})
+	s := apiSlice(&k8s.Slice{Family: k8s.IPv4}, "", k8s.Endpoint{Addr: ip, PodUID: "a", Node: "n1", Conds: k8s.CondReady})
 	if got := c.SetSlice("ns/s", s); !slices.Equal(got, []netip.Addr{ip}) {
 		t.Fatalf("first apply reported %v, want [%v]", got, ip)
 	}
