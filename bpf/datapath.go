@@ -3,7 +3,6 @@ package bpf
 import (
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"net/netip"
 	"os"
@@ -13,7 +12,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -464,40 +462,6 @@ func (d *Datapath) Close() error {
 	return errors.Join(errs...)
 }
 
-// ProgramStat is the kernel's run-time statistics of one program: what the
-// hook itself costs, measured where it runs. The kernel only collects them
-// while statistics are enabled (EnableRunTimeStats or the sysctl
-// kernel.bpf_stats_enabled).
-type ProgramStat struct {
-	Name     string // as in Attached
-	RunCount uint64
-	RunTime  time.Duration
-}
-
-// ProgramStats returns the run-time statistics of every program.
-func (d *Datapath) ProgramStats() ([]ProgramStat, error) {
-	var out []ProgramStat
-	for _, a := range d.attachments() {
-		st, err := a.prog.Stats()
-		if err != nil {
-			return nil, fmt.Errorf("reading statistics of %s: %w", a.name, err)
-		}
-		out = append(out, ProgramStat{Name: a.name, RunCount: st.RunCount, RunTime: st.Runtime})
-	}
-	return out, nil
-}
-
-// EnableRunTimeStats makes the kernel collect the programs' run time and run
-// count until the returned Closer is closed (BPF_ENABLE_STATS; needs
-// CAP_SYS_ADMIN, so benchmarks use it, the DaemonSet does not).
-func EnableRunTimeStats() (io.Closer, error) {
-	c, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
-	if err != nil {
-		return nil, fmt.Errorf("enabling BPF run-time statistics: %w", err)
-	}
-	return c, nil
-}
-
 // Remove detaches the programs and deletes every pin under dir (uninstall).
 func Remove(dir string) error {
 	if dir == "" {
@@ -655,16 +619,6 @@ func (d *Datapath) DeleteDrain(k EndpointKey) error {
 		d.del(MapDrainStats, d.steer.DraindDrainStats, &ek),
 		d.afterChange(),
 	)
-}
-
-// Draining reads the "something drains on this node" flag the programs see.
-func (d *Datapath) Draining() (bool, error) {
-	var v steerNodeState
-	zero := uint32(0)
-	if err := d.steer.DraindNode.Lookup(&zero, &v); err != nil {
-		return false, fmt.Errorf("reading %s: %w", MapNode, err)
-	}
-	return v.Draining != 0, nil
 }
 
 // SetBackends replaces the selectable set of a service-port atomically: the
@@ -841,12 +795,6 @@ func (d *Datapath) Prune() (int, error) {
 // over CPUs.
 func (d *Datapath) Counters() (Counters, error) {
 	return readCounters(d.steer.DraindCounters)
-}
-
-// DatagramCounters returns the outcome counters of unconnected UDP
-// datagrams, summed over CPUs.
-func (d *Datapath) DatagramCounters() (Counters, error) {
-	return readCounters(d.steer.DraindUdpCounters)
 }
 
 func readCounters(m *ebpf.Map) (Counters, error) {
@@ -1088,9 +1036,6 @@ func OpenPinned(dir string) (*Pinned, error) {
 
 // Dump reads every map, sorted.
 func (p *Pinned) Dump() (*Dump, error) { return dumpMaps(p.maps) }
-
-// MapStats counts the entries of every map.
-func (p *Pinned) MapStats() ([]MapStat, error) { return mapStats(p.maps, nil) }
 
 // Close releases the maps.
 func (p *Pinned) Close() error {

@@ -33,9 +33,6 @@ const (
 	FeatureEndUDPToGone = "end_udp_to_gone"
 )
 
-// KernelFeatureNames lists the features in the order status shows them.
-var KernelFeatureNames = []string{FeatureRefuseECONNREFUSED, FeatureLiveConnections, FeatureEndTCPToGone, FeatureEndUDPToGone}
-
 // KernelFeature is one feature's state on this kernel.
 type KernelFeature struct {
 	Name string `json:"name"`

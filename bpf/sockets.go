@@ -331,16 +331,6 @@ func (d *Datapath) afterGoneChange() error {
 	return nil
 }
 
-// Gone reads the "something is gone" flag the socket hooks see.
-func (d *Datapath) Gone() (bool, error) {
-	var v steerNodeState
-	zero := uint32(0)
-	if err := d.steer.DraindNode.Lookup(&zero, &v); err != nil {
-		return false, fmt.Errorf("reading %s: %w", MapNode, err)
-	}
-	return v.Gone != 0, nil
-}
-
 // GoneEntries returns the gone peers and flows in the maps.
 func (d *Datapath) GoneEntries() ([]GonePeer, []GoneFlow, error) {
 	var peers []GonePeer
