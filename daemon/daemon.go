@@ -34,7 +34,6 @@ const (
 	logKeyValue   = "value"
 	logKeyOps     = "ops"
 	logKeyReason  = "reason"
-	logKeyIP      = "ip"
 )
 
 // DefaultProcs is how many CPUs the Go runtime runs draind on
@@ -69,11 +68,10 @@ type Config struct {
 	FlowLister conntrack.FlowLister
 
 	// Offline API.
-	Quiet       time.Duration // drained = no SYN for this long and no live connection
-	MaxWait     time.Duration // cap of ?wait=
-	MaxWaiters  int           // concurrent waits before 429
-	PollEvery   time.Duration // drained-check period
-	OfflineAddr string        // listen address of the offline API ("" = off)
+	Quiet      time.Duration // drained = no SYN for this long and no live connection
+	MaxWait    time.Duration // cap of ?wait=
+	MaxWaiters int           // concurrent waits before 429
+	PollEvery  time.Duration // drained-check period
 	// HeaderTimeout and BodyTimeout bound how long a client may take to
 	// send its request headers and body (slow clients).
 	HeaderTimeout time.Duration

@@ -615,14 +615,6 @@ func (c *Claims) noteWatched(old, s *k8s.Slice) {
 	}
 }
 
-// isWatched reports whether gen follows ip.
-func (c *Claims) isWatched(ip netip.Addr) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	_, ok := c.watched[ip]
-	return ok || c.watched == nil
-}
-
 // Generation returns gen: an answer of hostOf for a watched IP read after
 // it holds as long as gen stays, or until the end hostOf gives.
 func (c *Claims) Generation() uint64 {

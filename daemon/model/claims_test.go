@@ -256,3 +256,11 @@ func TestClaimsSameStateTwice(t *testing.T) {
 		t.Fatalf("%v still claimed after its slice went", ip)
 	}
 }
+
+// isWatched reports whether gen follows ip.
+func (c *Claims) isWatched(ip netip.Addr) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.watched[ip]
+	return ok || c.watched == nil
+}

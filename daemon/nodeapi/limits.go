@@ -112,9 +112,6 @@ func (c *capConn) Close() error {
 	return err
 }
 
-// ErrServerClosed is returned by Serve after Shutdown.
-var ErrServerClosed = http.ErrServerClosed
-
 // Serve runs srv on l until ctx ends.
 func Serve(ctx context.Context, srv *http.Server, l net.Listener) error {
 	errc := make(chan error, 1)
