@@ -317,27 +317,6 @@ type attachment struct {
 	typ  ebpf.AttachType
 }
 
-// AttachmentNames names what Attach attaches, in order (status, tests).
-func AttachmentNames(o Options) []string {
-	d := Datapath{sockets: o.Sockets}
-	var out []string
-	for _, a := range d.attachments() {
-		out = append(out, a.name)
-	}
-	return out
-}
-
-// AttachTypes are the cgroup attach points Attach uses, in order (tests
-// that ask the kernel what is attached).
-func AttachTypes(o Options) []ebpf.AttachType {
-	d := Datapath{sockets: o.Sockets}
-	var out []ebpf.AttachType
-	for _, a := range d.attachments() {
-		out = append(out, a.typ)
-	}
-	return out
-}
-
 func (d *Datapath) attachments() []attachment {
 	out := []attachment{
 		{"connect4", d.steer.DraindConnect4, ebpf.AttachCGroupInet4Connect},

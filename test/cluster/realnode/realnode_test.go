@@ -21,7 +21,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
-	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/daemon"
 	"github.com/draind/draind/deploy/image"
 	"github.com/draind/draind/test/cluster/deploycheck"
@@ -257,7 +256,10 @@ func install(ctx context.Context, t *testing.T, n *realnode.Node, root, overlay 
 	if !st.Healthy {
 		t.Errorf("draind status: unhealthy: %v", st.Problems)
 	}
-	wantProgs := bpf.AttachmentNames(shippedDatapath)
+	var wantProgs []string
+	for _, a := range shippedAttachments {
+		wantProgs = append(wantProgs, a.name)
+	}
 	sort.Strings(st.Attached)
 	sort.Strings(wantProgs)
 	if !slices.Equal(st.Attached, wantProgs) {
@@ -404,10 +406,10 @@ func attachedPrograms(t *testing.T, cgroup string) map[string]ebpf.ProgramID {
 	}
 	defer f.Close()
 	out := map[string]ebpf.ProgramID{}
-	for _, at := range bpf.AttachTypes(shippedDatapath) {
-		res, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: at})
+	for _, a := range shippedAttachments {
+		res, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: a.typ})
 		if err != nil {
-			t.Fatalf("querying %s programs on %s: %v", at, cgroup, err)
+			t.Fatalf("querying %s programs on %s: %v", a.typ, cgroup, err)
 		}
 		for _, p := range res.Programs {
 			prog, err := ebpf.NewProgramFromID(p.ID)
@@ -456,9 +458,24 @@ func runHost(ctx context.Context, bin string, args ...string) ([]byte, error) {
 	return exec.CommandContext(ctx, bin, args...).CombinedOutput()
 }
 
-// shippedDatapath is what the shipped DaemonSet loads: draind run's
-// defaults (--socket-hooks is on unless the manifest turns it off).
-var shippedDatapath = bpf.Options{Sockets: true}
+// shippedAttachments are the programs the shipped DaemonSet attaches,
+// with the names draind status gives them and their cgroup attach points:
+// draind run's defaults (--socket-hooks is on unless the manifest turns it
+// off, adding sockops and egress).
+var shippedAttachments = []struct {
+	name string
+	typ  ebpf.AttachType
+}{
+	{"connect4", ebpf.AttachCGroupInet4Connect},
+	{"connect6", ebpf.AttachCGroupInet6Connect},
+	{"sendmsg4", ebpf.AttachCGroupUDP4Sendmsg},
+	{"sendmsg6", ebpf.AttachCGroupUDP6Sendmsg},
+	{"recvmsg4", ebpf.AttachCGroupUDP4Recvmsg},
+	{"recvmsg6", ebpf.AttachCGroupUDP6Recvmsg},
+	{"observe_ingress", ebpf.AttachCGroupInetIngress},
+	{"sockops", ebpf.AttachCGroupSockOps},
+	{"egress", ebpf.AttachCGroupInetEgress},
+}
 
 // startNode stops the shared multi-node bed, starts one real node for the
 // test and stops it when the test ends, with the kubelet's and

@@ -589,7 +589,7 @@ func uninstall(ctx context.Context, t *testing.T, n *realnode.Node, overlay, bin
 	// What the README says: after delete -k the hooks stay attached (pinned).
 	left := attachedPrograms(t, kubepods)
 	t.Logf("after kubectl delete -k: programs on %s: %v", kubepods, left)
-	if want := len(bpf.AttachmentNames(shippedDatapath)); len(left) != want {
+	if want := len(shippedAttachments); len(left) != want {
 		t.Errorf("after kubectl delete -k want draind's %d programs still attached (pinned, as the README says), have %v", want, left)
 	}
 	out, err := runHost(ctx, binary, "bpf", "remove")
