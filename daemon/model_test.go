@@ -356,7 +356,7 @@ func TestLingerEndsOnlyWhenItsServiceListsItAgain(t *testing.T) {
 	h.putSlice(slice("peers-1", "peers", v4, httpPorts(8080), ready("10.0.0.1", "a")))
 	h.departFromWeb1(notReady("10.0.0.1", "a"))
 	k := key("10.0.0.1:8080", bpf.TCP)
-	if !h.d.model.Lingers(k) {
+	if !h.d.model.Gone().Lingering("a") {
 		t.Fatal("no linger after the departure")
 	}
 	// The IP's ready claims change (peers lists it not ready, then ready
@@ -365,17 +365,17 @@ func TestLingerEndsOnlyWhenItsServiceListsItAgain(t *testing.T) {
 	h.pass()
 	h.putSlice(slice("peers-1", "peers", v4, httpPorts(8080), ready("10.0.0.1", "a")))
 	h.pass()
-	if !h.d.model.Lingers(k) {
+	if !h.d.model.Gone().Lingering("a") {
 		t.Fatal("linger ended by a change at the IP that is not web listing the pod again")
 	}
 	h.putSlice(slice("web-2", "web", v4, httpPorts(8080), notReady("10.0.0.1", "a")))
 	h.pass()
-	if !h.d.model.Lingers(k) {
+	if !h.d.model.Gone().Lingering("a") {
 		t.Fatal("linger ended while web lists the pod not ready")
 	}
 	h.putSlice(slice("web-2", "web", v4, httpPorts(8080), ready("10.0.0.1", "a")))
 	h.pass()
-	if h.d.model.Lingers(k) || slices.Contains(h.dp.DrainKeys(), k) {
+	if h.d.model.Gone().Lingering("a") || slices.Contains(h.dp.DrainKeys(), k) {
 		t.Errorf("linger kept although web lists pod a ready again: drains %v", h.dp.DrainKeys())
 	}
 }

@@ -707,8 +707,10 @@ func (s *seqRun) historyServicePorts(skip map[bpf.EndpointKey]bool, models []*mo
 // skipAddr adds every key of ip the models have a contribution to.
 func skipAddr(out map[bpf.EndpointKey]bool, models []*model.Model, ip netip.Addr) {
 	for _, m := range models {
-		for _, k := range m.KeysAt(ip) {
-			out[k] = true
+		for k := range m.Desired().Keys() {
+			if k.Addr == ip {
+				out[k] = true
+			}
 		}
 	}
 	for _, proto := range []bpf.Protocol{bpf.TCP, bpf.UDP} {

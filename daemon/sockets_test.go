@@ -98,8 +98,9 @@ func TestVanishedEndpointSteeredOnceGone(t *testing.T) {
 			wildcard("10.0.0.1", bpf.TCP): bpf.PolicyOff, wildcard("10.0.0.1", bpf.UDP): bpf.PolicyOff,
 		}}
 	h.check(want)
-	if got := h.d.model.DrainReason("default/web", key("10.0.0.1:8080", bpf.TCP)); got != model.ReasonVanished {
-		t.Errorf("reason %q, want %q", got, model.ReasonVanished)
+	// It drains as vanished: the Services that listed it are on record.
+	if got := h.d.model.Gone().VanishedServices("a"); !slices.Equal(got, []string{"default/web"}) {
+		t.Errorf("Services of the vanished pod: %v, want [default/web]", got)
 	}
 	// The next pass (asked for by the first) makes it a departure: it
 	// lingers, the VIP stays steered; the pod's other ports are refused
@@ -108,9 +109,6 @@ func TestVanishedEndpointSteeredOnceGone(t *testing.T) {
 	want.drains[wildcard("10.0.0.1", bpf.TCP)] = bpf.PolicyRefuse
 	want.drains[wildcard("10.0.0.1", bpf.UDP)] = bpf.PolicyRefuse
 	h.check(want)
-	if uid, ok := h.d.model.LingeringFor(key("10.0.0.1:8080", bpf.TCP)); !ok || uid != "a" {
-		t.Errorf("vanished endpoint does not linger: %q %v", uid, ok)
-	}
 	// The Services that listed it are remembered (their opt-out of ending
 	// sockets) as long as it lingers, and forgotten in the pass at its
 	// end, which the model asks for.
@@ -121,8 +119,18 @@ func TestVanishedEndpointSteeredOnceGone(t *testing.T) {
 	if want := h.clock.Now().Add(h.d.cfg.Linger); end.After(want) {
 		t.Errorf("next deadline %v, after the linger's end %v", end, want)
 	}
-	h.clock.Step(h.d.cfg.Linger)
+	// It lingers: steered until Linger after its departure, not after.
+	k := key("10.0.0.1:8080", bpf.TCP)
+	h.clock.Step(h.d.cfg.Linger - time.Second)
 	h.pass()
+	if !slices.Contains(h.dp.DrainKeys(), k) {
+		t.Errorf("vanished endpoint not steered before its linger's end: drains %v", h.dp.DrainKeys())
+	}
+	h.clock.Step(time.Second)
+	h.pass()
+	if slices.Contains(h.dp.DrainKeys(), k) {
+		t.Errorf("vanished endpoint still steered after its linger's end")
+	}
 	if got := h.d.model.Gone().VanishedServices("a"); len(got) != 0 {
 		t.Errorf("Services of the vanished pod still remembered after its linger: %v", got)
 	}
@@ -140,9 +148,6 @@ func TestVanishedCandidateExpires(t *testing.T) {
 	h.pass()
 	h.clock.Step(model.VanishWait + time.Second)
 	h.pass()
-	if n := h.d.model.PendingVanished(); n != 0 {
-		t.Errorf("%d candidates kept past vanishWait", n)
-	}
 	h.goneLease("a", "pod-a", "node-b", "10.0.0.1")
 	h.pass()
 	h.check(expect{drains: map[bpf.EndpointKey]bpf.Policy{

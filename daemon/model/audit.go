@@ -10,10 +10,14 @@ import (
 	"github.com/draind/draind/daemon/internal/backendset"
 )
 
-// Audit: read-only views of the model's incremental state, for checks
-// that compare it with what the State gives now (the daemon's sequence
-// differential test). Like every read of the model, on the goroutine that
-// owns it.
+// Audit: read-only views of the model's incremental state that only the
+// daemon's sequence differential test reads (FuzzSequenceDifferential, in
+// package daemon): the service-ports behind their allocation-order ids,
+// the service-port each contribution names, the lingering keys, and what
+// lingering keeps selectable. No view the daemon reads (Desired, Gone,
+// PodStatuses) shows them, and a test of another package can read the
+// model's state only through exported methods. Like every read of the
+// model, on the goroutine that owns it.
 
 // ServicePort is an allocated service-port as the audit sees it.
 type ServicePort struct {
@@ -49,9 +53,6 @@ func (m *Model) ContributionRefs() iter.Seq2[bpf.EndpointKey, bpf.ServicePortID]
 // LingeringKeys yields the keys of departed endpoints still steered.
 func (m *Model) LingeringKeys() iter.Seq[bpf.EndpointKey] { return maps.Keys(m.lingering) }
 
-// KeysAt returns the keys of ip that have contributions.
-func (m *Model) KeysAt(ip netip.Addr) []bpf.EndpointKey { return m.byIP[ip] }
-
 // CheckSelectable checks what a comparison with a fresh model cannot see
 // of the service-ports only lingering entries keep active: every active
 // service-port selects the endpoints its Service lists as selectable now
@@ -73,41 +74,4 @@ func (m *Model) CheckSelectable() error {
 		}
 	}
 	return nil
-}
-
-// Lingers reports whether k is a departed endpoint still steered.
-func (m *Model) Lingers(k bpf.EndpointKey) bool { return m.lingering[k] != nil }
-
-// LingeringFor returns the pod whose departed endpoint k is still steered
-// ("" and false: k does not linger).
-func (m *Model) LingeringFor(k bpf.EndpointKey) (uid string, ok bool) {
-	l := m.lingering[k]
-	if l == nil {
-		return "", false
-	}
-	return string(l.c.uid), true
-}
-
-// DrainReason returns why Service service's endpoint k drains ("": it
-// does not, as the Service's last recompute saw it).
-func (m *Model) DrainReason(service string, k bpf.EndpointKey) string {
-	r := m.results[service]
-	if r == nil {
-		return ""
-	}
-	c, ok := r.drainingAt(k)
-	if !ok {
-		return ""
-	}
-	return c.reason
-}
-
-// PendingVanished counts the vanished-endpoint candidates still waiting
-// for a gone Lease.
-func (m *Model) PendingVanished() int {
-	n := 0
-	for _, eps := range m.vanish.pending {
-		n += len(eps)
-	}
-	return n
 }

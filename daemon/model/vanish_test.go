@@ -49,3 +49,30 @@ func BenchmarkVanishPending(b *testing.B) {
 		})
 	}
 }
+
+// TestVanishCandidateDropped: a candidate whose pod is not known gone
+// within VanishWait is dropped, marking no Service.
+func TestVanishCandidateDropped(t *testing.T) {
+	m := New(Config{Node: testNode, EntryTTL: time.Minute, Linger: 2 * time.Minute}, &fuzzState{}, NewClaims(clock.RealClock{}, time.Minute))
+	at := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
+	m.AddVanished([]VanishedEndpoint{{Service: "default/web", Key: key("10.0.0.1:8080", bpf.TCP), UID: "a", At: at}})
+	pending := func() int {
+		n := 0
+		for _, eps := range m.vanish.pending {
+			n += len(eps)
+		}
+		return n
+	}
+	dirty := map[string]time.Time{}
+	m.MarkVanished(dirty, at, at.Add(VanishWait-time.Second))
+	if n := pending(); n != 1 {
+		t.Fatalf("%d candidates within VanishWait, want 1", n)
+	}
+	m.MarkVanished(dirty, at, at.Add(VanishWait))
+	if n := pending(); n != 0 {
+		t.Errorf("%d candidates kept past VanishWait", n)
+	}
+	if len(dirty) != 0 {
+		t.Errorf("Services marked %v, no candidate's pod is gone", dirty)
+	}
+}
