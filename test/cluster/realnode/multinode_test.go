@@ -360,6 +360,12 @@ func TestMultiNode(t *testing.T) {
 		{realnode.ProxyNFTables, true}, {realnode.ProxyIPTables, true},
 	}
 	modes := strings.Split(os.Getenv("DRAIND_MULTINODE_MODES"), ",")
+	for _, m := range modes {
+		if m != "" && m != realnode.ProxyIPTables && m != realnode.ProxyNFTables {
+			t.Fatalf("DRAIND_MULTINODE_MODES=%q: %q is not a kube-proxy mode this bed runs (%s, %s)",
+				os.Getenv("DRAIND_MULTINODE_MODES"), m, realnode.ProxyIPTables, realnode.ProxyNFTables)
+		}
+	}
 	for _, step := range plan {
 		if modes[0] != "" && !slices.Contains(modes, step.mode) {
 			continue
