@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -179,29 +180,31 @@ func opsString(ops []datapathtest.Op) string {
 // and never deletes an entry the new daemon wants (the adopted service-port
 // ids are kept, not replaced by fresh ones).
 func TestFaultRestartAdoptsIDs(t *testing.T) {
-	h := newHarness(t)
-	restartFixture(h)
-	h.pass()
-	want := normalized(mustDump(t, h.dp))
-	before := mustDump(t, h.dp)
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		restartFixture(h)
+		h.pass()
+		want := normalized(mustDump(t, h.dp))
+		before := mustDump(t, h.dp)
 
-	h2 := h.restart()
-	h.dp.StartLog()
-	h2.pass()
-	ops := h.dp.StopLog()
-	after := mustDump(t, h.dp)
-	if got := normalized(after); got != want {
-		t.Fatalf("after restart:\n%s\nwant:\n%s\noperations:\n%s", got, want, opsString(ops))
-	}
-	checkNoLapse(t, "restart", before, ops, after)
-	for _, op := range ops {
-		if op.Kind != datapathtest.OpUpsertFrontend && op.Kind != datapathtest.OpUpsertDrain && op.Kind != datapathtest.OpSetBackends {
-			t.Errorf("a restart over an up-to-date datapath deleted something: %s\n%s", op, opsString(ops))
+		h2 := h.restart()
+		h.dp.StartLog()
+		h2.pass()
+		ops := h.dp.StopLog()
+		after := mustDump(t, h.dp)
+		if got := normalized(after); got != want {
+			t.Fatalf("after restart:\n%s\nwant:\n%s\noperations:\n%s", got, want, opsString(ops))
 		}
-	}
-	if d := mustDump(t, h.dp); !sameIDs(before, d) {
-		t.Errorf("service-port ids changed across the restart:\nbefore %v\nafter  %v", idsOf(before), idsOf(d))
-	}
+		checkNoLapse(t, "restart", before, ops, after)
+		for _, op := range ops {
+			if op.Kind != datapathtest.OpUpsertFrontend && op.Kind != datapathtest.OpUpsertDrain && op.Kind != datapathtest.OpSetBackends {
+				t.Errorf("a restart over an up-to-date datapath deleted something: %s\n%s", op, opsString(ops))
+			}
+		}
+		if d := mustDump(t, h.dp); !sameIDs(before, d) {
+			t.Errorf("service-port ids changed across the restart:\nbefore %v\nafter  %v", idsOf(before), idsOf(d))
+		}
+	})
 }
 
 // TestFaultRestartAtAnyInstant kills the daemon after every possible number
@@ -210,39 +213,45 @@ func TestFaultRestartAdoptsIDs(t *testing.T) {
 // right state without weakening, at any instant, an entry it also wants.
 func TestFaultRestartAtAnyInstant(t *testing.T) {
 	// Count the operations of an uninterrupted run.
-	h := newHarness(t)
-	restartFixture(h)
-	total := h.pass()
-	restartFixtureChange(h)
-	total += h.pass()
-	want := normalized(mustDump(t, h.dp))
+	var total int
+	var want string
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		restartFixture(h)
+		total = h.pass()
+		restartFixtureChange(h)
+		total += h.pass()
+		want = normalized(mustDump(t, h.dp))
+	})
 	if total < 10 {
 		t.Fatalf("fixture too small: %d operations", total)
 	}
 	for crash := 0; crash <= total; crash++ {
 		t.Run(fmt.Sprintf("crash-after-%d", crash), func(t *testing.T) {
-			h := newHarness(t)
-			restartFixture(h)
-			h.dp.CrashAfter(crash)
-			h.pass()
-			restartFixtureChange(h)
-			h.pass()
-			h.dp.Recover()
-			before := mustDump(t, h.dp)
+			synctest.Test(t, func(t *testing.T) {
+				h := newHarness(t)
+				restartFixture(h)
+				h.dp.CrashAfter(crash)
+				h.pass()
+				restartFixtureChange(h)
+				h.pass()
+				h.dp.Recover()
+				before := mustDump(t, h.dp)
 
-			h2 := h.restart()
-			h.dp.StartLog()
-			h2.pass()
-			ops := h.dp.StopLog()
-			after := mustDump(t, h.dp)
-			if got := normalized(after); got != want {
-				t.Fatalf("after a crash at operation %d and a restart:\n%s\nwant:\n%s\noperations:\n%s", crash, got, want, opsString(ops))
-			}
-			checkNoLapse(t, fmt.Sprintf("restart after a crash at operation %d", crash), before, ops, after)
-			// A second pass has nothing left to do.
-			if n := h2.pass(); n != 0 {
-				t.Errorf("%d operations in the pass after the restart", n)
-			}
+				h2 := h.restart()
+				h.dp.StartLog()
+				h2.pass()
+				ops := h.dp.StopLog()
+				after := mustDump(t, h.dp)
+				if got := normalized(after); got != want {
+					t.Fatalf("after a crash at operation %d and a restart:\n%s\nwant:\n%s\noperations:\n%s", crash, got, want, opsString(ops))
+				}
+				checkNoLapse(t, fmt.Sprintf("restart after a crash at operation %d", crash), before, ops, after)
+				// A second pass has nothing left to do.
+				if n := h2.pass(); n != 0 {
+					t.Errorf("%d operations in the pass after the restart", n)
+				}
+			})
 		})
 	}
 }
@@ -276,211 +285,227 @@ func (h *harness) outage(on bool) {
 // steering stays, nothing is adopted and cancelled in a loop, and the Lease
 // is renewed as soon as the API answers again.
 func TestFaultAPIOutageHostingNode(t *testing.T) {
-	h := localFixture(t, func(c *Config) { c.LeaseDuration = 30 * time.Second })
-	call := h.offline(podIP, 5*time.Minute, 2*time.Second)
-	h.openConn() // keeps the pod from counting as drained
-	h.tick(0)
-	drains := h.dp.DrainKeys()
-	if !slices.Contains(drains, key("10.0.0.1:8080", bpf.TCP)) {
-		t.Fatalf("not drained before the outage:\n%s", h.describe())
-	}
-	h.outage(true)
-	// 80 s without the API (more than twice the Lease), in steps of the
-	// local loop.
-	for i := 0; i < 400; i++ {
-		h.clock.Step(200 * time.Millisecond)
-		h.pass()
-		h.d.hosted.reconcile(h.ctx)
-		h.d.hosted.writer.Flush(h.ctx)
-	}
-	if r, answered := call.answered(t); answered {
-		t.Fatalf("the waiter was answered during the outage: %+v", r)
-	}
-	if got := h.dp.DrainKeys(); !slices.Contains(got, key("10.0.0.1:8080", bpf.TCP)) {
-		t.Fatalf("the hosting node dropped its own steering during the outage:\n%s", h.describe())
-	}
-	if n := testutilValue(t, h.d.Metrics.DrainOutcomes.WithLabelValues("cancelled")); n != 0 {
-		t.Errorf("%v drains cancelled during the outage", n)
-	}
-	h.d.hosted.mu.Lock()
-	ld := h.d.hosted.pods["p0"]
-	h.d.hosted.mu.Unlock()
-	if ld == nil || ld.state != StateDraining {
-		t.Fatalf("local drain during the outage: %+v", ld)
-	}
-	// The API is back: the Lease is renewed at the next retry.
-	h.outage(false)
-	back := h.clock.Now()
-	h.tick(lease.RetryMax)
-	h.waitLeases(1)
-	l := h.d.state.DrainLeases()[0]
-	if l.Renewed.Before(back) || !l.Expires().After(back) {
-		t.Fatalf("the Lease was not renewed when the API came back: renewed %v, now %v", l.Renewed, back)
-	}
-	// It still ends as a drain should.
-	h.closeConns()
-	h.tick(3 * time.Second)
-	if r, ok := call.result(t); !ok || r.Code != 200 || !r.Drained {
-		t.Fatalf("after the outage: %+v answered=%v", r, ok)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		h := localFixture(t, func(c *Config) { c.LeaseDuration = 30 * time.Second })
+		call := h.offline(podIP, 5*time.Minute, 2*time.Second)
+		h.openConn() // keeps the pod from counting as drained
+		h.tick(0)
+		drains := h.dp.DrainKeys()
+		if !slices.Contains(drains, key("10.0.0.1:8080", bpf.TCP)) {
+			t.Fatalf("not drained before the outage:\n%s", h.describe())
+		}
+		h.outage(true)
+		// 80 s without the API (more than twice the Lease), in steps of the
+		// local loop.
+		for i := 0; i < 400; i++ {
+			h.clock.Step(200 * time.Millisecond)
+			h.pass()
+			h.d.hosted.reconcile(h.ctx)
+			h.d.hosted.writer.Flush(h.ctx)
+		}
+		if r, answered := call.answered(t); answered {
+			t.Fatalf("the waiter was answered during the outage: %+v", r)
+		}
+		if got := h.dp.DrainKeys(); !slices.Contains(got, key("10.0.0.1:8080", bpf.TCP)) {
+			t.Fatalf("the hosting node dropped its own steering during the outage:\n%s", h.describe())
+		}
+		if n := testutilValue(t, h.d.Metrics.DrainOutcomes.WithLabelValues("cancelled")); n != 0 {
+			t.Errorf("%v drains cancelled during the outage", n)
+		}
+		h.d.hosted.mu.Lock()
+		ld := h.d.hosted.pods["p0"]
+		h.d.hosted.mu.Unlock()
+		if ld == nil || ld.state != StateDraining {
+			t.Fatalf("local drain during the outage: %+v", ld)
+		}
+		// The API is back: the Lease is renewed at the next retry.
+		h.outage(false)
+		back := h.clock.Now()
+		h.tick(lease.RetryMax)
+		h.waitLeases(1)
+		l := h.d.state.DrainLeases()[0]
+		if l.Renewed.Before(back) || !l.Expires().After(back) {
+			t.Fatalf("the Lease was not renewed when the API came back: renewed %v, now %v", l.Renewed, back)
+		}
+		// It still ends as a drain should.
+		h.closeConns()
+		h.tick(3 * time.Second)
+		if r, ok := call.result(t); !ok || r.Code != 200 || !r.Drained {
+			t.Fatalf("after the outage: %+v answered=%v", r, ok)
+		}
+	})
 }
 
 // TestFaultAPIOutageRecreatesLease: a Lease that could not be created (the
 // offline call came during the outage), or was lost, is recreated as soon
 // as the API answers.
 func TestFaultAPIOutageRecreatesLease(t *testing.T) {
-	h := localFixture(t, func(c *Config) { c.LeaseDuration = 30 * time.Second })
-	p := h.deletingPod("pod-p0", "p0", "10.0.0.1")
-	h.outage(true)
-	h.putPod(p) // deleted during the outage: the drain starts locally
-	h.tick(0)
-	if !slices.Contains(h.dp.DrainKeys(), key("10.0.0.1:8080", bpf.TCP)) {
-		t.Fatalf("a deleting pod is not steered on its own node during an outage:\n%s", h.describe())
-	}
-	for i := 0; i < 10; i++ {
-		h.tick(time.Second)
-	}
-	h.outage(false)
-	h.tick(lease.RetryMax)
-	h.waitLeases(1)
-	if l := h.d.state.DrainLeases()[0]; l.PodUID != "p0" || l.Holder != testNode {
-		t.Fatalf("lease %+v", l)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		h := localFixture(t, func(c *Config) { c.LeaseDuration = 30 * time.Second })
+		p := h.deletingPod("pod-p0", "p0", "10.0.0.1")
+		h.outage(true)
+		h.putPod(p) // deleted during the outage: the drain starts locally
+		h.tick(0)
+		if !slices.Contains(h.dp.DrainKeys(), key("10.0.0.1:8080", bpf.TCP)) {
+			t.Fatalf("a deleting pod is not steered on its own node during an outage:\n%s", h.describe())
+		}
+		for i := 0; i < 10; i++ {
+			h.tick(time.Second)
+		}
+		h.outage(false)
+		h.tick(lease.RetryMax)
+		h.waitLeases(1)
+		if l := h.d.state.DrainLeases()[0]; l.PodUID != "p0" || l.Holder != testNode {
+			t.Fatalf("lease %+v", l)
+		}
+	})
 }
 
 // TestFaultAPIOutageRetriesLeaseDelete: the Lease of a gone pod whose linger
 // ends during an outage is deleted once the API is back.
 func TestFaultAPIOutageRetriesLeaseDelete(t *testing.T) {
-	h := localFixture(t, func(c *Config) { c.Linger = 10 * time.Second })
-	p := h.deletingPod("pod-p0", "p0", "10.0.0.1")
-	h.putPod(p)
-	h.tick(0)
-	h.waitLeases(1)
-	h.deletePod("default", "pod-p0")
-	h.tick(time.Second)
-	h.outage(true)
-	for i := 0; i < 30; i++ {
+	synctest.Test(t, func(t *testing.T) {
+		h := localFixture(t, func(c *Config) { c.Linger = 10 * time.Second })
+		p := h.deletingPod("pod-p0", "p0", "10.0.0.1")
+		h.putPod(p)
+		h.tick(0)
+		h.waitLeases(1)
+		h.deletePod("default", "pod-p0")
 		h.tick(time.Second)
-	}
-	if n := len(h.d.state.DrainLeases()); n != 1 {
-		t.Fatalf("%d leases during the outage", n)
-	}
-	h.outage(false)
-	h.tick(time.Second)
-	h.tick(time.Second)
-	h.waitLeases(0)
+		h.outage(true)
+		for i := 0; i < 30; i++ {
+			h.tick(time.Second)
+		}
+		if n := len(h.d.state.DrainLeases()); n != 1 {
+			t.Fatalf("%d leases during the outage", n)
+		}
+		h.outage(false)
+		h.tick(time.Second)
+		h.tick(time.Second)
+		h.waitLeases(0)
+	})
 }
 
 // TestFaultAPIOutageRemoteNode: a node that does not host the pod fails open
 // when the Lease expires (the hosting node may be gone for good), and
 // steers again at the first pass after the hosting node renewed it.
 func TestFaultAPIOutageRemoteNode(t *testing.T) {
-	h := newHarness(t)
-	h.addService(webService())
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(ready("10.0.0.1", "a"), "node-b"), onNode(ready("10.0.0.2", "b"), "node-b")))
-	h.lease("a", "default", "pod-a", "node-b", k8s.ReasonOffline, 30*time.Second, "10.0.0.1")
-	h.pass()
-	steered := expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}},
-		drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyRewrite,
-			wildcard("10.0.0.1", bpf.TCP): bpf.PolicyOff, wildcard("10.0.0.1", bpf.UDP): bpf.PolicyOff}}
-	h.check(steered)
-	h.clock.Step(31 * time.Second)
-	h.pass()
-	h.check(expect{})
-	// node-b renews it once the API answers.
-	h.do(&h.d.events.leases, 1, func(ctx context.Context) error {
-		_, err := (&k8s.Leases{Client: h.client, Namespace: testNS}).Renew(ctx, k8s.LeaseName("a"), 30*time.Second, h.clock.Now(), nil)
-		return err
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		h.addService(webService())
+		h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(ready("10.0.0.1", "a"), "node-b"), onNode(ready("10.0.0.2", "b"), "node-b")))
+		h.lease("a", "default", "pod-a", "node-b", k8s.ReasonOffline, 30*time.Second, "10.0.0.1")
+		h.pass()
+		steered := expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}},
+			drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyRewrite,
+				wildcard("10.0.0.1", bpf.TCP): bpf.PolicyOff, wildcard("10.0.0.1", bpf.UDP): bpf.PolicyOff}}
+		h.check(steered)
+		h.clock.Step(31 * time.Second)
+		h.pass()
+		h.check(expect{})
+		// node-b renews it once the API answers.
+		h.do(&h.d.events.leases, 1, func(ctx context.Context) error {
+			_, err := (&k8s.Leases{Client: h.client, Namespace: testNS}).Renew(ctx, k8s.LeaseName("a"), 30*time.Second, h.clock.Now(), nil)
+			return err
+		})
+		h.pass()
+		h.check(steered)
 	})
-	h.pass()
-	h.check(steered)
 }
 
 // TestFaultIPReuseByPodInNoService: a departed pod's IP lingers on a remote
 // node; the hosting node sees a new pod (in no Service) take the IP and
 // deletes the old pod's Lease; the remote node ends the linger at once.
 func TestFaultIPReuseByPodInNoService(t *testing.T) {
-	h := newHarness(t, func(c *Config) { c.Linger = 2 * time.Minute })
-	h.addService(webService())
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(ready("10.0.0.1", "old"), "node-b"), onNode(ready("10.0.0.2", "b"), "node-b")))
-	h.pass()
-	// node-b: pod "old" is deleted; its draind publishes the Lease.
-	h.lease("old", "default", "pod-old", "node-b", k8s.ReasonPodDeleting, 30*time.Second, "10.0.0.1")
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(terminating("10.0.0.1", "old"), "node-b"), onNode(ready("10.0.0.2", "b"), "node-b")))
-	h.pass()
-	// Gone from the slice: it lingers here.
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(ready("10.0.0.2", "b"), "node-b")))
-	h.pass()
-	if !slices.Contains(h.dp.DrainKeys(), key("10.0.0.1:8080", bpf.TCP)) {
-		t.Fatalf("no linger after departure:\n%s", h.describe())
-	}
-	// node-b: a pod in no Service now has 10.0.0.1; node-b deletes the
-	// Lease of "old". Nothing else tells this node.
-	h.deleteLease("old")
-	h.pass()
-	for _, k := range h.dp.DrainKeys() {
-		if k.Addr == netip.MustParseAddr("10.0.0.1") {
-			t.Fatalf("10.0.0.1 still steered after its new owner was announced:\n%s", h.describe())
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, func(c *Config) { c.Linger = 2 * time.Minute })
+		h.addService(webService())
+		h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(ready("10.0.0.1", "old"), "node-b"), onNode(ready("10.0.0.2", "b"), "node-b")))
+		h.pass()
+		// node-b: pod "old" is deleted; its draind publishes the Lease.
+		h.lease("old", "default", "pod-old", "node-b", k8s.ReasonPodDeleting, 30*time.Second, "10.0.0.1")
+		h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(terminating("10.0.0.1", "old"), "node-b"), onNode(ready("10.0.0.2", "b"), "node-b")))
+		h.pass()
+		// Gone from the slice: it lingers here.
+		h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(ready("10.0.0.2", "b"), "node-b")))
+		h.pass()
+		if !slices.Contains(h.dp.DrainKeys(), key("10.0.0.1:8080", bpf.TCP)) {
+			t.Fatalf("no linger after departure:\n%s", h.describe())
 		}
-	}
+		// node-b: a pod in no Service now has 10.0.0.1; node-b deletes the
+		// Lease of "old". Nothing else tells this node.
+		h.deleteLease("old")
+		h.pass()
+		for _, k := range h.dp.DrainKeys() {
+			if k.Addr == netip.MustParseAddr("10.0.0.1") {
+				t.Fatalf("10.0.0.1 still steered after its new owner was announced:\n%s", h.describe())
+			}
+		}
+	})
 }
 
 // TestFaultIPReuseLeaseDeleteRetried: the hosting node's delete of the stale
 // Lease is retried until it lands.
 func TestFaultIPReuseLeaseDeleteRetried(t *testing.T) {
-	h := newHarness(t)
-	h.lease("old", "default", "pod-old", testNode, k8s.ReasonPodDeleting, time.Minute, "10.0.0.7")
-	h.outage(true)
-	h.putPod(pod("pod-new", "new", "10.0.0.7"))
-	h.tick(0)
-	h.tick(time.Second)
-	if n := len(h.d.state.DrainLeases()); n != 1 {
-		t.Fatalf("%d leases during the outage", n)
-	}
-	h.outage(false)
-	h.tick(time.Second)
-	h.waitLeases(0)
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		h.lease("old", "default", "pod-old", testNode, k8s.ReasonPodDeleting, time.Minute, "10.0.0.7")
+		h.outage(true)
+		h.putPod(pod("pod-new", "new", "10.0.0.7"))
+		h.tick(0)
+		h.tick(time.Second)
+		if n := len(h.d.state.DrainLeases()); n != 1 {
+			t.Fatalf("%d leases during the outage", n)
+		}
+		h.outage(false)
+		h.tick(time.Second)
+		h.waitLeases(0)
+	})
 }
 
 // TestFaultHeadlessPodGoneNotRefused: a headless Service's pods are not
 // interchangeable (policy off); once such a pod is gone its IP is not
 // refused for the linger either.
 func TestFaultHeadlessPodGoneNotRefused(t *testing.T) {
-	h := newHarness(t, func(c *Config) { c.Linger = 2 * time.Minute })
-	h.addService(svc("db", nil, []corev1.ServicePort{port("sql", 5432, corev1.ProtocolTCP)}, func(s *corev1.Service) {
-		s.Spec.ClusterIP, s.Spec.ClusterIPs = corev1.ClusterIPNone, []string{corev1.ClusterIPNone}
-	}))
-	sql := []slicePort{{"sql", 5432, corev1.ProtocolTCP}}
-	h.putSlice(slice("db-1", "db", v4, sql, onNode(ready("10.0.2.1", "f"), "node-b"), onNode(ready("10.0.2.2", "g"), "node-b")))
-	h.lease("f", "default", "pod-f", "node-b", k8s.ReasonPodDeleting, time.Minute, "10.0.2.1")
-	h.putSlice(slice("db-1", "db", v4, sql, onNode(terminating("10.0.2.1", "f"), "node-b"), onNode(ready("10.0.2.2", "g"), "node-b")))
-	h.pass()
-	h.putSlice(slice("db-1", "db", v4, sql, onNode(ready("10.0.2.2", "g"), "node-b")))
-	h.pass()
-	for _, dr := range mustDump(t, h.dp).Drains {
-		if dr.Key.Addr == netip.MustParseAddr("10.0.2.1") && dr.Policy != bpf.PolicyOff {
-			t.Fatalf("a gone headless pod's IP is %v:\n%s", dr.Policy, h.describe())
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, func(c *Config) { c.Linger = 2 * time.Minute })
+		h.addService(svc("db", nil, []corev1.ServicePort{port("sql", 5432, corev1.ProtocolTCP)}, func(s *corev1.Service) {
+			s.Spec.ClusterIP, s.Spec.ClusterIPs = corev1.ClusterIPNone, []string{corev1.ClusterIPNone}
+		}))
+		sql := []slicePort{{"sql", 5432, corev1.ProtocolTCP}}
+		h.putSlice(slice("db-1", "db", v4, sql, onNode(ready("10.0.2.1", "f"), "node-b"), onNode(ready("10.0.2.2", "g"), "node-b")))
+		h.lease("f", "default", "pod-f", "node-b", k8s.ReasonPodDeleting, time.Minute, "10.0.2.1")
+		h.putSlice(slice("db-1", "db", v4, sql, onNode(terminating("10.0.2.1", "f"), "node-b"), onNode(ready("10.0.2.2", "g"), "node-b")))
+		h.pass()
+		h.putSlice(slice("db-1", "db", v4, sql, onNode(ready("10.0.2.2", "g"), "node-b")))
+		h.pass()
+		for _, dr := range mustDump(t, h.dp).Drains {
+			if dr.Key.Addr == netip.MustParseAddr("10.0.2.1") && dr.Policy != bpf.PolicyOff {
+				t.Fatalf("a gone headless pod's IP is %v:\n%s", dr.Policy, h.describe())
+			}
 		}
-	}
+	})
 }
 
 // TestFaultRemoteStatusShowsGone: a node that does not host a pod shows it
 // lingering once it left every slice, not draining.
 func TestFaultRemoteStatusShowsGone(t *testing.T) {
-	h := newHarness(t, func(c *Config) { c.Linger = 2 * time.Minute })
-	h.addService(webService())
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(ready("10.0.0.1", "a"), "node-b"), onNode(ready("10.0.0.2", "b"), "node-b")))
-	h.lease("a", "default", "pod-a", "node-b", k8s.ReasonPodDeleting, time.Minute, "10.0.0.1")
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(terminating("10.0.0.1", "a"), "node-b"), onNode(ready("10.0.0.2", "b"), "node-b")))
-	h.pass()
-	if ps := h.d.PodStatuses(); len(ps) != 1 || ps[0].State != StateDraining {
-		t.Fatalf("status while draining: %+v", ps)
-	}
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(ready("10.0.0.2", "b"), "node-b")))
-	h.pass()
-	if ps := h.d.PodStatuses(); len(ps) != 1 || ps[0].State != StateLingering {
-		t.Fatalf("status of a gone pod on a remote node: %+v", ps)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, func(c *Config) { c.Linger = 2 * time.Minute })
+		h.addService(webService())
+		h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(ready("10.0.0.1", "a"), "node-b"), onNode(ready("10.0.0.2", "b"), "node-b")))
+		h.lease("a", "default", "pod-a", "node-b", k8s.ReasonPodDeleting, time.Minute, "10.0.0.1")
+		h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(terminating("10.0.0.1", "a"), "node-b"), onNode(ready("10.0.0.2", "b"), "node-b")))
+		h.pass()
+		if ps := h.d.PodStatuses(); len(ps) != 1 || ps[0].State != StateDraining {
+			t.Fatalf("status while draining: %+v", ps)
+		}
+		h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(ready("10.0.0.2", "b"), "node-b")))
+		h.pass()
+		if ps := h.d.PodStatuses(); len(ps) != 1 || ps[0].State != StateLingering {
+			t.Fatalf("status of a gone pod on a remote node: %+v", ps)
+		}
+	})
 }
 
 // TestFaultUDPReexpiredAfterKubeProxy: kube-proxy drops a terminating
@@ -488,23 +513,25 @@ func TestFaultRemoteStatusShowsGone(t *testing.T) {
 // between re-pins a connected UDP socket to the draining pod. The flows are
 // expired again once kube-proxy has had time to sync, not only 10 s later.
 func TestFaultUDPReexpiredAfterKubeProxy(t *testing.T) {
-	h := newHarness(t, func(c *Config) { c.UDPReexpire = 10 * time.Second })
-	h.addService(svc("dns", []string{"10.96.0.53"}, []corev1.ServicePort{port("dns", 53, corev1.ProtocolUDP)}))
-	h.putSlice(slice("dns-1", "dns", v4, []slicePort{{"dns", 53, corev1.ProtocolUDP}}, terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
-	h.pass()
-	h.clock.Step(udpSettle)
-	h.d.conntrackPolicy.pass(h.ctx)
-	if n := len(h.ct.ExpireCalls()); n != 1 {
-		t.Fatalf("%d expiries %v after the drain started", n, udpSettle)
-	}
-	h.clock.Step(udpFollowUp)
-	h.d.conntrackPolicy.pass(h.ctx)
-	if n := len(h.ct.ExpireCalls()); n != 2 {
-		t.Fatalf("UDP flows not expired again %v after the first expiry: %d calls", udpFollowUp, n)
-	}
-	if udpFollowUp >= 10*time.Second {
-		t.Fatalf("follow-up %v is no sooner than the periodic pass", udpFollowUp)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, func(c *Config) { c.UDPReexpire = 10 * time.Second })
+		h.addService(svc("dns", []string{"10.96.0.53"}, []corev1.ServicePort{port("dns", 53, corev1.ProtocolUDP)}))
+		h.putSlice(slice("dns-1", "dns", v4, []slicePort{{"dns", 53, corev1.ProtocolUDP}}, terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+		h.pass()
+		h.clock.Step(udpSettle)
+		h.d.conntrackPolicy.pass(h.ctx)
+		if n := len(h.ct.ExpireCalls()); n != 1 {
+			t.Fatalf("%d expiries %v after the drain started", n, udpSettle)
+		}
+		h.clock.Step(udpFollowUp)
+		h.d.conntrackPolicy.pass(h.ctx)
+		if n := len(h.ct.ExpireCalls()); n != 2 {
+			t.Fatalf("UDP flows not expired again %v after the first expiry: %d calls", udpFollowUp, n)
+		}
+		if udpFollowUp >= 10*time.Second {
+			t.Fatalf("follow-up %v is no sooner than the periodic pass", udpFollowUp)
+		}
+	})
 }
 
 // drainingElsewhere is a harness after a pass over web's pod a (10.0.0.1)
@@ -526,46 +553,48 @@ func drainingElsewhere(t *testing.T) *harness {
 // refused on other ports), until the Lease is deleted. A gone Lease the
 // pinned maps did not steer is not honoured.
 func TestRestartKeepsGonePodOfAnotherNode(t *testing.T) {
-	h := drainingElsewhere(t)
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.2", "b")))
-	h.deletePod("default", "pod-a")
-	h.goneLeaseUpdate("a", "10.0.0.1")
-	h.pass()
-	want := normalized(mustDump(t, h.dp))
-	if !strings.Contains(want, "drain 10.0.0.1:8080/TCP rewrite [10.0.0.2:8080]") {
-		t.Fatalf("before the restart:\n%s", want)
-	}
-	// Gone while no draind ran here: never steered, not confirmable.
-	h.goneLeaseFor("z", "pod-z", "node-b", time.Minute, "10.0.0.9")
-
-	h2 := h.restart()
-	h.dp.StartLog()
-	h2.pass()
-	ops := h.dp.StopLog()
-	// The first pass drains it as a vanished endpoint of web: the rewrite
-	// stays; its other ports pass for that one pass (web lists it).
-	if got := normalized(mustDump(t, h.dp)); !strings.Contains(got, "drain 10.0.0.1:8080/TCP rewrite [10.0.0.2:8080]") {
-		t.Fatalf("after the restart:\n%s\nwant the rewrite of:\n%s\noperations:\n%s", got, want, opsString(ops))
-	}
-	for _, op := range ops {
-		if op.Kind == datapathtest.OpDeleteDrain {
-			t.Errorf("the restart deleted an entry: %s", op)
+	synctest.Test(t, func(t *testing.T) {
+		h := drainingElsewhere(t)
+		h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.2", "b")))
+		h.deletePod("default", "pod-a")
+		h.goneLeaseUpdate("a", "10.0.0.1")
+		h.pass()
+		want := normalized(mustDump(t, h.dp))
+		if !strings.Contains(want, "drain 10.0.0.1:8080/TCP rewrite [10.0.0.2:8080]") {
+			t.Fatalf("before the restart:\n%s", want)
 		}
-	}
-	// From the next pass (the one it asks for) it lingers as a departed
-	// endpoint, as before the restart.
-	h2.pass()
-	if got := normalized(mustDump(t, h.dp)); got != want {
-		t.Fatalf("a pass after the restart:\n%s\nwant:\n%s", got, want)
-	}
-	if ps := h2.d.PodStatuses(); !slices.ContainsFunc(ps, func(p PodStatus) bool { return p.State == StateLingering }) {
-		t.Errorf("no lingering pod after the restart: %+v", ps)
-	}
-	h2.deleteLease("a")
-	h2.pass()
-	if got := normalized(mustDump(t, h.dp)); strings.Contains(got, "10.0.0.1") {
-		t.Errorf("still steered after its Lease was deleted:\n%s", got)
-	}
+		// Gone while no draind ran here: never steered, not confirmable.
+		h.goneLeaseFor("z", "pod-z", "node-b", time.Minute, "10.0.0.9")
+
+		h2 := h.restart()
+		h.dp.StartLog()
+		h2.pass()
+		ops := h.dp.StopLog()
+		// The first pass drains it as a vanished endpoint of web: the rewrite
+		// stays; its other ports pass for that one pass (web lists it).
+		if got := normalized(mustDump(t, h.dp)); !strings.Contains(got, "drain 10.0.0.1:8080/TCP rewrite [10.0.0.2:8080]") {
+			t.Fatalf("after the restart:\n%s\nwant the rewrite of:\n%s\noperations:\n%s", got, want, opsString(ops))
+		}
+		for _, op := range ops {
+			if op.Kind == datapathtest.OpDeleteDrain {
+				t.Errorf("the restart deleted an entry: %s", op)
+			}
+		}
+		// From the next pass (the one it asks for) it lingers as a departed
+		// endpoint, as before the restart.
+		h2.pass()
+		if got := normalized(mustDump(t, h.dp)); got != want {
+			t.Fatalf("a pass after the restart:\n%s\nwant:\n%s", got, want)
+		}
+		if ps := h2.d.PodStatuses(); !slices.ContainsFunc(ps, func(p PodStatus) bool { return p.State == StateLingering }) {
+			t.Errorf("no lingering pod after the restart: %+v", ps)
+		}
+		h2.deleteLease("a")
+		h2.pass()
+		if got := normalized(mustDump(t, h.dp)); strings.Contains(got, "10.0.0.1") {
+			t.Errorf("still steered after its Lease was deleted:\n%s", got)
+		}
+	})
 }
 
 // TestRestartKeepsDepartureSeenByNoOne: a draining pod of another node
@@ -574,21 +603,23 @@ func TestRestartKeepsGonePodOfAnotherNode(t *testing.T) {
 // its address to the Service as the pinned entry did (lingering from the
 // next pass), rather than refusing it as a pod no Service lists.
 func TestRestartKeepsDepartureSeenByNoOne(t *testing.T) {
-	h := drainingElsewhere(t)
-	const rewrite = "drain 10.0.0.1:8080/TCP rewrite [10.0.0.2:8080]"
-	if got := normalized(mustDump(t, h.dp)); !strings.Contains(got, rewrite) {
-		t.Fatalf("before the restart:\n%s", got)
-	}
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.2", "b"))) // no pass: draind is down
-
-	h2 := h.restart()
-	for i := range 2 {
-		h2.pass()
+	synctest.Test(t, func(t *testing.T) {
+		h := drainingElsewhere(t)
+		const rewrite = "drain 10.0.0.1:8080/TCP rewrite [10.0.0.2:8080]"
 		if got := normalized(mustDump(t, h.dp)); !strings.Contains(got, rewrite) {
-			t.Fatalf("pass %d after the restart:\n%s\nwant %q", i+1, got, rewrite)
+			t.Fatalf("before the restart:\n%s", got)
 		}
-	}
-	if ps := h2.d.PodStatuses(); !slices.ContainsFunc(ps, func(p PodStatus) bool { return p.State == StateLingering }) {
-		t.Errorf("no lingering pod after the restart: %+v", ps)
-	}
+		h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.2", "b"))) // no pass: draind is down
+
+		h2 := h.restart()
+		for i := range 2 {
+			h2.pass()
+			if got := normalized(mustDump(t, h.dp)); !strings.Contains(got, rewrite) {
+				t.Fatalf("pass %d after the restart:\n%s\nwant %q", i+1, got, rewrite)
+			}
+		}
+		if ps := h2.d.PodStatuses(); !slices.ContainsFunc(ps, func(p PodStatus) bool { return p.State == StateLingering }) {
+			t.Errorf("no lingering pod after the restart: %+v", ps)
+		}
+	})
 }

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -97,7 +98,9 @@ func TestGolden(t *testing.T) {
 		t.Fatal("no scenarios in testdata/golden")
 	}
 	for _, p := range paths {
-		t.Run(strings.TrimSuffix(filepath.Base(p), ".txtar"), func(t *testing.T) { runGolden(t, p) })
+		t.Run(strings.TrimSuffix(filepath.Base(p), ".txtar"), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) { runGolden(t, p) })
+		})
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -37,14 +38,22 @@ const (
 // harness runs a Daemon against the client-go fake clientset, the fake
 // datapath, the fake conntrack and a fake clock. Passes are driven by the
 // test (pass), not by the runner loop, so every assertion is deterministic.
+//
+// A harness lives in a synctest bubble (synctest.Test), informers and all:
+// the test waits for what the daemon's goroutines do with synctest.Wait,
+// never by polling. Only the HTTP fixture's harness runs outside one
+// (realTime): its API serves on a real TCP socket, as caller identity is
+// the peer's address, and a goroutine blocked on the network never counts
+// as idle in a bubble.
 type harness struct {
-	t      *testing.T
-	client *fake.Clientset
-	dp     *datapathtest.Datapath
-	ct     *conntrack.Fake
-	clock  *testingclock.FakeClock
-	d      *Daemon
-	ctx    context.Context
+	t        *testing.T
+	realTime bool
+	client   *fake.Clientset
+	dp       *datapathtest.Datapath
+	ct       *conntrack.Fake
+	clock    *testingclock.FakeClock
+	d        *Daemon
+	ctx      context.Context
 	// Set to make the fake API fail Lease writes (reactors must be
 	// installed before any call: client-go's fake is not safe otherwise).
 	failLeaseCreate, failLeaseUpdate atomic.Bool
@@ -52,9 +61,15 @@ type harness struct {
 	apiDown atomic.Bool
 }
 
+// newHarness starts a harness; call it inside synctest.Test.
 func newHarness(t *testing.T, mod ...func(*Config)) *harness {
 	t.Helper()
-	h := &harness{t: t, client: fake.NewClientset(), dp: datapathtest.New(), ct: conntrack.NewFake(),
+	return startHarness(t, false, mod...)
+}
+
+func startHarness(t *testing.T, realTime bool, mod ...func(*Config)) *harness {
+	t.Helper()
+	h := &harness{t: t, realTime: realTime, client: fake.NewClientset(), dp: datapathtest.New(), ct: conntrack.NewFake(),
 		clock: testingclock.NewFakeClock(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))}
 	for verb, flag := range map[string]*atomic.Bool{"create": &h.failLeaseCreate, "update": &h.failLeaseUpdate} {
 		h.client.PrependReactor(verb, "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
@@ -89,7 +104,7 @@ func newHarness(t *testing.T, mod ...func(*Config)) *harness {
 	if err := h.d.inf.WaitForSync(ctx); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "the handlers to sync", h.d.handlersSynced)
+	h.await("the handlers to sync", h.d.handlersSynced)
 	h.d.synced.Store(true)
 	h.d.SetAttached(true)
 	return h
@@ -105,11 +120,32 @@ func mustNew(tb testing.TB, cfg Config, client kubernetes.Interface, dp Datapath
 	return d
 }
 
+// await waits for cond (a signal: an informer caught up, a map reached a
+// state) and fails the test with what if it does not hold.
+func (h *harness) await(what string, cond func() bool) {
+	h.t.Helper()
+	if !h.holds(cond) {
+		h.t.Fatalf("waiting for %s: it did not happen", what)
+	}
+}
+
+// holds reports whether cond holds once the daemon is done with what the
+// test did. In a bubble it waits until every goroutine of the bubble is
+// blocked and looks once: nothing could make cond hold later without the
+// test acting or time passing. A realTime harness polls for 10 s.
+func (h *harness) holds(cond func() bool) bool {
+	if h.realTime {
+		return poll(10*time.Second, cond)
+	}
+	synctest.Wait()
+	return cond()
+}
+
 // restart starts a second daemon over the same API and the same datapath
 // (pinned maps), adopting the datapath exactly as Run does.
 func (h *harness) restart() *harness {
 	h.t.Helper()
-	h2 := &harness{t: h.t, client: h.client, dp: h.dp, ct: h.ct, clock: h.clock, ctx: h.ctx}
+	h2 := &harness{t: h.t, realTime: h.realTime, client: h.client, dp: h.dp, ct: h.ct, clock: h.clock, ctx: h.ctx}
 	h2.d = mustNew(h.t, h.d.cfg, h.client, h.dp, h.ct)
 	h2.d.hosted.startEvents()
 	h.t.Cleanup(h2.d.hosted.stopEvents)
@@ -120,7 +156,7 @@ func (h *harness) restart() *harness {
 	if err := h2.d.inf.WaitForSync(h.ctx); err != nil {
 		h.t.Fatal(err)
 	}
-	eventually(h.t, 10*time.Second, "the handlers to sync", h2.d.handlersSynced)
+	h2.await("the handlers to sync", h2.d.handlersSynced)
 	h2.d.synced.Store(true)
 	h2.d.SetAttached(true)
 	h2.d.claims.SetLocalPods(h2.d.state.LocalPods())
@@ -136,7 +172,7 @@ func (h *harness) do(kind *atomic.Uint64, n int, fn func(context.Context) error)
 	if err := fn(h.ctx); err != nil {
 		h.t.Fatal(err)
 	}
-	eventually(h.t, 10*time.Second, fmt.Sprintf("%d informer events", n), func() bool { return kind.Load() >= before+uint64(n) })
+	h.await(fmt.Sprintf("%d informer events", n), func() bool { return kind.Load() >= before+uint64(n) })
 }
 
 // pass runs one reconciler pass and returns the datapath operations it

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -52,7 +53,7 @@ func (h *harness) offline(ip netip.Addr, wait, quiet time.Duration) *offlineCall
 	before := waiters()
 	go func() { c.done <- h.d.hosted.offline(h.ctx, ip, wait, quiet) }()
 	answered := false
-	eventually(h.t, 10*time.Second, "the offline call to register", func() bool {
+	h.await("the offline call to register", func() bool {
 		select {
 		case r := <-c.done: // answered at once (403, no wait, ...)
 			c.done <- r
@@ -63,7 +64,7 @@ func (h *harness) offline(ip netip.Addr, wait, quiet time.Duration) *offlineCall
 		return wait > 0 && waiters() > before
 	})
 	if !answered {
-		eventually(h.t, 10*time.Second, "a drain Lease in the cache", func() bool { return len(h.passLeases()) > 0 })
+		h.await("a drain Lease in the cache", func() bool { return len(h.passLeases()) > 0 })
 	}
 	return c
 }
@@ -90,7 +91,7 @@ func (c *offlineCall) within(d time.Duration) (OfflineResult, bool) {
 // waitLeases waits until passes see n drain Leases.
 func (h *harness) waitLeases(n int) {
 	h.t.Helper()
-	eventually(h.t, 10*time.Second, fmt.Sprintf("%d drain leases in the cache", n), func() bool { return len(h.passLeases()) == n })
+	h.await(fmt.Sprintf("%d drain leases in the cache", n), func() bool { return len(h.passLeases()) == n })
 }
 
 // passLeases is the drain Leases as passes read them: the snapshot the
@@ -114,7 +115,7 @@ func (h *harness) tick(d time.Duration) {
 // API.
 func (h *harness) syncLeases() {
 	h.t.Helper()
-	eventually(h.t, 10*time.Second, "the Lease cache to match the API", func() bool {
+	h.await("the Lease cache to match the API", func() bool {
 		l, err := h.client.CoordinationV1().Leases(testNS).List(h.ctx, metav1.ListOptions{})
 		if err != nil {
 			return false // an outage the test simulates: nothing to match
@@ -168,202 +169,216 @@ func (h *harness) events(reason string, min int) []corev1.Event {
 		}
 		return len(out) >= min
 	}
-	poll(5*time.Second, list) // fewer than min: the caller's assertion says so
+	h.holds(list) // fewer than min: the caller's assertion says so
 	return out
 }
 
 func TestOfflineReturnsWhenDrained(t *testing.T) {
-	h := localFixture(t)
-	call := h.offline(podIP, 30*time.Second, 2*time.Second)
-	h.tick(0)
-	// The Lease drains the pod everywhere: this node's map says so too.
-	if dr, ok := h.dp.Drains[key("10.0.0.1:8080", bpf.TCP)]; !ok || dr.Policy != bpf.PolicyRewrite {
-		t.Fatalf("pod not drained after its offline call:\n%s", h.describe())
-	}
-	h.setSYNs(3) // stale callers still arrive for a moment
-	h.openConn() // and one request is in flight
-	h.tick(time.Second)
-	h.setSYNs(5)
-	h.tick(time.Second)
-	h.tick(3 * time.Second)
-	if r, ok := call.answered(t); ok {
-		t.Fatalf("answered %+v while a connection is live", r)
-	}
-	h.closeConns() // the in-flight request finished
-	h.tick(200 * time.Millisecond)
-	r, ok := call.result(t)
-	if !ok || r.Code != 200 || !r.Drained || r.State != StateDrained || r.SYNs != 5 || r.LiveConnections != 0 {
-		t.Fatalf("want 200 drained with 5 SYNs, got %+v (answered %v)", r, ok)
-	}
-	if r.WaitedSeconds < 5 || r.WaitedSeconds > 6 {
-		t.Errorf("waited %.1fs, want ≈5.2s", r.WaitedSeconds)
-	}
-	if n := len(h.events(EventDrainStarted, 1)); n != 1 {
-		t.Errorf("%d DrainStarted events, want 1", n)
-	}
-	if n := len(h.events(EventDrained, 1)); n != 1 {
-		t.Errorf("%d Drained events, want 1", n)
-	}
-	// Still drained afterwards: steering goes on until the pod is gone.
-	for i := 0; i < 12; i++ {
-		h.tick(5 * time.Second)
-	}
-	if _, ok := h.dp.Drains[key("10.0.0.1:8080", bpf.TCP)]; !ok {
-		t.Error("steering stopped after the pod was drained, before it was deleted")
-	}
+	synctest.Test(t, func(t *testing.T) {
+		h := localFixture(t)
+		call := h.offline(podIP, 30*time.Second, 2*time.Second)
+		h.tick(0)
+		// The Lease drains the pod everywhere: this node's map says so too.
+		if dr, ok := h.dp.Drains[key("10.0.0.1:8080", bpf.TCP)]; !ok || dr.Policy != bpf.PolicyRewrite {
+			t.Fatalf("pod not drained after its offline call:\n%s", h.describe())
+		}
+		h.setSYNs(3) // stale callers still arrive for a moment
+		h.openConn() // and one request is in flight
+		h.tick(time.Second)
+		h.setSYNs(5)
+		h.tick(time.Second)
+		h.tick(3 * time.Second)
+		if r, ok := call.answered(t); ok {
+			t.Fatalf("answered %+v while a connection is live", r)
+		}
+		h.closeConns() // the in-flight request finished
+		h.tick(200 * time.Millisecond)
+		r, ok := call.result(t)
+		if !ok || r.Code != 200 || !r.Drained || r.State != StateDrained || r.SYNs != 5 || r.LiveConnections != 0 {
+			t.Fatalf("want 200 drained with 5 SYNs, got %+v (answered %v)", r, ok)
+		}
+		if r.WaitedSeconds < 5 || r.WaitedSeconds > 6 {
+			t.Errorf("waited %.1fs, want ≈5.2s", r.WaitedSeconds)
+		}
+		if n := len(h.events(EventDrainStarted, 1)); n != 1 {
+			t.Errorf("%d DrainStarted events, want 1", n)
+		}
+		if n := len(h.events(EventDrained, 1)); n != 1 {
+			t.Errorf("%d Drained events, want 1", n)
+		}
+		// Still drained afterwards: steering goes on until the pod is gone.
+		for i := 0; i < 12; i++ {
+			h.tick(5 * time.Second)
+		}
+		if _, ok := h.dp.Drains[key("10.0.0.1:8080", bpf.TCP)]; !ok {
+			t.Error("steering stopped after the pod was drained, before it was deleted")
+		}
+	})
 }
 
 func TestOfflineTimesOutWithLiveConnection(t *testing.T) {
-	h := localFixture(t)
-	h.openConn()
-	call := h.offline(podIP, 10*time.Second, 2*time.Second)
-	h.tick(0)
-	for i := 0; i < 9; i++ {
+	synctest.Test(t, func(t *testing.T) {
+		h := localFixture(t)
+		h.openConn()
+		call := h.offline(podIP, 10*time.Second, 2*time.Second)
+		h.tick(0)
+		for i := 0; i < 9; i++ {
+			h.tick(time.Second)
+		}
+		if r, ok := call.answered(t); ok {
+			t.Fatalf("answered early: %+v", r)
+		}
 		h.tick(time.Second)
-	}
-	if r, ok := call.answered(t); ok {
-		t.Fatalf("answered early: %+v", r)
-	}
-	h.tick(time.Second)
-	r, ok := call.result(t)
-	if !ok || r.Code != 504 || r.Drained || r.State != StateTimedOut || r.LiveConnections != 1 {
-		t.Fatalf("want 504 timed-out with live_connections 1, got %+v (answered %v)", r, ok)
-	}
-	if ev := h.events(EventDrainTimedOut, 1); len(ev) != 1 || ev[0].Type != corev1.EventTypeWarning {
-		t.Errorf("DrainTimedOut events: %+v", ev)
-	}
+		r, ok := call.result(t)
+		if !ok || r.Code != 504 || r.Drained || r.State != StateTimedOut || r.LiveConnections != 1 {
+			t.Fatalf("want 504 timed-out with live_connections 1, got %+v (answered %v)", r, ok)
+		}
+		if ev := h.events(EventDrainTimedOut, 1); len(ev) != 1 || ev[0].Type != corev1.EventTypeWarning {
+			t.Errorf("DrainTimedOut events: %+v", ev)
+		}
+	})
 }
 
 func TestOfflineBeforeReady(t *testing.T) {
-	// The inverted timeline: offline is called before the app is even
-	// listed (registered); it must not be undone when it turns ready.
-	h := newHarness(t)
-	h.addService(webService())
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(ready("10.0.0.2", "p1"), "node-b")))
-	h.putPod(pod("pod-p0", "p0", "10.0.0.1"))
-	h.pass()
-	call := h.offline(podIP, 0, 0)
-	if r, _ := call.result(t); r.Code != 200 || r.State != StateDraining {
-		t.Fatalf("offline without wait: %+v", r)
-	}
-	h.waitLeases(1)
-	h.tick(0)
-	// No slice lists it: a registry-only drain, refused outright.
-	if dr := h.dp.Drains[wildcard("10.0.0.1", bpf.TCP)]; dr.Policy != bpf.PolicyRefuse {
-		t.Fatalf("registry-only drain not refused:\n%s", h.describe())
-	}
-	// Now it registers and turns ready: still draining.
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.1", "p0"), onNode(ready("10.0.0.2", "p1"), "node-b")))
-	h.tick(time.Second)
-	h.check(expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}},
-		drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyRewrite,
-			wildcard("10.0.0.1", bpf.TCP): bpf.PolicyOff, wildcard("10.0.0.1", bpf.UDP): bpf.PolicyOff}})
-	if ps := h.d.PodStatuses(); len(ps) != 1 || ps[0].State != StateDraining || !ps[0].Local || ps[0].Reason != k8s.ReasonOffline {
-		t.Errorf("status: %+v", ps)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		// The inverted timeline: offline is called before the app is even
+		// listed (registered); it must not be undone when it turns ready.
+		h := newHarness(t)
+		h.addService(webService())
+		h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(ready("10.0.0.2", "p1"), "node-b")))
+		h.putPod(pod("pod-p0", "p0", "10.0.0.1"))
+		h.pass()
+		call := h.offline(podIP, 0, 0)
+		if r, _ := call.result(t); r.Code != 200 || r.State != StateDraining {
+			t.Fatalf("offline without wait: %+v", r)
+		}
+		h.waitLeases(1)
+		h.tick(0)
+		// No slice lists it: a registry-only drain, refused outright.
+		if dr := h.dp.Drains[wildcard("10.0.0.1", bpf.TCP)]; dr.Policy != bpf.PolicyRefuse {
+			t.Fatalf("registry-only drain not refused:\n%s", h.describe())
+		}
+		// Now it registers and turns ready: still draining.
+		h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.1", "p0"), onNode(ready("10.0.0.2", "p1"), "node-b")))
+		h.tick(time.Second)
+		h.check(expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}},
+			drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyRewrite,
+				wildcard("10.0.0.1", bpf.TCP): bpf.PolicyOff, wildcard("10.0.0.1", bpf.UDP): bpf.PolicyOff}})
+		if ps := h.d.PodStatuses(); len(ps) != 1 || ps[0].State != StateDraining || !ps[0].Local || ps[0].Reason != k8s.ReasonOffline {
+			t.Errorf("status: %+v", ps)
+		}
+	})
 }
 
 func TestConcurrentOfflineCalls(t *testing.T) {
-	h := localFixture(t)
-	a := h.offline(podIP, 30*time.Second, 2*time.Second)
-	b := h.offline(podIP, 30*time.Second, 2*time.Second)
-	h.tick(0)
-	h.tick(3 * time.Second)
-	for _, c := range []*offlineCall{a, b} {
-		if r, ok := c.result(t); !ok || r.Code != 200 || !r.Drained {
-			t.Errorf("call: %+v answered=%v", r, ok)
+	synctest.Test(t, func(t *testing.T) {
+		h := localFixture(t)
+		a := h.offline(podIP, 30*time.Second, 2*time.Second)
+		b := h.offline(podIP, 30*time.Second, 2*time.Second)
+		h.tick(0)
+		h.tick(3 * time.Second)
+		for _, c := range []*offlineCall{a, b} {
+			if r, ok := c.result(t); !ok || r.Code != 200 || !r.Drained {
+				t.Errorf("call: %+v answered=%v", r, ok)
+			}
 		}
-	}
-	if n := len(h.d.state.DrainLeases()); n != 1 {
-		t.Errorf("%d leases for one pod", n)
-	}
-	if n := len(h.events(EventDrainStarted, 1)); n != 1 {
-		t.Errorf("%d DrainStarted events for one drain", n)
-	}
+		if n := len(h.d.state.DrainLeases()); n != 1 {
+			t.Errorf("%d leases for one pod", n)
+		}
+		if n := len(h.events(EventDrainStarted, 1)); n != 1 {
+			t.Errorf("%d DrainStarted events for one drain", n)
+		}
+	})
 }
 
 func TestOfflineFromForeignCaller(t *testing.T) {
-	h := localFixture(t)
-	hostNet := pod("host-agent", "h0", "10.0.0.50")
-	hostNet.Spec.HostNetwork = true
-	h.putPod(hostNet)
-	for _, ip := range []string{"10.0.0.2" /* a pod on another node */, "10.0.0.50" /* host network */, "192.0.2.1"} {
-		call := h.offline(netip.MustParseAddr(ip), 30*time.Second, 0)
-		r, ok := call.result(t)
-		if !ok || r.Code != 403 {
-			t.Errorf("caller %s: want 403 at once, got %+v", ip, r)
+	synctest.Test(t, func(t *testing.T) {
+		h := localFixture(t)
+		hostNet := pod("host-agent", "h0", "10.0.0.50")
+		hostNet.Spec.HostNetwork = true
+		h.putPod(hostNet)
+		for _, ip := range []string{"10.0.0.2" /* a pod on another node */, "10.0.0.50" /* host network */, "192.0.2.1"} {
+			call := h.offline(netip.MustParseAddr(ip), 30*time.Second, 0)
+			r, ok := call.result(t)
+			if !ok || r.Code != 403 {
+				t.Errorf("caller %s: want 403 at once, got %+v", ip, r)
+			}
 		}
-	}
-	if n := len(h.d.state.DrainLeases()); n != 0 {
-		t.Errorf("a foreign caller created %d leases", n)
-	}
+		if n := len(h.d.state.DrainLeases()); n != 0 {
+			t.Errorf("a foreign caller created %d leases", n)
+		}
+	})
 }
 
 // TestLeaseExpiryWhileWaiting: the API stops accepting renewals and the
 // drain Lease runs out while the pod waits for its offline answer.
 func TestLeaseExpiryWhileWaiting(t *testing.T) {
-	h := localFixture(t, func(c *Config) { c.LeaseDuration = 30 * time.Second })
-	call := h.offline(podIP, 5*time.Minute, 2*time.Second)
-	h.openConn()
-	h.tick(0)
-	// The API stops accepting renewals; the Lease runs out.
-	h.failLeaseUpdate.Store(true)
-	for i := 0; i < 3; i++ {
-		h.tick(11 * time.Second)
-	}
-	// Other nodes fail open once the Lease expired
-	// (TestFaultAPIOutageRemoteNode); the node hosting the pod keeps its
-	// drain and the waiter (it neither answers 409 cancelled nor stops
-	// steering here).
-	if r, ok := call.answered(t); ok {
-		t.Fatalf("the waiter was answered when the Lease expired: %+v", r)
-	}
-	h.pass()
-	if _, ok := h.dp.Drains[key("10.0.0.1:8080", bpf.TCP)]; !ok {
-		t.Fatalf("the hosting node stopped steering when its Lease expired:\n%s", h.describe())
-	}
-	if got := testutilValue(t, h.d.Metrics.LeaseOps.WithLabelValues("renew", "error")); got < 1 {
-		t.Errorf("failed renewals not counted: %v", got)
-	}
-	// Renewals land again: the Lease is live for every node.
-	h.failLeaseUpdate.Store(false)
-	h.tick(lease.RetryMax)
-	if l := h.d.state.DrainLeases(); len(l) != 1 || !l[0].Expires().After(h.clock.Now()) {
-		t.Fatalf("lease not renewed after the API accepted writes again: %+v", l)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		h := localFixture(t, func(c *Config) { c.LeaseDuration = 30 * time.Second })
+		call := h.offline(podIP, 5*time.Minute, 2*time.Second)
+		h.openConn()
+		h.tick(0)
+		// The API stops accepting renewals; the Lease runs out.
+		h.failLeaseUpdate.Store(true)
+		for i := 0; i < 3; i++ {
+			h.tick(11 * time.Second)
+		}
+		// Other nodes fail open once the Lease expired
+		// (TestFaultAPIOutageRemoteNode); the node hosting the pod keeps its
+		// drain and the waiter (it neither answers 409 cancelled nor stops
+		// steering here).
+		if r, ok := call.answered(t); ok {
+			t.Fatalf("the waiter was answered when the Lease expired: %+v", r)
+		}
+		h.pass()
+		if _, ok := h.dp.Drains[key("10.0.0.1:8080", bpf.TCP)]; !ok {
+			t.Fatalf("the hosting node stopped steering when its Lease expired:\n%s", h.describe())
+		}
+		if got := testutilValue(t, h.d.Metrics.LeaseOps.WithLabelValues("renew", "error")); got < 1 {
+			t.Errorf("failed renewals not counted: %v", got)
+		}
+		// Renewals land again: the Lease is live for every node.
+		h.failLeaseUpdate.Store(false)
+		h.tick(lease.RetryMax)
+		if l := h.d.state.DrainLeases(); len(l) != 1 || !l[0].Expires().After(h.clock.Now()) {
+			t.Fatalf("lease not renewed after the API accepted writes again: %+v", l)
+		}
+	})
 }
 
 func TestRestartDuringDrain(t *testing.T) {
-	h := localFixture(t)
-	call := h.offline(podIP, 0, 0)
-	call.result(t)
-	h.waitLeases(1)
-	h.tick(0)
-	h.setSYNs(4)
-	// A new daemon (upgrade) over the same API and maps.
-	h2 := h.restart()
-	h2.tick(0)
-	h2.d.hosted.mu.Lock()
-	ld := h2.d.hosted.pods["p0"]
-	h2.d.hosted.mu.Unlock()
-	if ld == nil || ld.state != StateDraining || ld.reason != k8s.ReasonOffline {
-		t.Fatalf("the Lease did not carry the drain across the restart: %+v", ld)
-	}
-	// The pod's retried preStop joins the drain and returns when drained.
-	again := h2.offline(podIP, 30*time.Second, 2*time.Second)
-	h2.tick(3 * time.Second)
-	if r, ok := again.result(t); !ok || r.Code != 200 || !r.Drained {
-		t.Fatalf("after restart: %+v answered=%v", r, ok)
-	}
-	if n := len(h2.events(EventDrainStarted, 1)); n != 1 {
-		t.Errorf("%d DrainStarted events across a restart, want 1", n)
-	}
-	// It keeps renewing the Lease it adopted.
-	before := h.d.state.DrainLeases()[0].Renewed
-	h2.tick(11 * time.Second)
-	if !poll(5*time.Second, func() bool { return h2.d.state.DrainLeases()[0].Renewed.After(before) }) {
-		t.Error("the adopted Lease is not renewed")
-	}
+	synctest.Test(t, func(t *testing.T) {
+		h := localFixture(t)
+		call := h.offline(podIP, 0, 0)
+		call.result(t)
+		h.waitLeases(1)
+		h.tick(0)
+		h.setSYNs(4)
+		// A new daemon (upgrade) over the same API and maps.
+		h2 := h.restart()
+		h2.tick(0)
+		h2.d.hosted.mu.Lock()
+		ld := h2.d.hosted.pods["p0"]
+		h2.d.hosted.mu.Unlock()
+		if ld == nil || ld.state != StateDraining || ld.reason != k8s.ReasonOffline {
+			t.Fatalf("the Lease did not carry the drain across the restart: %+v", ld)
+		}
+		// The pod's retried preStop joins the drain and returns when drained.
+		again := h2.offline(podIP, 30*time.Second, 2*time.Second)
+		h2.tick(3 * time.Second)
+		if r, ok := again.result(t); !ok || r.Code != 200 || !r.Drained {
+			t.Fatalf("after restart: %+v answered=%v", r, ok)
+		}
+		if n := len(h2.events(EventDrainStarted, 1)); n != 1 {
+			t.Errorf("%d DrainStarted events across a restart, want 1", n)
+		}
+		// It keeps renewing the Lease it adopted.
+		before := h.d.state.DrainLeases()[0].Renewed
+		h2.tick(11 * time.Second)
+		if !h2.holds(func() bool { return h2.d.state.DrainLeases()[0].Renewed.After(before) }) {
+			t.Error("the adopted Lease is not renewed")
+		}
+	})
 }
 
 // TestRestartDuringDeletionKeepsOfflineDrain: a pod that went offline and
@@ -371,151 +386,165 @@ func TestRestartDuringDrain(t *testing.T) {
 // restart: the restarted daemon takes its deletion's drain from its Lease
 // rather than starting a deletion drain of its own.
 func TestRestartDuringDeletionKeepsOfflineDrain(t *testing.T) {
-	h := localFixture(t)
-	h.offline(podIP, 0, 0).result(t)
-	h.waitLeases(1)
-	p := h.deletingPod("pod-p0", "p0", "10.0.0.1")
-	h.putPod(p)
-	h.tick(0)
-	k := key("10.0.0.1:8080", bpf.TCP)
-	if d, ok := h.dp.Drains[k]; !ok || d.Policy != bpf.PolicyRewrite {
-		t.Fatalf("the offline pod, deleted, is not steered at its IP:\n%s", h.describe())
-	}
-	h2 := h.restart()
-	h2.pass() // the first pass starts the drains of deleting pods
-	if d, ok := h2.dp.Drains[k]; !ok || d.Policy != bpf.PolicyRewrite {
-		t.Errorf("after a restart the pod's IP is no longer steered:\n%s", h2.describe())
-	}
-	h2.tick(0)
-	h2.d.hosted.mu.Lock()
-	ld := h2.d.hosted.pods["p0"]
-	h2.d.hosted.mu.Unlock()
-	if ld == nil || ld.reason != k8s.ReasonOffline || !ld.steerPodIP || !ld.published {
-		t.Fatalf("the restarted daemon's drain: %+v, want the Lease's (offline, steering the pod IP)", ld)
-	}
-	if l := h2.d.state.DrainLeases(); len(l) != 1 || l[0].Reason != k8s.ReasonOffline || !l[0].SteerPodIP {
-		t.Errorf("the Lease after the restart: %+v", l)
-	}
-	if n := len(h2.events(EventDrainStarted, 1)); n != 1 {
-		t.Errorf("%d DrainStarted events across a restart, want 1", n)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		h := localFixture(t)
+		h.offline(podIP, 0, 0).result(t)
+		h.waitLeases(1)
+		p := h.deletingPod("pod-p0", "p0", "10.0.0.1")
+		h.putPod(p)
+		h.tick(0)
+		k := key("10.0.0.1:8080", bpf.TCP)
+		if d, ok := h.dp.Drains[k]; !ok || d.Policy != bpf.PolicyRewrite {
+			t.Fatalf("the offline pod, deleted, is not steered at its IP:\n%s", h.describe())
+		}
+		h2 := h.restart()
+		h2.pass() // the first pass starts the drains of deleting pods
+		if d, ok := h2.dp.Drains[k]; !ok || d.Policy != bpf.PolicyRewrite {
+			t.Errorf("after a restart the pod's IP is no longer steered:\n%s", h2.describe())
+		}
+		h2.tick(0)
+		h2.d.hosted.mu.Lock()
+		ld := h2.d.hosted.pods["p0"]
+		h2.d.hosted.mu.Unlock()
+		if ld == nil || ld.reason != k8s.ReasonOffline || !ld.steerPodIP || !ld.published {
+			t.Fatalf("the restarted daemon's drain: %+v, want the Lease's (offline, steering the pod IP)", ld)
+		}
+		if l := h2.d.state.DrainLeases(); len(l) != 1 || l[0].Reason != k8s.ReasonOffline || !l[0].SteerPodIP {
+			t.Errorf("the Lease after the restart: %+v", l)
+		}
+		if n := len(h2.events(EventDrainStarted, 1)); n != 1 {
+			t.Errorf("%d DrainStarted events across a restart, want 1", n)
+		}
+	})
 }
 
 func TestOnlineUndoesOffline(t *testing.T) {
-	h := localFixture(t)
-	call := h.offline(podIP, time.Minute, 2*time.Second)
-	h.openConn()
-	h.tick(0)
-	if r := h.d.hosted.online(h.ctx, podIP); r.Code != 200 {
-		t.Fatalf("online: %+v", r)
-	}
-	r, ok := call.result(t)
-	if !ok || r.Code != 409 || r.State != StateCancelled {
-		t.Fatalf("waiter after online: %+v answered=%v", r, ok)
-	}
-	h.waitLeases(0)
-	h.tick(0)
-	h.check(expect{})
-	if r := h.d.hosted.online(h.ctx, netip.MustParseAddr("192.0.2.1")); r.Code != 403 {
-		t.Errorf("online from a foreign caller: %+v", r)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		h := localFixture(t)
+		call := h.offline(podIP, time.Minute, 2*time.Second)
+		h.openConn()
+		h.tick(0)
+		if r := h.d.hosted.online(h.ctx, podIP); r.Code != 200 {
+			t.Fatalf("online: %+v", r)
+		}
+		r, ok := call.result(t)
+		if !ok || r.Code != 409 || r.State != StateCancelled {
+			t.Fatalf("waiter after online: %+v answered=%v", r, ok)
+		}
+		h.waitLeases(0)
+		h.tick(0)
+		h.check(expect{})
+		if r := h.d.hosted.online(h.ctx, netip.MustParseAddr("192.0.2.1")); r.Code != 403 {
+			t.Errorf("online from a foreign caller: %+v", r)
+		}
+	})
 }
 
 // TestUndrainBeforeReconcile: a drain Lease deleted (draind undrain)
 // before this node's drains looked at it once ends the drain; it is not a
 // Lease that never landed, to be published again.
 func TestUndrainBeforeReconcile(t *testing.T) {
-	h := localFixture(t)
-	call := h.offline(podIP, time.Minute, 2*time.Second)
-	h.deleteLease("p0")
-	h.waitLeases(0)
-	for range 2 {
-		h.tick(h.d.cfg.LeaseDuration / 2) // past a renewal (a third)
-	}
-	r, ok := call.result(t)
-	if !ok || r.Code != 409 || r.State != StateCancelled {
-		t.Fatalf("waiter after the Lease's deletion: %+v answered=%v", r, ok)
-	}
-	if l := h.passLeases(); len(l) != 0 {
-		t.Fatalf("the deleted Lease was published again: %+v", l[0])
-	}
-	h.check(expect{})
+	synctest.Test(t, func(t *testing.T) {
+		h := localFixture(t)
+		call := h.offline(podIP, time.Minute, 2*time.Second)
+		h.deleteLease("p0")
+		h.waitLeases(0)
+		for range 2 {
+			h.tick(h.d.cfg.LeaseDuration / 2) // past a renewal (a third)
+		}
+		r, ok := call.result(t)
+		if !ok || r.Code != 409 || r.State != StateCancelled {
+			t.Fatalf("waiter after the Lease's deletion: %+v answered=%v", r, ok)
+		}
+		if l := h.passLeases(); len(l) != 0 {
+			t.Fatalf("the deleted Lease was published again: %+v", l[0])
+		}
+		h.check(expect{})
+	})
 }
 
 func TestPodDeletionDrainsAndLingers(t *testing.T) {
-	h := localFixture(t, func(c *Config) { c.Linger = time.Minute })
-	p := h.deletingPod("pod-p0", "p0", "10.0.0.1")
-	h.putPod(p) // graceful deletion starts; no offline call at all
-	h.tick(0)
-	h.waitLeases(1)
-	l := h.d.state.DrainLeases()[0]
-	if l.Reason != k8s.ReasonPodDeleting || l.Holder != testNode || l.PodUID != "p0" {
-		t.Fatalf("lease %+v", l)
-	}
-	h.tick(0)
-	if _, ok := h.dp.Drains[key("10.0.0.1:8080", bpf.TCP)]; !ok {
-		t.Fatalf("a deleting pod is not drained:\n%s", h.describe())
-	}
-	// The pod is gone: the Lease stays for the linger, then goes.
-	h.deletePod("default", "pod-p0")
-	h.tick(time.Second)
-	if ps := h.d.PodStatuses(); len(ps) == 0 || ps[0].State != StateGone {
-		t.Errorf("status after deletion: %+v", ps)
-	}
-	h.tick(30 * time.Second)
-	if n := len(h.d.state.DrainLeases()); n != 1 {
-		t.Fatalf("lease gone before the linger ended")
-	}
-	h.tick(31 * time.Second)
-	h.waitLeases(0)
+	synctest.Test(t, func(t *testing.T) {
+		h := localFixture(t, func(c *Config) { c.Linger = time.Minute })
+		p := h.deletingPod("pod-p0", "p0", "10.0.0.1")
+		h.putPod(p) // graceful deletion starts; no offline call at all
+		h.tick(0)
+		h.waitLeases(1)
+		l := h.d.state.DrainLeases()[0]
+		if l.Reason != k8s.ReasonPodDeleting || l.Holder != testNode || l.PodUID != "p0" {
+			t.Fatalf("lease %+v", l)
+		}
+		h.tick(0)
+		if _, ok := h.dp.Drains[key("10.0.0.1:8080", bpf.TCP)]; !ok {
+			t.Fatalf("a deleting pod is not drained:\n%s", h.describe())
+		}
+		// The pod is gone: the Lease stays for the linger, then goes.
+		h.deletePod("default", "pod-p0")
+		h.tick(time.Second)
+		if ps := h.d.PodStatuses(); len(ps) == 0 || ps[0].State != StateGone {
+			t.Errorf("status after deletion: %+v", ps)
+		}
+		h.tick(30 * time.Second)
+		if n := len(h.d.state.DrainLeases()); n != 1 {
+			t.Fatalf("lease gone before the linger ended")
+		}
+		h.tick(31 * time.Second)
+		h.waitLeases(0)
+	})
 }
 
 func TestIPReuseDeletesStaleLease(t *testing.T) {
-	h := newHarness(t)
-	// A Lease for a pod that no longer exists names an IP a new local pod
-	// now has: the hosting node removes the Lease for everyone.
-	h.lease("old", "default", "pod-old", testNode, k8s.ReasonPodDeleting, time.Minute, "10.0.0.7")
-	h.putPod(pod("pod-new", "new", "10.0.0.7"))
-	h.tick(0)
-	h.waitLeases(0)
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		// A Lease for a pod that no longer exists names an IP a new local pod
+		// now has: the hosting node removes the Lease for everyone.
+		h.lease("old", "default", "pod-old", testNode, k8s.ReasonPodDeleting, time.Minute, "10.0.0.7")
+		h.putPod(pod("pod-new", "new", "10.0.0.7"))
+		h.tick(0)
+		h.waitLeases(0)
+	})
 }
 
 // TestIPReuseLeavesOtherNodesLease: a local pod at the IP of a Lease
 // another node holds does not make this node delete it (the shipped Lease
 // policy denies that; only the holder deletes its Leases).
 func TestIPReuseLeavesOtherNodesLease(t *testing.T) {
-	h := newHarness(t)
-	var deletes atomic.Int32
-	h.client.PrependReactor("delete", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
-		deletes.Add(1)
-		return false, nil, nil
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		var deletes atomic.Int32
+		h.client.PrependReactor("delete", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
+			deletes.Add(1)
+			return false, nil, nil
+		})
+		h.lease("old", "default", "pod-old", "node-b", k8s.ReasonPodDeleting, time.Minute, "10.0.0.7")
+		h.putPod(pod("pod-new", "new", "10.0.0.7"))
+		h.tick(0)
+		h.tick(time.Second)
+		if n := deletes.Load(); n != 0 {
+			t.Fatalf("%d deletes of node-b's Lease from %s", n, testNode)
+		}
+		if n := len(h.d.state.DrainLeases()); n != 1 {
+			t.Fatalf("%d leases, want node-b's one", n)
+		}
 	})
-	h.lease("old", "default", "pod-old", "node-b", k8s.ReasonPodDeleting, time.Minute, "10.0.0.7")
-	h.putPod(pod("pod-new", "new", "10.0.0.7"))
-	h.tick(0)
-	h.tick(time.Second)
-	if n := deletes.Load(); n != 0 {
-		t.Fatalf("%d deletes of node-b's Lease from %s", n, testNode)
-	}
-	if n := len(h.d.state.DrainLeases()); n != 1 {
-		t.Fatalf("%d leases, want node-b's one", n)
-	}
 }
 
 func TestOfflineAPIUnreachable(t *testing.T) {
-	h := localFixture(t)
-	h.failLeaseCreate.Store(true)
-	call := h.offline(podIP, 30*time.Second, 0)
-	r, ok := call.result(t)
-	if !ok || r.Code != 503 || r.Error == "" {
-		t.Fatalf("want 503 with an error, got %+v", r)
-	}
-	h.d.hosted.mu.Lock()
-	n := len(h.d.hosted.pods)
-	h.d.hosted.mu.Unlock()
-	if n != 0 {
-		t.Errorf("a drain that could not be published is kept locally")
-	}
+	synctest.Test(t, func(t *testing.T) {
+		h := localFixture(t)
+		h.failLeaseCreate.Store(true)
+		call := h.offline(podIP, 30*time.Second, 0)
+		r, ok := call.result(t)
+		if !ok || r.Code != 503 || r.Error == "" {
+			t.Fatalf("want 503 with an error, got %+v", r)
+		}
+		h.d.hosted.mu.Lock()
+		n := len(h.d.hosted.pods)
+		h.d.hosted.mu.Unlock()
+		if n != 0 {
+			t.Errorf("a drain that could not be published is kept locally")
+		}
+	})
 }
 
 func flowTo(endpoint string) conntrack.Flow {

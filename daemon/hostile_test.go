@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -90,30 +91,32 @@ func TestHostileCrossNamespaceSlice(t *testing.T) {
 		}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := victimFixture(t)
-			if tc.svc != nil {
-				h.addService(svc("web-x", []string{"10.96.0.70"}, []corev1.ServicePort{port("http", 80, corev1.ProtocolTCP)}, tc.svc...))
-			}
-			evil := tc.slice()
-			h.putSlice(evil)
-			h.pass()
-			if got := ipSteered(h, "10.0.5.1"); len(got) != 0 {
-				t.Fatalf("tenant A's slice steers B's pod IP: %v\n%s", got, h.describe())
-			}
-			// B's established flow survives the slice's deletion.
-			h.ct.AddFlow(flowTo("10.0.5.1:8080"))
-			h.deleteSlice("a", evil.Name)
-			h.pass()
-			h.clock.Step(2 * time.Second)
-			h.pass()
-			h.d.conntrackPolicy.pass(h.ctx)
-			for _, call := range h.ct.ExpireCalls() {
-				for _, f := range call {
-					if f.ReplySrc.Addr() == netip.MustParseAddr("10.0.5.1") {
-						t.Fatalf("B's flows expired by A's slice: %+v", f)
+			synctest.Test(t, func(t *testing.T) {
+				h := victimFixture(t)
+				if tc.svc != nil {
+					h.addService(svc("web-x", []string{"10.96.0.70"}, []corev1.ServicePort{port("http", 80, corev1.ProtocolTCP)}, tc.svc...))
+				}
+				evil := tc.slice()
+				h.putSlice(evil)
+				h.pass()
+				if got := ipSteered(h, "10.0.5.1"); len(got) != 0 {
+					t.Fatalf("tenant A's slice steers B's pod IP: %v\n%s", got, h.describe())
+				}
+				// B's established flow survives the slice's deletion.
+				h.ct.AddFlow(flowTo("10.0.5.1:8080"))
+				h.deleteSlice("a", evil.Name)
+				h.pass()
+				h.clock.Step(2 * time.Second)
+				h.pass()
+				h.d.conntrackPolicy.pass(h.ctx)
+				for _, call := range h.ct.ExpireCalls() {
+					for _, f := range call {
+						if f.ReplySrc.Addr() == netip.MustParseAddr("10.0.5.1") {
+							t.Fatalf("B's flows expired by A's slice: %+v", f)
+						}
 					}
 				}
-			}
+			})
 		})
 	}
 }
@@ -121,59 +124,65 @@ func TestHostileCrossNamespaceSlice(t *testing.T) {
 // TestHostileForgedReadyClaim: a hand-written slice listing B's drained pod
 // IP as ready (under another pod) does not void B's drain.
 func TestHostileForgedReadyClaim(t *testing.T) {
-	h := victimFixture(t)
-	h.putSlice(inNamespace("b", slice("web-b-1", "web-b", v4, httpPorts(8080), terminating("10.0.5.1", "pod-b"), ready("10.0.5.2", "pod-b2"))))
-	h.pass()
-	if len(ipSteered(h, "10.0.5.1")) == 0 {
-		t.Fatalf("B's terminating pod is not steered:\n%s", h.describe())
-	}
-	h.putSlice(handWritten(inNamespace("a", slice("evil", "web-a", v4, httpPorts(8080), ready("10.0.5.1", "pod-a")))))
-	h.pass()
-	if len(ipSteered(h, "10.0.5.1")) == 0 {
-		t.Fatalf("a tenant's ready listing voided B's drain:\n%s", h.describe())
-	}
+	synctest.Test(t, func(t *testing.T) {
+		h := victimFixture(t)
+		h.putSlice(inNamespace("b", slice("web-b-1", "web-b", v4, httpPorts(8080), terminating("10.0.5.1", "pod-b"), ready("10.0.5.2", "pod-b2"))))
+		h.pass()
+		if len(ipSteered(h, "10.0.5.1")) == 0 {
+			t.Fatalf("B's terminating pod is not steered:\n%s", h.describe())
+		}
+		h.putSlice(handWritten(inNamespace("a", slice("evil", "web-a", v4, httpPorts(8080), ready("10.0.5.1", "pod-a")))))
+		h.pass()
+		if len(ipSteered(h, "10.0.5.1")) == 0 {
+			t.Fatalf("a tenant's ready listing voided B's drain:\n%s", h.describe())
+		}
+	})
 }
 
 // TestHostileLeaseHolder: a drain Lease is honoured only when its holder is
 // the node hosting the pod, and only for the pod's own IPs.
 func TestHostileLeaseHolder(t *testing.T) {
-	h := newHarness(t)
-	h.addService(webService())
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(ready("10.0.0.1", "a"), "node-b"), onNode(ready("10.0.0.2", "b"), "node-b")))
-	// node-c claims node-b's pod.
-	h.lease("a", "default", "pod-a", "node-c", k8s.ReasonOffline, time.Minute, "10.0.0.1")
-	h.pass()
-	if got := ipSteered(h, "10.0.0.1"); len(got) != 0 {
-		t.Fatalf("a Lease held by a node that does not host the pod drains it: %v", got)
-	}
-	h.deleteLease("a")
-	// node-b names the pod, plus an IP that is not the pod's.
-	h.lease("a", "default", "pod-a", "node-b", k8s.ReasonOffline, time.Minute, "10.0.0.1", "10.0.9.9")
-	h.pass()
-	if got := ipSteered(h, "10.0.0.1"); len(got) == 0 {
-		t.Fatalf("the hosting node's Lease is not honoured:\n%s", h.describe())
-	}
-	if got := ipSteered(h, "10.0.9.9"); len(got) != 0 {
-		t.Fatalf("a Lease drains an IP that is not its pod's: %v", got)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		h.addService(webService())
+		h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(ready("10.0.0.1", "a"), "node-b"), onNode(ready("10.0.0.2", "b"), "node-b")))
+		// node-c claims node-b's pod.
+		h.lease("a", "default", "pod-a", "node-c", k8s.ReasonOffline, time.Minute, "10.0.0.1")
+		h.pass()
+		if got := ipSteered(h, "10.0.0.1"); len(got) != 0 {
+			t.Fatalf("a Lease held by a node that does not host the pod drains it: %v", got)
+		}
+		h.deleteLease("a")
+		// node-b names the pod, plus an IP that is not the pod's.
+		h.lease("a", "default", "pod-a", "node-b", k8s.ReasonOffline, time.Minute, "10.0.0.1", "10.0.9.9")
+		h.pass()
+		if got := ipSteered(h, "10.0.0.1"); len(got) == 0 {
+			t.Fatalf("the hosting node's Lease is not honoured:\n%s", h.describe())
+		}
+		if got := ipSteered(h, "10.0.9.9"); len(got) != 0 {
+			t.Fatalf("a Lease drains an IP that is not its pod's: %v", got)
+		}
+	})
 }
 
 // TestHostileRegistryOnlyLease: a Lease for a pod no slice lists is honoured
 // once the pod's own object confirms the holder and IPs.
 func TestHostileRegistryOnlyLease(t *testing.T) {
-	h := newHarness(t)
-	h.podElsewhere("nacos-client", "reg", "node-b", "10.0.0.5")
-	h.lease("reg", "default", "nacos-client", "node-c", k8s.ReasonOffline, time.Minute, "10.0.0.5")
-	h.tick(0)
-	h.pass()
-	if got := ipSteered(h, "10.0.0.5"); len(got) != 0 {
-		t.Fatalf("a registry-only Lease from a node that does not host the pod drains it: %v", got)
-	}
-	h.deleteLease("reg")
-	h.lease("reg", "default", "nacos-client", "node-b", k8s.ReasonOffline, time.Minute, "10.0.0.5")
-	eventually(t, 5*time.Second, "the Lease to be verified", func() bool {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		h.podElsewhere("nacos-client", "reg", "node-b", "10.0.0.5")
+		h.lease("reg", "default", "nacos-client", "node-c", k8s.ReasonOffline, time.Minute, "10.0.0.5")
 		h.tick(0)
-		return len(ipSteered(h, "10.0.0.5")) == 2
+		h.pass()
+		if got := ipSteered(h, "10.0.0.5"); len(got) != 0 {
+			t.Fatalf("a registry-only Lease from a node that does not host the pod drains it: %v", got)
+		}
+		h.deleteLease("reg")
+		h.lease("reg", "default", "nacos-client", "node-b", k8s.ReasonOffline, time.Minute, "10.0.0.5")
+		eventually(t, 5*time.Second, "the Lease to be verified", func() bool {
+			h.tick(0)
+			return len(ipSteered(h, "10.0.0.5")) == 2
+		})
 	})
 }
 
@@ -181,106 +190,112 @@ func TestHostileRegistryOnlyLease(t *testing.T) {
 // drains an IP only while this node's pod with the Lease's UID holds it:
 // not before the pod is seen here, not once another pod took the IP.
 func TestHostileOwnLeaseFollowsLocalPods(t *testing.T) {
-	h := newHarness(t)
-	h.lease("a", "default", "pod-a", testNode, k8s.ReasonOffline, time.Minute, "10.0.0.7")
-	h.pass()
-	if got := ipSteered(h, "10.0.0.7"); len(got) != 0 {
-		t.Fatalf("this node's Lease drains an IP none of its pods holds: %v", got)
-	}
-	h.putPod(pod("pod-a", "a", "10.0.0.7"))
-	h.pass()
-	if got := ipSteered(h, "10.0.0.7"); len(got) == 0 {
-		t.Fatalf("this node's Lease is not honoured once its pod is here:\n%s", h.describe())
-	}
-	h.deletePod("default", "pod-a")
-	h.putPod(pod("pod-z", "z", "10.0.0.7"))
-	h.pass()
-	if got := ipSteered(h, "10.0.0.7"); len(got) != 0 {
-		t.Fatalf("this node's Lease still drains its pod's IP, now another pod's: %v", got)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		h.lease("a", "default", "pod-a", testNode, k8s.ReasonOffline, time.Minute, "10.0.0.7")
+		h.pass()
+		if got := ipSteered(h, "10.0.0.7"); len(got) != 0 {
+			t.Fatalf("this node's Lease drains an IP none of its pods holds: %v", got)
+		}
+		h.putPod(pod("pod-a", "a", "10.0.0.7"))
+		h.pass()
+		if got := ipSteered(h, "10.0.0.7"); len(got) == 0 {
+			t.Fatalf("this node's Lease is not honoured once its pod is here:\n%s", h.describe())
+		}
+		h.deletePod("default", "pod-a")
+		h.putPod(pod("pod-z", "z", "10.0.0.7"))
+		h.pass()
+		if got := ipSteered(h, "10.0.0.7"); len(got) != 0 {
+			t.Fatalf("this node's Lease still drains its pod's IP, now another pod's: %v", got)
+		}
+	})
 }
 
 // TestHostileRegistryOnlyLeaseRechecked: a Lease refused because its pod
 // was not (yet) found is checked again a few seconds later, with nothing
 // else changing, and honoured once the pod confirms it.
 func TestHostileRegistryOnlyLeaseRechecked(t *testing.T) {
-	h := newHarness(t)
-	h.lease("reg", "default", "nacos-client", "node-b", k8s.ReasonOffline, time.Minute, "10.0.0.5")
-	h.tick(0)
-	if got := ipSteered(h, "10.0.0.5"); len(got) != 0 {
-		t.Fatalf("a Lease no Pod object confirms drains: %v", got)
-	}
-	h.podElsewhere("nacos-client", "reg", "node-b", "10.0.0.5")
-	h.tick(0) // refused a moment ago: not checked again yet
-	h.tick(lease.RecheckAfter)
-	eventually(t, 5*time.Second, "the Lease to be checked again and honoured", func() bool {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		h.lease("reg", "default", "nacos-client", "node-b", k8s.ReasonOffline, time.Minute, "10.0.0.5")
 		h.tick(0)
-		return len(ipSteered(h, "10.0.0.5")) == 2
+		if got := ipSteered(h, "10.0.0.5"); len(got) != 0 {
+			t.Fatalf("a Lease no Pod object confirms drains: %v", got)
+		}
+		h.podElsewhere("nacos-client", "reg", "node-b", "10.0.0.5")
+		h.tick(0) // refused a moment ago: not checked again yet
+		h.tick(lease.RecheckAfter)
+		eventually(t, 5*time.Second, "the Lease to be checked again and honoured", func() bool {
+			h.tick(0)
+			return len(ipSteered(h, "10.0.0.5")) == 2
+		})
 	})
 }
 
 // TestHostileAnnotationChurnMemory: a churn of large invalid annotation
 // values and of whole objects leaves the heap where it started.
 func TestHostileAnnotationChurnMemory(t *testing.T) {
-	h := newHarness(t)
-	h.addService(webService())
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
-	h.pass()
-	heap := func() uint64 {
-		h.client.ClearActions() // the fake API records every call: not draind's memory
-		runtime.GC()
-		runtime.GC()
-		var m runtime.MemStats
-		runtime.ReadMemStats(&m)
-		return m.HeapAlloc
-	}
-	base := heap()
-	big := strings.Repeat("x", 32<<10)
-	for round := 0; round < 8; round++ {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		h.addService(webService())
+		h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+		h.pass()
+		heap := func() uint64 {
+			h.client.ClearActions() // the fake API records every call: not draind's memory
+			runtime.GC()
+			runtime.GC()
+			var m runtime.MemStats
+			runtime.ReadMemStats(&m)
+			return m.HeapAlloc
+		}
+		base := heap()
+		big := strings.Repeat("x", 32<<10)
+		for round := 0; round < 8; round++ {
+			for i := 0; i < 40; i++ {
+				name := fmt.Sprintf("churn-%d", i)
+				s := svc(name, []string{fmt.Sprintf("10.96.1.%d", i)}, []corev1.ServicePort{port("http", 80, corev1.ProtocolTCP)},
+					withAnnotation(fmt.Sprintf("%s-%d-%d", big, round, i)))
+				if round == 0 {
+					h.addService(s)
+					h.putSlice(slice(name+"-1", name, v4, httpPorts(8080), terminating(fmt.Sprintf("10.1.%d.1", i), name+"a"), ready(fmt.Sprintf("10.1.%d.2", i), name+"b")))
+				} else {
+					h.do(&h.d.events.services, 1, func(ctx context.Context) error {
+						_, err := h.client.CoreV1().Services("default").Update(ctx, s, metav1.UpdateOptions{})
+						return err
+					})
+				}
+			}
+			h.pass()
+		}
+		if got := testutilValue(t, h.d.Metrics.PolicyInvalid); got < 8*40 {
+			t.Errorf("%v invalid values counted, want every new one", got)
+		}
 		for i := 0; i < 40; i++ {
 			name := fmt.Sprintf("churn-%d", i)
-			s := svc(name, []string{fmt.Sprintf("10.96.1.%d", i)}, []corev1.ServicePort{port("http", 80, corev1.ProtocolTCP)},
-				withAnnotation(fmt.Sprintf("%s-%d-%d", big, round, i)))
-			if round == 0 {
-				h.addService(s)
-				h.putSlice(slice(name+"-1", name, v4, httpPorts(8080), terminating(fmt.Sprintf("10.1.%d.1", i), name+"a"), ready(fmt.Sprintf("10.1.%d.2", i), name+"b")))
-			} else {
-				h.do(&h.d.events.services, 1, func(ctx context.Context) error {
-					_, err := h.client.CoreV1().Services("default").Update(ctx, s, metav1.UpdateOptions{})
-					return err
-				})
-			}
+			h.deleteSlice("default", name+"-1")
+			h.deleteService("default", name)
 		}
 		h.pass()
-	}
-	if got := testutilValue(t, h.d.Metrics.PolicyInvalid); got < 8*40 {
-		t.Errorf("%v invalid values counted, want every new one", got)
-	}
-	for i := 0; i < 40; i++ {
-		name := fmt.Sprintf("churn-%d", i)
-		h.deleteSlice("default", name+"-1")
-		h.deleteService("default", name)
-	}
-	h.pass()
-	h.clock.Step(3 * time.Minute) // lingers end
-	h.pass()
-	after := heap()
-	t.Logf("heap: %d KiB at start, %d KiB after the churn", base>>10, after>>10)
-	if after > base+2<<20 {
-		t.Errorf("the heap grew by %d KiB and stayed", (after-base)>>10)
-	}
-	// The warnings of the deleted Services are forgotten: the same
-	// Services with the values last warned about are warned about anew.
-	warned := testutilValue(t, h.d.Metrics.PolicyInvalid)
-	for i := 0; i < 40; i++ {
-		name := fmt.Sprintf("churn-%d", i)
-		h.addService(svc(name, []string{fmt.Sprintf("10.96.1.%d", i)}, []corev1.ServicePort{port("http", 80, corev1.ProtocolTCP)},
-			withAnnotation(fmt.Sprintf("%s-%d-%d", big, 7, i))))
-	}
-	h.pass()
-	if got := testutilValue(t, h.d.Metrics.PolicyInvalid) - warned; got != 40 {
-		t.Errorf("%v of 40 deleted Services warned about anew: the others' warnings were remembered", got)
-	}
+		h.clock.Step(3 * time.Minute) // lingers end
+		h.pass()
+		after := heap()
+		t.Logf("heap: %d KiB at start, %d KiB after the churn", base>>10, after>>10)
+		if after > base+2<<20 {
+			t.Errorf("the heap grew by %d KiB and stayed", (after-base)>>10)
+		}
+		// The warnings of the deleted Services are forgotten: the same
+		// Services with the values last warned about are warned about anew.
+		warned := testutilValue(t, h.d.Metrics.PolicyInvalid)
+		for i := 0; i < 40; i++ {
+			name := fmt.Sprintf("churn-%d", i)
+			h.addService(svc(name, []string{fmt.Sprintf("10.96.1.%d", i)}, []corev1.ServicePort{port("http", 80, corev1.ProtocolTCP)},
+				withAnnotation(fmt.Sprintf("%s-%d-%d", big, 7, i))))
+		}
+		h.pass()
+		if got := testutilValue(t, h.d.Metrics.PolicyInvalid) - warned; got != 40 {
+			t.Errorf("%v of 40 deleted Services warned about anew: the others' warnings were remembered", got)
+		}
+	})
 }
 
 // TestHostileOfflineSlowBody: a request body that never arrives is cut at
@@ -492,19 +507,21 @@ func TestHostileOfflineWaitsPerPod(t *testing.T) {
 // TestHostileOfflineCallerIdentity: when a finished pod and a running pod
 // share an IP, the running one is the caller; a finished pod never is.
 func TestHostileOfflineCallerIdentity(t *testing.T) {
-	h := localFixture(t)
-	done := pod("job-done", "j0", "10.0.0.1")
-	done.Status.Phase = corev1.PodSucceeded
-	h.putPod(done)
-	for i := 0; i < 20; i++ {
-		if p := h.d.hosted.podByIP(podIP); p == nil || p.UID != "p0" {
-			t.Fatalf("caller resolved to %+v, want the running pod p0", p)
+	synctest.Test(t, func(t *testing.T) {
+		h := localFixture(t)
+		done := pod("job-done", "j0", "10.0.0.1")
+		done.Status.Phase = corev1.PodSucceeded
+		h.putPod(done)
+		for i := 0; i < 20; i++ {
+			if p := h.d.hosted.podByIP(podIP); p == nil || p.UID != "p0" {
+				t.Fatalf("caller resolved to %+v, want the running pod p0", p)
+			}
 		}
-	}
-	h.deletePod("default", "pod-p0")
-	if p := h.d.hosted.podByIP(podIP); p != nil {
-		t.Fatalf("a finished pod was taken as the caller: %s", p.Name)
-	}
+		h.deletePod("default", "pod-p0")
+		if p := h.d.hosted.podByIP(podIP); p != nil {
+			t.Fatalf("a finished pod was taken as the caller: %s", p.Name)
+		}
+	})
 }
 
 var _ = bpf.TCP
@@ -519,36 +536,38 @@ var _ = conntrack.TCP
 // may refuse or rewrite connections to it, and B's flows are never
 // expired.
 func TestHostileForgedSliceOffNeverRefuses(t *testing.T) {
-	h := victimFixture(t)
-	h.ct.AddFlow(flowTo("10.0.5.1:8080"))
-	forged := func() *discoveryv1.EndpointSlice {
-		return inNamespace("a", slice("forged", "web-a", v4, httpPorts(8080), notReady("10.0.5.1", "pod-b"), ready("10.0.6.1", "pod-a")))
-	}
-	check := func(when string) {
-		t.Helper()
-		for _, dr := range mustDump(t, h.dp).Drains {
-			if dr.Key.Addr == netip.MustParseAddr("10.0.5.1") && dr.Policy != bpf.PolicyOff {
-				t.Fatalf("%s: entry %v for B's serving pod has policy %v\n%s", when, dr.Key, dr.Policy, h.describe())
+	synctest.Test(t, func(t *testing.T) {
+		h := victimFixture(t)
+		h.ct.AddFlow(flowTo("10.0.5.1:8080"))
+		forged := func() *discoveryv1.EndpointSlice {
+			return inNamespace("a", slice("forged", "web-a", v4, httpPorts(8080), notReady("10.0.5.1", "pod-b"), ready("10.0.6.1", "pod-a")))
+		}
+		check := func(when string) {
+			t.Helper()
+			for _, dr := range mustDump(t, h.dp).Drains {
+				if dr.Key.Addr == netip.MustParseAddr("10.0.5.1") && dr.Policy != bpf.PolicyOff {
+					t.Fatalf("%s: entry %v for B's serving pod has policy %v\n%s", when, dr.Key, dr.Policy, h.describe())
+				}
 			}
 		}
-	}
-	for round := range 4 {
-		h.putSlice(forged())
-		h.pass()
-		check(fmt.Sprintf("round %d, forged slice present", round))
-		h.deleteSlice("a", "forged")
-		h.pass()
-		check(fmt.Sprintf("round %d, forged slice deleted", round))
-		h.clock.Step(2 * time.Second)
-		h.pass()
-		h.d.conntrackPolicy.pass(h.ctx)
-		check(fmt.Sprintf("round %d, after the grace", round))
-	}
-	for _, call := range h.ct.ExpireCalls() {
-		for _, f := range call {
-			if f.ReplySrc.Addr() == netip.MustParseAddr("10.0.5.1") {
-				t.Fatalf("B's flows expired by the forged slice's departure: %+v", f)
+		for round := range 4 {
+			h.putSlice(forged())
+			h.pass()
+			check(fmt.Sprintf("round %d, forged slice present", round))
+			h.deleteSlice("a", "forged")
+			h.pass()
+			check(fmt.Sprintf("round %d, forged slice deleted", round))
+			h.clock.Step(2 * time.Second)
+			h.pass()
+			h.d.conntrackPolicy.pass(h.ctx)
+			check(fmt.Sprintf("round %d, after the grace", round))
+		}
+		for _, call := range h.ct.ExpireCalls() {
+			for _, f := range call {
+				if f.ReplySrc.Addr() == netip.MustParseAddr("10.0.5.1") {
+					t.Fatalf("B's flows expired by the forged slice's departure: %+v", f)
+				}
 			}
 		}
-	}
+	})
 }

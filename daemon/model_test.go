@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"slices"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -83,48 +84,54 @@ func (h *harness) check(e expect) {
 func TestInvalidPolicyAnnotationWarns(t *testing.T) {
 	for value, warnings := range map[string]float64{"refuse": 0, "yes-please": 1} {
 		t.Run(value, func(t *testing.T) {
-			h := newHarness(t)
-			h.addService(webService(withAnnotation(value)))
-			h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(terminating("10.0.0.1", "a"), "node-b"), ready("10.0.0.2", "b")))
-			h.lease("a", "default", "pod-a", "node-b", k8s.ReasonOffline, time.Minute, "10.0.0.1")
-			h.pass()
-			for i := 0; i < 3; i++ {
-				h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(terminating("10.0.0.1", "a"), "node-b"), ready("10.0.0.2", "b"), ready("10.0.0.9", "z")))
+			synctest.Test(t, func(t *testing.T) {
+				h := newHarness(t)
+				h.addService(webService(withAnnotation(value)))
+				h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(terminating("10.0.0.1", "a"), "node-b"), ready("10.0.0.2", "b")))
+				h.lease("a", "default", "pod-a", "node-b", k8s.ReasonOffline, time.Minute, "10.0.0.1")
 				h.pass()
-			}
-			if got := testutilValue(t, h.d.Metrics.PolicyInvalid); got != warnings {
-				t.Errorf("%v invalid-annotation warnings, want %v", got, warnings)
-			}
+				for i := 0; i < 3; i++ {
+					h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(terminating("10.0.0.1", "a"), "node-b"), ready("10.0.0.2", "b"), ready("10.0.0.9", "z")))
+					h.pass()
+				}
+				if got := testutilValue(t, h.d.Metrics.PolicyInvalid); got != warnings {
+					t.Errorf("%v invalid-annotation warnings, want %v", got, warnings)
+				}
+			})
 		})
 	}
 }
 
 func TestServiceDeletion(t *testing.T) {
-	h := newHarness(t)
-	h.addService(webService())
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
-	h.pass()
-	h.deleteService("default", "web")
-	h.pass()
-	h.check(expect{})
-	if len(h.dp.Backends) != 0 {
-		t.Errorf("backends of a deleted Service remain: %v", h.dp.Backends)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		h.addService(webService())
+		h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+		h.pass()
+		h.deleteService("default", "web")
+		h.pass()
+		h.check(expect{})
+		if len(h.dp.Backends) != 0 {
+			t.Errorf("backends of a deleted Service remain: %v", h.dp.Backends)
+		}
+	})
 }
 
 func TestMalformedObjects(t *testing.T) {
-	h := newHarness(t)
-	h.addService(svc("bad", []string{"not-an-ip"}, []corev1.ServicePort{port("http", 80, corev1.ProtocolTCP)}))
-	bad := slice("bad-1", "bad", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b"))
-	bad.Endpoints = append(bad.Endpoints, discoveryv1.Endpoint{Addresses: []string{"300.1.2.3"}}, discoveryv1.Endpoint{})
-	h.putSlice(bad)
-	h.rawLease(&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "drain-x", Namespace: testNS, Labels: map[string]string{k8s.LabelDrain: "true"}}})
-	h.pass()
-	// The good parts still work; the bad parts are skipped and counted.
-	h.check(expect{drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyOff}})
-	if n := h.d.inf.Malformed.Load(); n < 3 {
-		t.Errorf("malformed objects counted %d, want ≥3 (service IP, slice addresses, lease)", n)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		h.addService(svc("bad", []string{"not-an-ip"}, []corev1.ServicePort{port("http", 80, corev1.ProtocolTCP)}))
+		bad := slice("bad-1", "bad", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b"))
+		bad.Endpoints = append(bad.Endpoints, discoveryv1.Endpoint{Addresses: []string{"300.1.2.3"}}, discoveryv1.Endpoint{})
+		h.putSlice(bad)
+		h.rawLease(&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "drain-x", Namespace: testNS, Labels: map[string]string{k8s.LabelDrain: "true"}}})
+		h.pass()
+		// The good parts still work; the bad parts are skipped and counted.
+		h.check(expect{drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyOff}})
+		if n := h.d.inf.Malformed.Load(); n < 3 {
+			t.Errorf("malformed objects counted %d, want ≥3 (service IP, slice addresses, lease)", n)
+		}
+	})
 }
 
 // TestPodDrainIdentical: a pass keeps the previous pass's pod drain only if
@@ -166,35 +173,39 @@ func TestPodDrainIdentical(t *testing.T) {
 // TestLeaseExpiry: the next pass is due when a Lease expires (the entries
 // expire with it: testdata/golden/lease-expiry.txtar).
 func TestLeaseExpiry(t *testing.T) {
-	h := newHarness(t)
-	h.addService(webService())
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(ready("10.0.0.1", "a"), "node-b"), ready("10.0.0.2", "b")))
-	h.lease("a", "default", "pod-a", "node-b", k8s.ReasonOffline, 30*time.Second, "10.0.0.1")
-	next := h.d.sync()
-	if want := h.clock.Now().Add(30 * time.Second); !next.Equal(want) {
-		t.Errorf("next pass at %v, want the Lease's expiry %v", next, want)
-	}
-	if len(h.dp.Drains) == 0 {
-		t.Fatal("lease did not drain")
-	}
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		h.addService(webService())
+		h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(ready("10.0.0.1", "a"), "node-b"), ready("10.0.0.2", "b")))
+		h.lease("a", "default", "pod-a", "node-b", k8s.ReasonOffline, 30*time.Second, "10.0.0.1")
+		next := h.d.sync()
+		if want := h.clock.Now().Add(30 * time.Second); !next.Equal(want) {
+			t.Errorf("next pass at %v, want the Lease's expiry %v", next, want)
+		}
+		if len(h.dp.Drains) == 0 {
+			t.Fatal("lease did not drain")
+		}
+	})
 }
 
 func TestRestartWithLeasesPresent(t *testing.T) {
-	h := newHarness(t)
-	h.addService(webService())
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(ready("10.0.0.1", "a"), "node-b"), ready("10.0.0.2", "b")))
-	h.lease("a", "default", "pod-a", "node-b", k8s.ReasonOffline, time.Minute, "10.0.0.1")
-	h.pass()
-	want := h.describe()
-	// A new daemon over the same API and the same (pinned) maps, plus a
-	// leftover entry nobody wants any more.
-	stale := bpf.Drain{Key: key("10.9.9.9:80", bpf.TCP), Policy: bpf.PolicyRefuse, Expires: h.clock.Now().Add(time.Minute)}
-	h.dp.UpsertDrain(stale)
-	h2 := h.restart()
-	h2.pass()
-	if got := h2.describe(); got != want {
-		t.Errorf("after restart:\n%s\nwant:\n%s", got, want)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		h.addService(webService())
+		h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(ready("10.0.0.1", "a"), "node-b"), ready("10.0.0.2", "b")))
+		h.lease("a", "default", "pod-a", "node-b", k8s.ReasonOffline, time.Minute, "10.0.0.1")
+		h.pass()
+		want := h.describe()
+		// A new daemon over the same API and the same (pinned) maps, plus a
+		// leftover entry nobody wants any more.
+		stale := bpf.Drain{Key: key("10.9.9.9:80", bpf.TCP), Policy: bpf.PolicyRefuse, Expires: h.clock.Now().Add(time.Minute)}
+		h.dp.UpsertDrain(stale)
+		h2 := h.restart()
+		h2.pass()
+		if got := h2.describe(); got != want {
+			t.Errorf("after restart:\n%s\nwant:\n%s", got, want)
+		}
+	})
 }
 
 // drainingServices is a harness with n Services, each with one
@@ -217,106 +228,114 @@ func drainingServices(t *testing.T, n int) *harness {
 // waits behind the whole state), and by the end of the round every entry's
 // deadline is refreshed.
 func TestRefreshSpreadOverPasses(t *testing.T) {
-	const services = 100 // 100 service-ports and 100 drain entries: 200 targets
-	h := drainingServices(t, services)
-	if n := len(h.dp.Drains); n != services {
-		t.Fatalf("%d drain entries, want %d", n, services)
-	}
-	h.clock.Step(h.d.cfg.EntryTTL/2 + time.Second)
-	passes := 0
-	for {
-		ops := h.pass()
-		passes++
-		if ops := h.pass(); ops != 0 { // no batch is due yet
-			t.Fatalf("a second pass in the same instant cost %d operations", ops)
+	synctest.Test(t, func(t *testing.T) {
+		const services = 100 // 100 service-ports and 100 drain entries: 200 targets
+		h := drainingServices(t, services)
+		if n := len(h.dp.Drains); n != services {
+			t.Fatalf("%d drain entries, want %d", n, services)
 		}
-		h.clock.Step(reconcile.RefreshStep) // the runner comes back for the next batch
-		// A service-port costs at most its backends and its one frontend.
-		if ops > 2*reconcile.RefreshBatch {
-			t.Fatalf("refresh pass %d cost %d operations, more than a batch of %d targets", passes, ops, reconcile.RefreshBatch)
+		h.clock.Step(h.d.cfg.EntryTTL/2 + time.Second)
+		passes := 0
+		for {
+			ops := h.pass()
+			passes++
+			if ops := h.pass(); ops != 0 { // no batch is due yet
+				t.Fatalf("a second pass in the same instant cost %d operations", ops)
+			}
+			h.clock.Step(reconcile.RefreshStep) // the runner comes back for the next batch
+			// A service-port costs at most its backends and its one frontend.
+			if ops > 2*reconcile.RefreshBatch {
+				t.Fatalf("refresh pass %d cost %d operations, more than a batch of %d targets", passes, ops, reconcile.RefreshBatch)
+			}
+			if !h.d.reconciler.Refreshing() {
+				break
+			}
+			if passes > 3*services {
+				t.Fatal("the refresh round does not end")
+			}
 		}
-		if !h.d.reconciler.Refreshing() {
-			break
+		if passes < 2 {
+			t.Errorf("the refresh of %d targets took %d pass, want it spread", 2*services, passes)
 		}
-		if passes > 3*services {
-			t.Fatal("the refresh round does not end")
+		checkRefreshed(t, h, h.clock.Now().Add(h.d.cfg.EntryTTL/2))
+		if ops := h.pass(); ops != 0 {
+			t.Errorf("a pass after the round cost %d operations", ops)
 		}
-	}
-	if passes < 2 {
-		t.Errorf("the refresh of %d targets took %d pass, want it spread", 2*services, passes)
-	}
-	checkRefreshed(t, h, h.clock.Now().Add(h.d.cfg.EntryTTL/2))
-	if ops := h.pass(); ops != 0 {
-		t.Errorf("a pass after the round cost %d operations", ops)
-	}
+	})
 }
 
 func TestResyncMakesNoOperations(t *testing.T) {
-	h := newHarness(t)
-	h.addService(webService())
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.1", "a"), ready("10.0.0.2", "b")))
-	if ops := h.pass(); ops != 0 {
-		t.Fatalf("nothing drains, yet %d datapath operations", ops)
-	}
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
-	h.pass()
-	// An update that changes nothing the model reads, and passes with no
-	// events at all, write nothing.
-	s := slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b"))
-	s.Annotations = map[string]string{"irrelevant": "x"}
-	h.putSlice(s)
-	if ops := h.pass(); ops != 0 {
-		t.Errorf("a no-op update cost %d datapath operations", ops)
-	}
-	for i := 0; i < 3; i++ {
-		h.clock.Step(time.Second)
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		h.addService(webService())
+		h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.1", "a"), ready("10.0.0.2", "b")))
 		if ops := h.pass(); ops != 0 {
-			t.Errorf("an idle pass cost %d datapath operations", ops)
+			t.Fatalf("nothing drains, yet %d datapath operations", ops)
 		}
-	}
-	// Refresh happens only when half the TTL is gone.
-	h.clock.Step(h.d.cfg.EntryTTL/2 + time.Second)
-	if ops := h.pass(); ops == 0 {
-		t.Error("entries were not refreshed before expiring")
-	}
-	if ops := h.pass(); ops != 0 {
-		t.Errorf("a second refresh right after the first cost %d operations", ops)
-	}
+		h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+		h.pass()
+		// An update that changes nothing the model reads, and passes with no
+		// events at all, write nothing.
+		s := slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b"))
+		s.Annotations = map[string]string{"irrelevant": "x"}
+		h.putSlice(s)
+		if ops := h.pass(); ops != 0 {
+			t.Errorf("a no-op update cost %d datapath operations", ops)
+		}
+		for i := 0; i < 3; i++ {
+			h.clock.Step(time.Second)
+			if ops := h.pass(); ops != 0 {
+				t.Errorf("an idle pass cost %d datapath operations", ops)
+			}
+		}
+		// Refresh happens only when half the TTL is gone.
+		h.clock.Step(h.d.cfg.EntryTTL/2 + time.Second)
+		if ops := h.pass(); ops == 0 {
+			t.Error("entries were not refreshed before expiring")
+		}
+		if ops := h.pass(); ops != 0 {
+			t.Errorf("a second refresh right after the first cost %d operations", ops)
+		}
+	})
 }
 
 func TestDatapathFailureRetried(t *testing.T) {
-	h := newHarness(t)
-	h.addService(webService())
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
-	h.dp.FailNext = 2
-	h.pass()
-	if got := testutilValue(t, h.d.Metrics.DatapathErrors.WithLabelValues("other")); got != 2 {
-		t.Errorf("datapath errors counted %v, want 2", got)
-	}
-	h.pass() // the retry
-	h.check(expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}},
-		drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyOff}})
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		h.addService(webService())
+		h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+		h.dp.FailNext = 2
+		h.pass()
+		if got := testutilValue(t, h.d.Metrics.DatapathErrors.WithLabelValues("other")); got != 2 {
+			t.Errorf("datapath errors counted %v, want 2", got)
+		}
+		h.pass() // the retry
+		h.check(expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}},
+			drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyOff}})
+	})
 }
 
 func TestFullMapNeverCrashes(t *testing.T) {
-	h := newHarness(t)
-	h.dp.Capacity = 1
-	h.addService(webService())
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), terminating("10.0.0.3", "c"), ready("10.0.0.2", "b")))
-	h.pass()
-	if len(h.dp.Drains) != 1 {
-		t.Fatalf("want exactly the 1 entry that fits:\n%s", h.describe())
-	}
-	if got := testutilValue(t, h.d.Metrics.DatapathErrors.WithLabelValues("map_full")); got < 1 {
-		t.Errorf("map_full errors %v", got)
-	}
-	st := h.d.Status(StatusSource{})
-	_ = st
-	h.dp.Capacity = 0
-	h.pass()
-	if len(h.dp.Drains) != 2 {
-		t.Errorf("after room was made the missing entry was not written:\n%s", h.describe())
-	}
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		h.dp.Capacity = 1
+		h.addService(webService())
+		h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), terminating("10.0.0.3", "c"), ready("10.0.0.2", "b")))
+		h.pass()
+		if len(h.dp.Drains) != 1 {
+			t.Fatalf("want exactly the 1 entry that fits:\n%s", h.describe())
+		}
+		if got := testutilValue(t, h.d.Metrics.DatapathErrors.WithLabelValues("map_full")); got < 1 {
+			t.Errorf("map_full errors %v", got)
+		}
+		st := h.d.Status(StatusSource{})
+		_ = st
+		h.dp.Capacity = 0
+		h.pass()
+		if len(h.dp.Drains) != 2 {
+			t.Errorf("after room was made the missing entry was not written:\n%s", h.describe())
+		}
+	})
 }
 
 // departFromWeb1 lists ep, draining, and 10.0.0.2 ready in web's slice
@@ -332,12 +351,14 @@ func (h *harness) departFromWeb1(ep epSpec) {
 // draining shows as lingering (its datapath:
 // testdata/golden/linger-after-departure.txtar).
 func TestLingeringStatus(t *testing.T) {
-	h := newHarness(t)
-	h.addService(webService())
-	h.departFromWeb1(terminating("10.0.0.1", "a"))
-	if ps := h.d.PodStatuses(); len(ps) != 1 || ps[0].State != StateLingering {
-		t.Errorf("status during linger: %+v", ps)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		h.addService(webService())
+		h.departFromWeb1(terminating("10.0.0.1", "a"))
+		if ps := h.d.PodStatuses(); len(ps) != 1 || ps[0].State != StateLingering {
+			t.Errorf("status during linger: %+v", ps)
+		}
+	})
 }
 
 // peersService stands for a headless Service with publishNotReadyAddresses
@@ -350,34 +371,36 @@ func peersService() *corev1.Service {
 // (publishNotReadyAddresses): its linger in web still ends once web lists
 // it ready, and not before, whatever else changes at its IP.
 func TestLingerEndsOnlyWhenItsServiceListsItAgain(t *testing.T) {
-	h := newHarness(t, func(c *Config) { c.Linger = 2 * time.Minute })
-	h.addService(webService())
-	h.addService(peersService())
-	h.putSlice(slice("peers-1", "peers", v4, httpPorts(8080), ready("10.0.0.1", "a")))
-	h.departFromWeb1(notReady("10.0.0.1", "a"))
-	k := key("10.0.0.1:8080", bpf.TCP)
-	if !h.d.model.Gone().Lingering("a") {
-		t.Fatal("no linger after the departure")
-	}
-	// The IP's ready claims change (peers lists it not ready, then ready
-	// again) while web has not listed it again: the linger stays.
-	h.putSlice(slice("peers-1", "peers", v4, httpPorts(8080), notReady("10.0.0.1", "a")))
-	h.pass()
-	h.putSlice(slice("peers-1", "peers", v4, httpPorts(8080), ready("10.0.0.1", "a")))
-	h.pass()
-	if !h.d.model.Gone().Lingering("a") {
-		t.Fatal("linger ended by a change at the IP that is not web listing the pod again")
-	}
-	h.putSlice(slice("web-2", "web", v4, httpPorts(8080), notReady("10.0.0.1", "a")))
-	h.pass()
-	if !h.d.model.Gone().Lingering("a") {
-		t.Fatal("linger ended while web lists the pod not ready")
-	}
-	h.putSlice(slice("web-2", "web", v4, httpPorts(8080), ready("10.0.0.1", "a")))
-	h.pass()
-	if h.d.model.Gone().Lingering("a") || slices.Contains(h.dp.DrainKeys(), k) {
-		t.Errorf("linger kept although web lists pod a ready again: drains %v", h.dp.DrainKeys())
-	}
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, func(c *Config) { c.Linger = 2 * time.Minute })
+		h.addService(webService())
+		h.addService(peersService())
+		h.putSlice(slice("peers-1", "peers", v4, httpPorts(8080), ready("10.0.0.1", "a")))
+		h.departFromWeb1(notReady("10.0.0.1", "a"))
+		k := key("10.0.0.1:8080", bpf.TCP)
+		if !h.d.model.Gone().Lingering("a") {
+			t.Fatal("no linger after the departure")
+		}
+		// The IP's ready claims change (peers lists it not ready, then ready
+		// again) while web has not listed it again: the linger stays.
+		h.putSlice(slice("peers-1", "peers", v4, httpPorts(8080), notReady("10.0.0.1", "a")))
+		h.pass()
+		h.putSlice(slice("peers-1", "peers", v4, httpPorts(8080), ready("10.0.0.1", "a")))
+		h.pass()
+		if !h.d.model.Gone().Lingering("a") {
+			t.Fatal("linger ended by a change at the IP that is not web listing the pod again")
+		}
+		h.putSlice(slice("web-2", "web", v4, httpPorts(8080), notReady("10.0.0.1", "a")))
+		h.pass()
+		if !h.d.model.Gone().Lingering("a") {
+			t.Fatal("linger ended while web lists the pod not ready")
+		}
+		h.putSlice(slice("web-2", "web", v4, httpPorts(8080), ready("10.0.0.1", "a")))
+		h.pass()
+		if h.d.model.Gone().Lingering("a") || slices.Contains(h.dp.DrainKeys(), k) {
+			t.Errorf("linger kept although web lists pod a ready again: drains %v", h.dp.DrainKeys())
+		}
+	})
 }
 
 // A pod in two Services on two ports, deleted: one Service's controller
@@ -385,61 +408,65 @@ func TestLingerEndsOnlyWhenItsServiceListsItAgain(t *testing.T) {
 // not withdrawn by the other Service still listing the pod: flows on each
 // port are cut once that port's Service let it go.
 func TestTCPExpiredPerServiceOfAPodInTwo(t *testing.T) {
-	h := newHarness(t, func(c *Config) { c.GoneGrace = 5 * time.Second })
-	h.addService(webService())
-	h.addService(svc("api", []string{"10.96.0.30"}, []corev1.ServicePort{port("http", 90, corev1.ProtocolTCP)}))
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
-	h.putSlice(slice("api-1", "api", v4, httpPorts(9090), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
-	h.pass()
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.2", "b")))
-	h.pass()
-	h.clock.Step(6 * time.Second)
-	h.d.conntrackPolicy.pass(h.ctx)
-	calls := h.ct.ExpireCalls()
-	if len(calls) != 1 || len(calls[0]) != 1 || calls[0][0].ReplySrc != netip.MustParseAddrPort("10.0.0.1:8080") {
-		t.Fatalf("want the flows of 10.0.0.1:8080 expired while api still lists the pod, got %+v", calls)
-	}
-	h.putSlice(slice("api-1", "api", v4, httpPorts(9090), ready("10.0.0.2", "b")))
-	h.pass()
-	h.clock.Step(6 * time.Second)
-	h.d.conntrackPolicy.pass(h.ctx)
-	calls = h.ct.ExpireCalls()
-	if len(calls) != 2 || len(calls[1]) != 1 || calls[1][0].ReplySrc != netip.MustParseAddrPort("10.0.0.1:9090") {
-		t.Fatalf("want the flows of 10.0.0.1:9090 expired next, got %+v", calls)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, func(c *Config) { c.GoneGrace = 5 * time.Second })
+		h.addService(webService())
+		h.addService(svc("api", []string{"10.96.0.30"}, []corev1.ServicePort{port("http", 90, corev1.ProtocolTCP)}))
+		h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+		h.putSlice(slice("api-1", "api", v4, httpPorts(9090), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+		h.pass()
+		h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.2", "b")))
+		h.pass()
+		h.clock.Step(6 * time.Second)
+		h.d.conntrackPolicy.pass(h.ctx)
+		calls := h.ct.ExpireCalls()
+		if len(calls) != 1 || len(calls[0]) != 1 || calls[0][0].ReplySrc != netip.MustParseAddrPort("10.0.0.1:8080") {
+			t.Fatalf("want the flows of 10.0.0.1:8080 expired while api still lists the pod, got %+v", calls)
+		}
+		h.putSlice(slice("api-1", "api", v4, httpPorts(9090), ready("10.0.0.2", "b")))
+		h.pass()
+		h.clock.Step(6 * time.Second)
+		h.d.conntrackPolicy.pass(h.ctx)
+		calls = h.ct.ExpireCalls()
+		if len(calls) != 2 || len(calls[1]) != 1 || calls[1][0].ReplySrc != netip.MustParseAddrPort("10.0.0.1:9090") {
+			t.Fatalf("want the flows of 10.0.0.1:9090 expired next, got %+v", calls)
+		}
+	})
 }
 
 func TestTCPExpiredOnlyOnceGone(t *testing.T) {
-	h := newHarness(t, func(c *Config) { c.GoneGrace = 5 * time.Second })
-	h.addService(webService())
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
-	h.pass()
-	h.d.conntrackPolicy.pass(h.ctx)
-	for _, call := range h.ct.ExpireCalls() {
-		for _, f := range call {
-			if f.Proto == 6 {
-				t.Fatalf("TCP flows expired while the endpoint still drains: %+v", f)
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, func(c *Config) { c.GoneGrace = 5 * time.Second })
+		h.addService(webService())
+		h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+		h.pass()
+		h.d.conntrackPolicy.pass(h.ctx)
+		for _, call := range h.ct.ExpireCalls() {
+			for _, f := range call {
+				if f.Proto == 6 {
+					t.Fatalf("TCP flows expired while the endpoint still drains: %+v", f)
+				}
 			}
 		}
-	}
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.2", "b")))
-	goneAt := h.clock.Now()
-	h.pass()
-	h.d.conntrackPolicy.pass(h.ctx)
-	if n := len(h.ct.ExpireCalls()); n != 0 {
-		t.Fatalf("expired before the grace period: %d calls", n)
-	}
-	h.clock.Step(6 * time.Second)
-	h.d.conntrackPolicy.pass(h.ctx)
-	calls := h.ct.ExpireCalls()
-	if len(calls) != 1 || len(calls[0]) != 1 || calls[0][0].Proto != 6 || !calls[0][0].CreatedBefore.Equal(goneAt) ||
-		calls[0][0].ReplySrc != netip.MustParseAddrPort("10.0.0.1:8080") {
-		t.Fatalf("want one TCP expiry of 10.0.0.1:8080 created before %v, got %+v", goneAt, calls)
-	}
-	h.d.conntrackPolicy.pass(h.ctx)
-	if n := len(h.ct.ExpireCalls()); n != 1 {
-		t.Errorf("a departure is expired once, got %d calls", n)
-	}
+		h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.2", "b")))
+		goneAt := h.clock.Now()
+		h.pass()
+		h.d.conntrackPolicy.pass(h.ctx)
+		if n := len(h.ct.ExpireCalls()); n != 0 {
+			t.Fatalf("expired before the grace period: %d calls", n)
+		}
+		h.clock.Step(6 * time.Second)
+		h.d.conntrackPolicy.pass(h.ctx)
+		calls := h.ct.ExpireCalls()
+		if len(calls) != 1 || len(calls[0]) != 1 || calls[0][0].Proto != 6 || !calls[0][0].CreatedBefore.Equal(goneAt) ||
+			calls[0][0].ReplySrc != netip.MustParseAddrPort("10.0.0.1:8080") {
+			t.Fatalf("want one TCP expiry of 10.0.0.1:8080 created before %v, got %+v", goneAt, calls)
+		}
+		h.d.conntrackPolicy.pass(h.ctx)
+		if n := len(h.ct.ExpireCalls()); n != 1 {
+			t.Errorf("a departure is expired once, got %d calls", n)
+		}
+	})
 }
 
 // TestTCPKeptWhenTheServiceIsDeleted: a Service deleted with its pods
@@ -447,24 +474,26 @@ func TestTCPExpiredOnlyOnceGone(t *testing.T) {
 // because their pods are gone, so their connections are not cut, however
 // long after.
 func TestTCPKeptWhenTheServiceIsDeleted(t *testing.T) {
-	h := newHarness(t, func(c *Config) { c.GoneGrace = 5 * time.Second })
-	h.addService(webService())
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
-	h.pass()
-	h.deleteService("default", "web")
-	h.deleteSlice("default", "web-1")
-	h.pass()
-	h.clock.Step(time.Minute)
-	h.pass()
-	h.d.conntrackPolicy.pass(h.ctx)
-	for _, call := range h.ct.ExpireCalls() {
-		for _, f := range call {
-			if f.Proto == 6 {
-				t.Fatalf("TCP flows of a terminating pod expired after its Service was deleted: %+v", f)
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, func(c *Config) { c.GoneGrace = 5 * time.Second })
+		h.addService(webService())
+		h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+		h.pass()
+		h.deleteService("default", "web")
+		h.deleteSlice("default", "web-1")
+		h.pass()
+		h.clock.Step(time.Minute)
+		h.pass()
+		h.d.conntrackPolicy.pass(h.ctx)
+		for _, call := range h.ct.ExpireCalls() {
+			for _, f := range call {
+				if f.Proto == 6 {
+					t.Fatalf("TCP flows of a terminating pod expired after its Service was deleted: %+v", f)
+				}
 			}
 		}
-	}
-	h.check(expect{})
+		h.check(expect{})
+	})
 }
 
 // A draining pod the EndpointSlice controller moves to another slice, in
@@ -472,99 +501,105 @@ func TestTCPKeptWhenTheServiceIsDeleted(t *testing.T) {
 // moment: its TCP flows are not cut when that departure falls due, since a
 // slice lists it again. Once it really leaves, they are.
 func TestTCPKeptWhenListedAgain(t *testing.T) {
-	h := newHarness(t, func(c *Config) { c.GoneGrace = 5 * time.Second })
-	h.addService(webService())
-	h.departFromWeb1(terminating("10.0.0.1", "a")) // departed, as far as the pass can tell
-	h.clock.Step(time.Second)
-	h.putSlice(slice("web-2", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a")))
-	h.pass()
-	h.clock.Step(5 * time.Second)
-	h.d.conntrackPolicy.pass(h.ctx)
-	if calls := h.ct.ExpireCalls(); len(calls) != 0 {
-		t.Fatalf("TCP flows of a pod listed again expired: %+v", calls)
-	}
-	h.deleteSlice("default", "web-2")
-	goneAt := h.clock.Now()
-	h.pass()
-	h.clock.Step(6 * time.Second)
-	h.d.conntrackPolicy.pass(h.ctx)
-	calls := h.ct.ExpireCalls()
-	if len(calls) != 1 || len(calls[0]) != 1 || !calls[0][0].CreatedBefore.Equal(goneAt) ||
-		calls[0][0].ReplySrc != netip.MustParseAddrPort("10.0.0.1:8080") {
-		t.Fatalf("want one TCP expiry of 10.0.0.1:8080 created before %v once it left, got %+v", goneAt, calls)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, func(c *Config) { c.GoneGrace = 5 * time.Second })
+		h.addService(webService())
+		h.departFromWeb1(terminating("10.0.0.1", "a")) // departed, as far as the pass can tell
+		h.clock.Step(time.Second)
+		h.putSlice(slice("web-2", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a")))
+		h.pass()
+		h.clock.Step(5 * time.Second)
+		h.d.conntrackPolicy.pass(h.ctx)
+		if calls := h.ct.ExpireCalls(); len(calls) != 0 {
+			t.Fatalf("TCP flows of a pod listed again expired: %+v", calls)
+		}
+		h.deleteSlice("default", "web-2")
+		goneAt := h.clock.Now()
+		h.pass()
+		h.clock.Step(6 * time.Second)
+		h.d.conntrackPolicy.pass(h.ctx)
+		calls := h.ct.ExpireCalls()
+		if len(calls) != 1 || len(calls[0]) != 1 || !calls[0][0].CreatedBefore.Equal(goneAt) ||
+			calls[0][0].ReplySrc != netip.MustParseAddrPort("10.0.0.1:8080") {
+			t.Fatalf("want one TCP expiry of 10.0.0.1:8080 created before %v once it left, got %+v", goneAt, calls)
+		}
+	})
 }
 
 func TestUDPExpiredWhileDraining(t *testing.T) {
-	h := newHarness(t, func(c *Config) { c.UDPReexpire = 10 * time.Second })
-	h.addService(svc("dns", []string{"10.96.0.53"}, []corev1.ServicePort{port("dns", 53, corev1.ProtocolUDP)}))
-	h.putSlice(slice("dns-1", "dns", v4, []slicePort{{"dns", 53, corev1.ProtocolUDP}}, terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
-	h.pass()
-	h.d.conntrackPolicy.pass(h.ctx)
-	if n := len(h.ct.ExpireCalls()); n != 0 {
-		t.Fatalf("UDP flows expired as the drain starts, with replies still on their way: %d calls", n)
-	}
-	h.clock.Step(udpSettle)
-	h.d.conntrackPolicy.pass(h.ctx)
-	calls := h.ct.ExpireCalls()
-	if len(calls) != 1 || calls[0][0].Proto != 17 || calls[0][0].ReplySrc != netip.MustParseAddrPort("10.0.0.1:53") {
-		t.Fatalf("want the UDP flows of 10.0.0.1:53 expired %v after the drain started, got %+v", udpSettle, calls)
-	}
-	h.clock.Step(time.Second)
-	h.d.conntrackPolicy.pass(h.ctx)
-	if n := len(h.ct.ExpireCalls()); n != 1 {
-		t.Fatalf("re-expired too early: %d calls", n)
-	}
-	// Once more after kube-proxy had time to drop the endpoint.
-	h.clock.Step(udpFollowUp - time.Second)
-	h.d.conntrackPolicy.pass(h.ctx)
-	if n := len(h.ct.ExpireCalls()); n != 2 {
-		t.Fatalf("no follow-up expiry: %d calls", n)
-	}
-	h.clock.Step(5 * time.Second)
-	h.d.conntrackPolicy.pass(h.ctx)
-	if n := len(h.ct.ExpireCalls()); n != 2 {
-		t.Fatalf("re-expired too early: %d calls", n)
-	}
-	h.clock.Step(6 * time.Second)
-	h.d.conntrackPolicy.pass(h.ctx)
-	if n := len(h.ct.ExpireCalls()); n != 3 {
-		t.Fatalf("not re-expired while draining: %d calls", n)
-	}
-	// A failing table is retried, counted, and never blocks a pass.
-	h.ct.FailNext(1, nil)
-	h.clock.Step(11 * time.Second)
-	h.d.conntrackPolicy.pass(h.ctx)
-	if got := testutilValue(t, h.d.Metrics.CTErrors); got != 1 {
-		t.Errorf("conntrack errors %v, want 1", got)
-	}
-	h.pass()
-	h.clock.Step(2 * time.Second)
-	h.d.conntrackPolicy.pass(h.ctx)
-	if n := len(h.ct.ExpireCalls()); n != 5 {
-		t.Errorf("failed expiry not retried: %d calls", n)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, func(c *Config) { c.UDPReexpire = 10 * time.Second })
+		h.addService(svc("dns", []string{"10.96.0.53"}, []corev1.ServicePort{port("dns", 53, corev1.ProtocolUDP)}))
+		h.putSlice(slice("dns-1", "dns", v4, []slicePort{{"dns", 53, corev1.ProtocolUDP}}, terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+		h.pass()
+		h.d.conntrackPolicy.pass(h.ctx)
+		if n := len(h.ct.ExpireCalls()); n != 0 {
+			t.Fatalf("UDP flows expired as the drain starts, with replies still on their way: %d calls", n)
+		}
+		h.clock.Step(udpSettle)
+		h.d.conntrackPolicy.pass(h.ctx)
+		calls := h.ct.ExpireCalls()
+		if len(calls) != 1 || calls[0][0].Proto != 17 || calls[0][0].ReplySrc != netip.MustParseAddrPort("10.0.0.1:53") {
+			t.Fatalf("want the UDP flows of 10.0.0.1:53 expired %v after the drain started, got %+v", udpSettle, calls)
+		}
+		h.clock.Step(time.Second)
+		h.d.conntrackPolicy.pass(h.ctx)
+		if n := len(h.ct.ExpireCalls()); n != 1 {
+			t.Fatalf("re-expired too early: %d calls", n)
+		}
+		// Once more after kube-proxy had time to drop the endpoint.
+		h.clock.Step(udpFollowUp - time.Second)
+		h.d.conntrackPolicy.pass(h.ctx)
+		if n := len(h.ct.ExpireCalls()); n != 2 {
+			t.Fatalf("no follow-up expiry: %d calls", n)
+		}
+		h.clock.Step(5 * time.Second)
+		h.d.conntrackPolicy.pass(h.ctx)
+		if n := len(h.ct.ExpireCalls()); n != 2 {
+			t.Fatalf("re-expired too early: %d calls", n)
+		}
+		h.clock.Step(6 * time.Second)
+		h.d.conntrackPolicy.pass(h.ctx)
+		if n := len(h.ct.ExpireCalls()); n != 3 {
+			t.Fatalf("not re-expired while draining: %d calls", n)
+		}
+		// A failing table is retried, counted, and never blocks a pass.
+		h.ct.FailNext(1, nil)
+		h.clock.Step(11 * time.Second)
+		h.d.conntrackPolicy.pass(h.ctx)
+		if got := testutilValue(t, h.d.Metrics.CTErrors); got != 1 {
+			t.Errorf("conntrack errors %v, want 1", got)
+		}
+		h.pass()
+		h.clock.Step(2 * time.Second)
+		h.d.conntrackPolicy.pass(h.ctx)
+		if n := len(h.ct.ExpireCalls()); n != 5 {
+			t.Errorf("failed expiry not retried: %d calls", n)
+		}
+	})
 }
 
 // TestRefreshPaceWithRarePasses: passes rarer than a refresh step (events
 // scarce, or --min-sync-interval) take a batch per step elapsed, so a
 // round ends as soon as it would with a pass every step.
 func TestRefreshPaceWithRarePasses(t *testing.T) {
-	const services = 100 // 200 targets: 13 batches
-	h := drainingServices(t, services)
-	h.clock.Step(h.d.cfg.EntryTTL/2 + time.Second)       // every entry due
-	if ops := h.pass(); ops > 2*reconcile.RefreshBatch { // the round starts: one batch
-		t.Fatalf("the round's first pass cost %d operations, more than a batch", ops)
-	}
-	if !h.d.reconciler.Refreshing() {
-		t.Fatal("a round of 200 targets ended in one pass")
-	}
-	h.clock.Step(20 * reconcile.RefreshStep)
-	h.pass() // 20 batches' worth: the rest
-	if h.d.reconciler.Refreshing() {
-		t.Errorf("the round did not end in a pass 20 steps later")
-	}
-	checkRefreshed(t, h, h.clock.Now().Add(h.d.cfg.EntryTTL/2))
+	synctest.Test(t, func(t *testing.T) {
+		const services = 100 // 200 targets: 13 batches
+		h := drainingServices(t, services)
+		h.clock.Step(h.d.cfg.EntryTTL/2 + time.Second)       // every entry due
+		if ops := h.pass(); ops > 2*reconcile.RefreshBatch { // the round starts: one batch
+			t.Fatalf("the round's first pass cost %d operations, more than a batch", ops)
+		}
+		if !h.d.reconciler.Refreshing() {
+			t.Fatal("a round of 200 targets ended in one pass")
+		}
+		h.clock.Step(20 * reconcile.RefreshStep)
+		h.pass() // 20 batches' worth: the rest
+		if h.d.reconciler.Refreshing() {
+			t.Errorf("the round did not end in a pass 20 steps later")
+		}
+		checkRefreshed(t, h, h.clock.Now().Add(h.d.cfg.EntryTTL/2))
+	})
 }
 
 // TestRefreshRoundOverrunFinishesAtOnce: when a refresh round is not
@@ -572,19 +607,21 @@ func TestRefreshPaceWithRarePasses(t *testing.T) {
 // --min-sync-interval), the next pass refreshes the whole round, so no
 // entry runs out of its TTL for want of a turn.
 func TestRefreshRoundOverrunFinishesAtOnce(t *testing.T) {
-	const services = 100
-	h := drainingServices(t, services)
-	h.clock.Step(h.d.cfg.EntryTTL/4 + time.Second)
-	h.pass() // the round starts: one batch
-	if !h.d.reconciler.Refreshing() {
-		t.Fatal("a round of 200 targets ended in one pass")
-	}
-	h.clock.Step(h.d.cfg.EntryTTL/4 + time.Second)
-	h.pass() // the next round begins before the first ended
-	if h.d.reconciler.Refreshing() {
-		t.Error("an overrun round was not finished in one pass")
-	}
-	checkRefreshed(t, h, h.clock.Now().Add(h.d.cfg.EntryTTL-time.Second))
+	synctest.Test(t, func(t *testing.T) {
+		const services = 100
+		h := drainingServices(t, services)
+		h.clock.Step(h.d.cfg.EntryTTL/4 + time.Second)
+		h.pass() // the round starts: one batch
+		if !h.d.reconciler.Refreshing() {
+			t.Fatal("a round of 200 targets ended in one pass")
+		}
+		h.clock.Step(h.d.cfg.EntryTTL/4 + time.Second)
+		h.pass() // the next round begins before the first ended
+		if h.d.reconciler.Refreshing() {
+			t.Error("an overrun round was not finished in one pass")
+		}
+		checkRefreshed(t, h, h.clock.Now().Add(h.d.cfg.EntryTTL-time.Second))
+	})
 }
 
 // checkRefreshed fails for every entry that expires before fresh.

@@ -19,7 +19,9 @@ import (
 )
 
 // httpFixture serves the offline API on 127.0.0.1 for a pod whose IP is
-// 127.0.0.1 (the caller identity of a loopback client).
+// 127.0.0.1 (the caller identity of a loopback client). It runs outside a
+// synctest bubble (realTime): the API needs a real TCP socket, whose peer
+// address is the caller's identity, and net.Pipe has none.
 type httpFixture struct {
 	*harness
 	addr  string
@@ -59,7 +61,7 @@ func (c *countedConn) Close() error {
 }
 
 func newHTTPFixture(t *testing.T, mod ...func(*Config)) *httpFixture {
-	h := newHarness(t, mod...)
+	h := startHarness(t, true, mod...)
 	h.addService(webService())
 	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("127.0.0.1", "p0"), onNode(ready("10.0.0.2", "p1"), "node-b")))
 	h.putPod(pod("pod-p0", "p0", "127.0.0.1"))

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -27,54 +28,56 @@ func programmingObserved(t *testing.T, h *harness, trigger string) (uint64, floa
 // write that applies the change ends it; updates that change nothing, carry
 // no annotation or repeat an already counted trigger time observe nothing.
 func TestNetworkProgrammingLatency(t *testing.T) {
-	h := newHarness(t)
-	h.addService(webService())
-	h.addService(svc("api", []string{"10.96.0.20"}, []corev1.ServicePort{port("http", 80, corev1.ProtocolTCP)}))
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.1", "a"), ready("10.0.0.2", "b")))
-	h.putSlice(slice("api-1", "api", v4, httpPorts(9090), onNode(ready("10.0.1.1", "d"), "node-b"), ready("10.0.1.2", "e")))
-	h.pass()
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t)
+		h.addService(webService())
+		h.addService(svc("api", []string{"10.96.0.20"}, []corev1.ServicePort{port("http", 80, corev1.ProtocolTCP)}))
+		h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+		h.putSlice(slice("api-1", "api", v4, httpPorts(9090), onNode(ready("10.0.1.1", "d"), "node-b"), ready("10.0.1.2", "e")))
+		h.pass()
 
-	// The controller saw the pod terminate 3 s ago; draind writes now.
-	trig := h.clock.Now().Add(-3 * time.Second)
-	s := slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b"))
-	s.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: trig.Format(time.RFC3339Nano)}
-	h.putSlice(s)
-	h.clock.Step(250 * time.Millisecond)
-	if ops := h.pass(); ops == 0 {
-		t.Fatal("the terminating endpoint wrote nothing")
-	}
-	if n, sum := programmingObserved(t, h, TriggerEndpointSlice); n != 1 || sum != 3.25 {
-		t.Errorf("after the slice's change: %d observations, sum %v s; want 1, 3.25 s", n, sum)
-	}
+		// The controller saw the pod terminate 3 s ago; draind writes now.
+		trig := h.clock.Now().Add(-3 * time.Second)
+		s := slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b"))
+		s.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: trig.Format(time.RFC3339Nano)}
+		h.putSlice(s)
+		h.clock.Step(250 * time.Millisecond)
+		if ops := h.pass(); ops == 0 {
+			t.Fatal("the terminating endpoint wrote nothing")
+		}
+		if n, sum := programmingObserved(t, h, TriggerEndpointSlice); n != 1 || sum != 3.25 {
+			t.Errorf("after the slice's change: %d observations, sum %v s; want 1, 3.25 s", n, sum)
+		}
 
-	// The same version again (a resync, a relist): nothing new.
-	h.putSlice(s)
-	h.pass()
-	// A change without the annotation (a mirrored or hand-written slice).
-	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.1", "a"), ready("10.0.0.2", "b")))
-	h.pass()
-	if n, _ := programmingObserved(t, h, TriggerEndpointSlice); n != 1 {
-		t.Errorf("%d observations after updates without a new trigger time, want 1", n)
-	}
+		// The same version again (a resync, a relist): nothing new.
+		h.putSlice(s)
+		h.pass()
+		// A change without the annotation (a mirrored or hand-written slice).
+		h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+		h.pass()
+		if n, _ := programmingObserved(t, h, TriggerEndpointSlice); n != 1 {
+			t.Errorf("%d observations after updates without a new trigger time, want 1", n)
+		}
 
-	// An offline drain on node-b: its Lease's acquire time is the start.
-	h.lease("d", "default", "pod-d", "node-b", k8s.ReasonOffline, time.Minute, "10.0.1.1")
-	h.clock.Step(1500 * time.Millisecond)
-	if ops := h.pass(); ops == 0 {
-		t.Fatal("the drain Lease wrote nothing")
-	}
-	if n, sum := programmingObserved(t, h, TriggerLease); n != 1 || sum != 1.5 {
-		t.Errorf("after the drain Lease: %d observations, sum %v s; want 1, 1.5 s", n, sum)
-	}
-	// A trigger time after the write (another machine's clock ahead) is
-	// not observed.
-	s = slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.2", "b"), ready("10.0.0.1", "a"))
-	s.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: h.clock.Now().Add(time.Minute).Format(time.RFC3339Nano)}
-	h.putSlice(s)
-	h.pass()
-	if n, _ := programmingObserved(t, h, TriggerEndpointSlice); n != 1 {
-		t.Errorf("%d observations after a trigger time in the future, want 1", n)
-	}
+		// An offline drain on node-b: its Lease's acquire time is the start.
+		h.lease("d", "default", "pod-d", "node-b", k8s.ReasonOffline, time.Minute, "10.0.1.1")
+		h.clock.Step(1500 * time.Millisecond)
+		if ops := h.pass(); ops == 0 {
+			t.Fatal("the drain Lease wrote nothing")
+		}
+		if n, sum := programmingObserved(t, h, TriggerLease); n != 1 || sum != 1.5 {
+			t.Errorf("after the drain Lease: %d observations, sum %v s; want 1, 1.5 s", n, sum)
+		}
+		// A trigger time after the write (another machine's clock ahead) is
+		// not observed.
+		s = slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.2", "b"), ready("10.0.0.1", "a"))
+		s.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: h.clock.Now().Add(time.Minute).Format(time.RFC3339Nano)}
+		h.putSlice(s)
+		h.pass()
+		if n, _ := programmingObserved(t, h, TriggerEndpointSlice); n != 1 {
+			t.Errorf("%d observations after a trigger time in the future, want 1", n)
+		}
+	})
 }
 
 // TestProgrammingBuckets: kube-proxy's buckets (pkg/proxy/metrics), so

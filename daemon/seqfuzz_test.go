@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -319,7 +320,7 @@ func (s *seqRun) leaseCall(call func()) {
 // syncLeases waits until the daemon's Lease handler has seen every write
 // of a Lease the API made (watchLeases counts them).
 func (s *seqRun) syncLeases() {
-	if !poll(10*time.Second, func() bool { return s.h.d.events.leases.Load() == s.apiLeaseEvents.Load() && s.leasesCached() }) {
+	if !s.h.holds(func() bool { return s.h.d.events.leases.Load() == s.apiLeaseEvents.Load() && s.leasesCached() }) {
 		s.t.Fatalf("the daemon saw %d Lease events, the API made %d\nops %v", s.h.d.events.leases.Load(), s.apiLeaseEvents.Load(), s.ops)
 	}
 }
@@ -439,19 +440,21 @@ func seqHarness(t *testing.T) (*harness, *datapathtest.Sockets) {
 }
 
 // startSynced runs d's informers and waits for them and d's handlers to
-// sync, polling at the tests' pace (client-go's WaitForCacheSync looks
-// every 100 ms), then marks d synced and attached.
+// sync (in the bubble: until every goroutine waits; client-go's
+// WaitForCacheSync would look every 100 ms of the bubble's clock), then
+// marks d synced and attached.
 func startSynced(t *testing.T, ctx context.Context, d *Daemon) {
 	t.Helper()
 	d.inf.Run(ctx)
-	eventually(t, 10*time.Second, "the informers and handlers to sync", func() bool {
-		for _, ok := range d.inf.Synced() {
-			if !ok {
-				return false
-			}
+	synctest.Wait()
+	for name, ok := range d.inf.Synced() {
+		if !ok {
+			t.Fatalf("the %s informer did not sync", name)
 		}
-		return d.handlersSynced()
-	})
+	}
+	if !d.handlersSynced() {
+		t.Fatal("the handlers did not sync")
+	}
 	d.synced.Store(true)
 	d.SetAttached(true)
 }
@@ -532,9 +535,11 @@ func FuzzSequenceDifferential(f *testing.F) {
 // runSequence decodes data into a sequence of operations and runs it,
 // comparing after every pass.
 func runSequence(t *testing.T, data []byte) {
-	if msg := sequenceDivergence(t, data); msg != "" {
-		t.Fatal(msg)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		if msg := sequenceDivergence(t, data); msg != "" {
+			t.Fatal(msg)
+		}
+	})
 }
 
 // sequenceDivergence runs the sequence data decodes to and returns the
