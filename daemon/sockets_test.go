@@ -364,17 +364,16 @@ func TestGoneFlowsFromConntrack(t *testing.T) {
 		h.pass()
 		h.goneLease("a", "pod-a", "node-b", "10.0.0.1")
 		h.pass()
-		eventually(t, 5*time.Second, "the VIP flow to be listed", func() bool {
-			return len(sd.Flows()) == 1
-		})
-		if !sd.HasFlow(netip.MustParseAddrPort("10.0.1.5:40000"), vip) {
+		synctest.Wait() // the flow lister's goroutine lists
+		if len(sd.Flows()) != 1 || !sd.HasFlow(netip.MustParseAddrPort("10.0.1.5:40000"), vip) {
 			t.Errorf("listed flows %v, want the VIP flow of 10.0.1.5:40000", sd.Flows())
 		}
 		h.deleteLease("a")
 		h.pass()
-		eventually(t, 5*time.Second, "the flow to be unlisted with its peer", func() bool {
-			return len(sd.Flows()) == 0
-		})
+		synctest.Wait()
+		if got := sd.Flows(); len(got) != 0 {
+			t.Errorf("flows %v listed after their peer ended", got)
+		}
 	})
 }
 
@@ -538,10 +537,9 @@ func TestKilledWithoutGraceIsGone(t *testing.T) {
 		h.d.hosted.reconcile(h.ctx)
 		flush(h)
 		h.waitLeases(1)
-		eventually(t, 5*time.Second, "the Lease to say gone", func() bool {
-			ls := h.passLeases()
-			return len(ls) == 1 && ls[0].State == StateGone
-		})
+		if ls := h.passLeases(); ls[0].State != StateGone {
+			t.Errorf("the pod's Lease says %s, want %s", ls[0].State, StateGone)
+		}
 	})
 }
 
@@ -634,9 +632,10 @@ func TestGoneEntriesAdoptedAfterRestart(t *testing.T) {
 			t.Fatalf("adopted gone flows kept: %d", left)
 		}
 		h.pass()
-		eventually(t, 5*time.Second, "the adopted peer's VIP flow to be listed again", func() bool {
-			return sd.HasFlow(client, vip)
-		})
+		synctest.Wait() // the flow lister's goroutine lists
+		if !sd.HasFlow(client, vip) {
+			t.Fatalf("the adopted peer's VIP flow is not listed again: %v", sd.Flows())
+		}
 		if p, _ := sd.Peer("10.0.0.1"); !p.GoneAt.Equal(now.Add(-time.Minute)) {
 			t.Errorf("the adopted peer's instant moved: %+v", p)
 		}

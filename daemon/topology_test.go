@@ -41,23 +41,24 @@ func TestTopologyDatapath(t *testing.T) {
 		h.d.followZone(h.ctx)
 		t.Cleanup(h.d.zoneLoop.Stop)
 		vip := netip.MustParseAddrPort("10.96.0.10:80")
-		// waitBackends waits for the zone label to be read: until then the
-		// model keeps the zone it had, and steering picks what that zone's
-		// hints give.
-		waitBackends := func(zone string, step time.Duration, want ...string) {
+		// backendsAfter steps the clock by step, lets the zone loop read
+		// the zone label (until then the model keeps the zone it had, and
+		// steering picks what that zone's hints give), runs a pass and
+		// checks the VIP's backends.
+		backendsAfter := func(zone string, step time.Duration, want ...string) {
 			t.Helper()
-			eventually(t, 10*time.Second, "the zone label "+zone+" to be read", func() bool {
-				h.clock.Step(step)
-				h.pass()
-				got, ok := h.dp.BackendsOfFrontend(vip, bpf.TCP)
-				return ok && slices.Equal(got, aps(want...))
-			})
+			h.clock.Step(step)
+			synctest.Wait()
+			h.pass()
+			if got, ok := h.dp.BackendsOfFrontend(vip, bpf.TCP); !ok || !slices.Equal(got, aps(want...)) {
+				t.Fatalf("with the zone label %s: backends %v (frontend present %v), want %v", zone, got, ok, want)
+			}
 		}
 		h.addService(webService())
 		h.putSlice(withHints(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), onNode(ready("10.0.0.2", "b"), "n2"),
 			onNode(ready("10.0.0.3", "c"), "n3"), onNode(ready("10.0.0.4", "e"), "n4")),
 			map[string]*discoveryv1.EndpointHints{"10.0.0.1": forZone("zone-a"), "10.0.0.2": forZone("zone-a"), "10.0.0.3": forZone("zone-b"), "10.0.0.4": forZone("zone-b")}))
-		waitBackends("zone-a", 0, "10.0.0.2:8080")
+		backendsAfter("zone-a", 0, "10.0.0.2:8080")
 		h.check(expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.2:8080"}},
 			drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyOff}})
 
@@ -65,7 +66,7 @@ func TestTopologyDatapath(t *testing.T) {
 		if _, err := h.client.CoreV1().Nodes().Update(h.ctx, node, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		waitBackends("zone-b", zoneRefresh, "10.0.0.3:8080", "10.0.0.4:8080")
+		backendsAfter("zone-b", zoneRefresh, "10.0.0.3:8080", "10.0.0.4:8080")
 		h.check(expect{frontends: map[string][]string{"10.96.0.10:80": {"10.0.0.3:8080", "10.0.0.4:8080"}},
 			drains: map[bpf.EndpointKey]bpf.Policy{key("10.0.0.1:8080", bpf.TCP): bpf.PolicyOff}})
 	})
