@@ -11,10 +11,12 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
@@ -30,44 +32,60 @@ import (
 // informers already hold a draining endpoint; once it lists, the drain is
 // applied.
 func TestNothingAppliedBeforeSync(t *testing.T) {
-	client := fake.NewClientset(webService(), slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
-	var refuse atomic.Bool
-	var refused atomic.Int32
-	refuse.Store(true)
-	client.PrependReactor("list", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
-		if refuse.Load() {
-			refused.Add(1)
-			return true, nil, errors.New("the server is currently unable to handle the request")
+	// apimachinery's HandleError, which the reflector calls on every failed
+	// list, sleeps off a global rate limit measured from the real time of
+	// its last error: decades ahead of a bubble's clock (it starts in
+	// 2000), so the reflector would never retry. Log only, for this test.
+	handlers := utilruntime.ErrorHandlers
+	utilruntime.ErrorHandlers = handlers[:1:1]
+	t.Cleanup(func() { utilruntime.ErrorHandlers = handlers })
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(webService(), slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")))
+		var refuse atomic.Bool
+		var refused atomic.Int32
+		refuse.Store(true)
+		client.PrependReactor("list", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
+			if refuse.Load() {
+				refused.Add(1)
+				return true, nil, errors.New("the server is currently unable to handle the request")
+			}
+			return false, nil, nil
+		})
+		dp := datapathtest.New()
+		d := mustNew(t, Config{Node: testNode, Namespace: testNS, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, client, dp, nil)
+		d.SetAttached(true)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		done := make(chan error, 1)
+		go func() { done <- d.Run(ctx) }()
+		// Every other informer holds its objects and the Lease list was
+		// refused and retried (the reflector's first backoff is 0.8 to
+		// 1.6 s): the moment a broken sync would write.
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		if !d.inf.Slices.HasSynced() || !d.inf.Services.HasSynced() || !d.inf.Pods.HasSynced() || refused.Load() < 2 {
+			t.Fatalf("after 2 s: informers synced %v, the Lease list refused %d times, want the others synced and a retry",
+				d.inf.Synced(), refused.Load())
 		}
-		return false, nil, nil
+		if n := dp.OpCount(); n != 0 {
+			t.Fatalf("%d datapath operations before every informer synced", n)
+		}
+		if d.Ready() {
+			t.Fatal("ready before every informer synced")
+		}
+		refuse.Store(false)
+		// The reflector retries with a backoff that stops growing at 30 to
+		// 60 s.
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if !slices.Contains(dp.DrainKeys(), key("10.0.0.1:8080", bpf.TCP)) {
+			t.Errorf("drains %v, a minute after the Lease list was allowed", dp.DrainKeys())
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
 	})
-	dp := datapathtest.New()
-	d := mustNew(t, Config{Node: testNode, Namespace: testNS, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, client, dp, nil)
-	d.SetAttached(true)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	// Every other informer holds its objects and the Lease list was refused
-	// (and retried): the moment a broken sync would write.
-	eventually(t, 20*time.Second, "the other informers to sync and the Lease list to be retried", func() bool {
-		return d.inf.Slices.HasSynced() && d.inf.Services.HasSynced() && d.inf.Pods.HasSynced() && refused.Load() >= 2
-	})
-	if n := dp.OpCount(); n != 0 {
-		t.Fatalf("%d datapath operations before every informer synced", n)
-	}
-	if d.Ready() {
-		t.Fatal("ready before every informer synced")
-	}
-	refuse.Store(false) // the reflector retries with backoff
-	eventually(t, 20*time.Second, "the drain to be applied after the informers synced", func() bool { return len(dp.DrainKeys()) > 0 })
-	if !slices.Contains(dp.DrainKeys(), key("10.0.0.1:8080", bpf.TCP)) {
-		t.Errorf("drains %v", dp.DrainKeys())
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Errorf("run: %v", err)
-	}
 }
 
 // seedWeb caches the web Service and its slice first, lets the handlers see
@@ -256,25 +274,32 @@ func TestSliceEventPassesAtOnce(t *testing.T) {
 // while the loop runs, and never when passes are rate limited.
 func TestInlinePassesFollowTheLoop(t *testing.T) {
 	for _, minSync := range []time.Duration{0, time.Second} {
-		d := mustNew(t, Config{Node: testNode, Namespace: testNS, MinSyncInterval: minSync,
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, fake.NewClientset(), datapathtest.New(), nil)
-		d.SetAttached(true)
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- d.Run(ctx) }()
-		eventually(t, 20*time.Second, "Ready", d.Ready)
-		if minSync == 0 {
-			eventually(t, 20*time.Second, "inline passes", d.inlinePasses.Load)
-		} else if d.inlinePasses.Load() {
-			t.Errorf("MinSyncInterval %v: inline passes on", minSync)
-		}
-		cancel()
-		if err := <-done; err != nil {
-			t.Fatal(err)
-		}
-		if d.inlinePasses.Load() {
-			t.Errorf("MinSyncInterval %v: inline passes still on after the loop stopped", minSync)
-		}
+		synctest.Test(t, func(t *testing.T) {
+			d := mustNew(t, Config{Node: testNode, Namespace: testNS, MinSyncInterval: minSync,
+				Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, fake.NewClientset(), datapathtest.New(), nil)
+			d.SetAttached(true)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			done := make(chan error, 1)
+			go func() { done <- d.Run(ctx) }()
+			// Run waits for the informers with client-go's WaitForCacheSync,
+			// which looks every 100 ms.
+			time.Sleep(time.Second)
+			synctest.Wait()
+			if !d.Ready() {
+				t.Fatalf("MinSyncInterval %v: not ready a second after the start", minSync)
+			}
+			if got, want := d.inlinePasses.Load(), minSync == 0; got != want {
+				t.Errorf("MinSyncInterval %v: inline passes %v, want %v", minSync, got, want)
+			}
+			cancel()
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			if d.inlinePasses.Load() {
+				t.Errorf("MinSyncInterval %v: inline passes still on after the loop stopped", minSync)
+			}
+		})
 	}
 }
 
