@@ -481,6 +481,8 @@ func benchClusterScale(b *testing.B, sc scaleCase) {
 	start := time.Now()
 	go func() { ran <- d.Run(ctx) }()
 	var synced time.Time
+	// Polled in real time: the benchmark measures it, against an API
+	// server over HTTP.
 	for !d.Ready() {
 		if synced.IsZero() && d.synced.Load() {
 			synced = time.Now()
@@ -542,7 +544,7 @@ func benchClusterScale(b *testing.B, sc scaleCase) {
 	if !out.Scan() {
 		b.Fatal("churn did not finish")
 	}
-	time.Sleep(200 * time.Millisecond) // the tail of the churn to arrive (samples, not sync)
+	time.Sleep(200 * time.Millisecond) // the tail of the churn to arrive (samples, not sync; a real API process)
 	cpu, apiCPU := processCPU()-cpuBefore, childCPU(cmd.Process.Pid)-apiBefore
 	allocated, passes := totalAlloc()-allocBefore, d.passes.Load()-passesBefore
 	if *scaleCPUProfile != "" {

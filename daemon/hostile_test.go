@@ -342,6 +342,8 @@ func TestHostileOfflineDisconnect(t *testing.T) {
 				req = "POST /v1/offline?wait=60s HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nwait"
 			}
 			io.WriteString(c, req)
+			// Polled, here and below: a real socket (httpFixture), no
+			// synctest bubble.
 			eventually(t, 10*time.Second, "the wait to start", func() bool { return f.waits() == 1 })
 			c.Close()
 			eventually(t, 10*time.Second, "the disconnect to be noticed", func() bool { return f.waits() == 0 })
@@ -367,6 +369,8 @@ func TestHostileOfflineConnectionCap(t *testing.T) {
 		}
 		conns = append(conns, c)
 	}
+	// Polled, here and below: real sockets (httpFixture), no synctest
+	// bubble.
 	eventually(t, 5*time.Second, "the cap to fill", func() bool { return f.openConnections() == 8 })
 	for i := 0; i < 32; i++ {
 		c, err := net.Dial("tcp", f.addr)
@@ -418,6 +422,8 @@ func TestHostileSlowBodyAnyPath(t *testing.T) {
 		conns = append(conns, c)
 		fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\nab", paths[i%len(paths)])
 	}
+	// Polled, here and below: real sockets (httpFixture), no synctest
+	// bubble.
 	eventually(t, 5*time.Second, "the slow clients to connect", func() bool { return f.openConnections() == slow })
 	// Every slow connection is closed by the server within a few body
 	// timeouts (an answer may come first).
@@ -469,6 +475,8 @@ func TestHostileOfflineWaitsPerPod(t *testing.T) {
 			codes <- resp.StatusCode
 		}()
 	}
+	// Waited and polled in real time, here and below: the calls go over
+	// real sockets (httpFixture), no synctest bubble.
 	n429 := 0
 	for n429 < 36 {
 		select {

@@ -158,7 +158,8 @@ func (e *e2e) slice(fam discoveryv1.AddressType, eps []discoveryv1.Endpoint) *di
 }
 
 // waitFor polls a condition (the datapath reaching a state): a signal, not
-// a sleep.
+// a sleep. Polled, not in a synctest bubble: the kernel's BPF maps and
+// conntrack change outside the process.
 func (e *e2e) waitFor(what string, cond func() bool) {
 	e.t.Helper()
 	eventually(e.t, 10*time.Second, what, cond)

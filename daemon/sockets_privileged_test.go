@@ -93,7 +93,8 @@ func TestPrivilegedSocketOfflineWithoutConntrack(t *testing.T) {
 			}()
 			// While it runs, the status says the pod is live, and from where.
 			// (Sampled until the answer: the drain starts only once the
-			// offline call's helper runs.)
+			// offline call's helper runs. Real time: real sockets and BPF,
+			// no synctest bubble.)
 			seenCh, stopSampling := make(chan string, 1), make(chan struct{})
 			go func() {
 				seen := LiveFromNone

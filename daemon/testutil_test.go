@@ -20,7 +20,10 @@ const pollInterval = time.Millisecond
 
 // eventually waits until cond holds (a signal: an informer caught up, a
 // map reached a state), failing the test with what after timeout. It is
-// the one poll loop of the package's tests.
+// the one poll loop of the package's tests, for those that cannot run in
+// a synctest bubble (which waits with synctest.Wait instead): the HTTP
+// fixture's, on a real TCP socket, and the privileged ones, on real BPF
+// maps and real time.
 func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
 	if !poll(timeout, cond) {

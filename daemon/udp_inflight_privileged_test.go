@@ -91,6 +91,7 @@ func TestPrivilegedUDPReplyInFlightAtDrainStart(t *testing.T) {
 		}
 		return fl
 	}
+	// Polled: the kernel's conntrack table changes outside any synctest bubble.
 	eventually(t, 2*time.Second, "the query's DNATed flow", func() bool {
 		for _, f := range flowsOf() {
 			if f.Orig.Dst == vip {
