@@ -3,6 +3,7 @@ package k8s
 import (
 	"context"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -16,54 +17,53 @@ import (
 // TestInformersStampReceipt: every informer's objects record when they
 // were received, by the informers' clock, and an update is stamped anew.
 func TestInformersStampReceipt(t *testing.T) {
-	t0 := time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC)
-	clk := clocktesting.NewFakePassiveClock(t0)
-	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "drain-x", Namespace: "draind-system",
-		Labels: map[string]string{LabelDrain: "true"}}}
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "shop"}, Spec: corev1.PodSpec{NodeName: "node-7"}}
-	client := fake.NewClientset(fullSlice(), fullService(), lease, pod)
-	inf := NewInformers(client, Config{Namespace: "draind-system", NodeName: "node-7", Clock: clk})
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	inf.Run(ctx)
-	if err := inf.WaitForSync(ctx); err != nil {
-		t.Fatal(err)
-	}
-	received := func(i interface{ GetStore() cache.Store }, key string) time.Time {
-		obj, ok, err := i.GetStore().GetByKey(key)
-		if err != nil || !ok {
-			t.Fatalf("%s: not cached (%v)", key, err)
+	synctest.Test(t, func(t *testing.T) {
+		t0 := time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC)
+		clk := clocktesting.NewFakePassiveClock(t0)
+		lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "drain-x", Namespace: "draind-system",
+			Labels: map[string]string{LabelDrain: "true"}}}
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "shop"}, Spec: corev1.PodSpec{NodeName: "node-7"}}
+		client := fake.NewClientset(fullSlice(), fullService(), lease, pod)
+		inf := NewInformers(client, Config{Namespace: "draind-system", NodeName: "node-7", Clock: clk})
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		inf.Run(ctx)
+		if err := inf.WaitForSync(ctx); err != nil {
+			t.Fatal(err)
 		}
-		r, ok := obj.(interface{ Received() time.Time })
-		if !ok {
-			t.Fatalf("%s: %T records no receipt", key, obj)
+		received := func(i interface{ GetStore() cache.Store }, key string) time.Time {
+			obj, ok, err := i.GetStore().GetByKey(key)
+			if err != nil || !ok {
+				t.Fatalf("%s: not cached (%v)", key, err)
+			}
+			r, ok := obj.(interface{ Received() time.Time })
+			if !ok {
+				t.Fatalf("%s: %T records no receipt", key, obj)
+			}
+			return r.Received()
 		}
-		return r.Received()
-	}
-	for name, i := range map[string]interface{ GetStore() cache.Store }{"shop/web-x7k2p": inf.Slices, "shop/web": inf.Services,
-		"draind-system/drain-x": inf.Leases, "shop/p": inf.Pods} {
-		if got := received(i, name); !got.Equal(t0) {
-			t.Errorf("%s received %v, want the clock's %v", name, got, t0)
+		for name, i := range map[string]interface{ GetStore() cache.Store }{"shop/web-x7k2p": inf.Slices, "shop/web": inf.Services,
+			"draind-system/drain-x": inf.Leases, "shop/p": inf.Pods} {
+			if got := received(i, name); !got.Equal(t0) {
+				t.Errorf("%s received %v, want the clock's %v", name, got, t0)
+			}
 		}
-	}
 
-	t1 := t0.Add(time.Minute)
-	clk.SetTime(t1)
-	s := fullSlice()
-	s.ResourceVersion = "4712"
-	if _, err := client.DiscoveryV1().EndpointSlices("shop").Update(ctx, s, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	for !received(inf.Slices, "shop/web-x7k2p").Equal(t1) {
-		select {
-		case <-ctx.Done():
-			t.Fatal("the update was never stamped")
-		case <-time.After(10 * time.Millisecond):
+		t1 := t0.Add(time.Minute)
+		clk.SetTime(t1)
+		s := fullSlice()
+		s.ResourceVersion = "4712"
+		if _, err := client.DiscoveryV1().EndpointSlices("shop").Update(ctx, s, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
 		}
-	}
-	if got := received(inf.Services, "shop/web"); !got.Equal(t0) {
-		t.Errorf("the Service, not updated, received %v, want %v", got, t0)
-	}
+		synctest.Wait() // the informer handles the update
+		if got := received(inf.Slices, "shop/web-x7k2p"); !got.Equal(t1) {
+			t.Fatalf("the updated slice received %v, want the clock's %v", got, t1)
+		}
+		if got := received(inf.Services, "shop/web"); !got.Equal(t0) {
+			t.Errorf("the Service, not updated, received %v, want %v", got, t0)
+		}
+	})
 }
 
 // TestStampReceiptKeepsTheFirst: an object delivered again, slim already,

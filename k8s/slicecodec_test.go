@@ -187,6 +187,9 @@ func TestSlimSliceWatch(t *testing.T) {
 			if err := api.Put("endpointslices", es.DeepCopy()); err != nil {
 				t.Fatal(err)
 			}
+			// Polled, not in a synctest bubble: the API stand-in serves
+			// over a real HTTP server, whose socket reads never count as
+			// idle in one.
 			for {
 				mu.Lock()
 				n := len(seen)

@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"slices"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -167,40 +168,36 @@ func TestTransformsIdempotent(t *testing.T) {
 // the stores hold the slim objects under the API objects' keys, and an
 // update replaces them.
 func TestInformersCacheSlimObjects(t *testing.T) {
-	client := fake.NewClientset(fullSlice(), fullService())
-	inf := NewInformers(client, Config{Namespace: "draind-system", NodeName: "node-7"})
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	inf.Run(ctx)
-	if err := inf.WaitForSync(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if got := inf.SlicesOf("shop/web"); len(got) != 1 || got[0].Name != "web-x7k2p" || got[0].Len() != 3 {
-		t.Fatalf("slices of shop/web: %+v", got)
-	}
-	if got := inf.SlicesInNamespace("shop"); len(got) != 1 {
-		t.Errorf("slices in shop: %d", len(got))
-	}
-	if got := inf.Service("shop/web"); got == nil || got.PodIPSteering != "refuse" || !got.HasSelector {
-		t.Fatalf("service shop/web: %+v", got)
-	}
-	s := fullSlice()
-	s.ResourceVersion = "4712"
-	s.Endpoints = s.Endpoints[:1]
-	if _, err := client.DiscoveryV1().EndpointSlices("shop").Update(ctx, s, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if got := inf.SlicesOf("shop/web"); len(got) == 1 && got[0].Len() == 1 {
-			if keys := inf.Slices.GetStore().ListKeys(); !slices.Equal(keys, []string{"shop/web-x7k2p"}) {
-				t.Errorf("store keys %v", keys)
-			}
-			break
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(fullSlice(), fullService())
+		inf := NewInformers(client, Config{Namespace: "draind-system", NodeName: "node-7"})
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		inf.Run(ctx)
+		if err := inf.WaitForSync(ctx); err != nil {
+			t.Fatal(err)
 		}
-		select {
-		case <-ctx.Done():
-			t.Fatal("the update never reached the store")
-		case <-time.After(10 * time.Millisecond):
+		if got := inf.SlicesOf("shop/web"); len(got) != 1 || got[0].Name != "web-x7k2p" || got[0].Len() != 3 {
+			t.Fatalf("slices of shop/web: %+v", got)
 		}
-	}
+		if got := inf.SlicesInNamespace("shop"); len(got) != 1 {
+			t.Errorf("slices in shop: %d", len(got))
+		}
+		if got := inf.Service("shop/web"); got == nil || got.PodIPSteering != "refuse" || !got.HasSelector {
+			t.Fatalf("service shop/web: %+v", got)
+		}
+		s := fullSlice()
+		s.ResourceVersion = "4712"
+		s.Endpoints = s.Endpoints[:1]
+		if _, err := client.DiscoveryV1().EndpointSlices("shop").Update(ctx, s, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait() // the informer handles the update
+		if got := inf.SlicesOf("shop/web"); len(got) != 1 || got[0].Len() != 1 {
+			t.Fatalf("the update did not reach the store: slices of shop/web %+v", got)
+		}
+		if keys := inf.Slices.GetStore().ListKeys(); !slices.Equal(keys, []string{"shop/web-x7k2p"}) {
+			t.Errorf("store keys %v", keys)
+		}
+	})
 }
