@@ -187,10 +187,7 @@ func TestFaultRestartAdoptsIDs(t *testing.T) {
 		want := normalized(mustDump(t, h.dp))
 		before := mustDump(t, h.dp)
 
-		h2 := h.restart()
-		h.dp.StartLog()
-		h2.pass()
-		ops := h.dp.StopLog()
+		_, ops := h.restartAndPass()
 		after := mustDump(t, h.dp)
 		if got := normalized(after); got != want {
 			t.Fatalf("after restart:\n%s\nwant:\n%s\noperations:\n%s", got, want, opsString(ops))
@@ -238,10 +235,7 @@ func TestFaultRestartAtAnyInstant(t *testing.T) {
 				h.dp.Recover()
 				before := mustDump(t, h.dp)
 
-				h2 := h.restart()
-				h.dp.StartLog()
-				h2.pass()
-				ops := h.dp.StopLog()
+				h2, ops := h.restartAndPass()
 				after := mustDump(t, h.dp)
 				if got := normalized(after); got != want {
 					t.Fatalf("after a crash at operation %d and a restart:\n%s\nwant:\n%s\noperations:\n%s", crash, got, want, opsString(ops))
@@ -254,6 +248,16 @@ func TestFaultRestartAtAnyInstant(t *testing.T) {
 			})
 		})
 	}
+}
+
+// restartAndPass restarts the daemon (restart) and runs the new one's
+// first pass, returning it and the datapath operations of that pass.
+func (h *harness) restartAndPass() (*harness, []datapathtest.Op) {
+	h.t.Helper()
+	h2 := h.restart()
+	h.dp.StartLog()
+	h2.pass()
+	return h2, h.dp.StopLog()
 }
 
 func mustDump(t *testing.T, dp Datapath) *bpf.Dump {
@@ -566,10 +570,7 @@ func TestRestartKeepsGonePodOfAnotherNode(t *testing.T) {
 		// Gone while no draind ran here: never steered, not confirmable.
 		h.goneLeaseFor("z", "pod-z", "node-b", time.Minute, "10.0.0.9")
 
-		h2 := h.restart()
-		h.dp.StartLog()
-		h2.pass()
-		ops := h.dp.StopLog()
+		h2, ops := h.restartAndPass()
 		// The first pass drains it as a vanished endpoint of web: the rewrite
 		// stays; its other ports pass for that one pass (web lists it).
 		if got := normalized(mustDump(t, h.dp)); !strings.Contains(got, "drain 10.0.0.1:8080/TCP rewrite [10.0.0.2:8080]") {
