@@ -39,7 +39,8 @@
 //     connections, the filtered dumps and the batched deletes, the IPv6
 //     filter probe); msg.go: the messages it builds and parses itself;
 //   - match.go: Flow and Tuple, and the matching rules both Netlink and
-//     Fake apply to a flow (Filter's validation, classify);
+//     Fake apply to a flow: FilterSet (validated filters for a zone) and
+//     its Classify, which gives a Verdict; CountedFor and Counts.Add;
 //   - flows.go: FlowLister, the flows of one endpoint listed whole (the
 //     gone peers' client flows);
 //   - fake.go: Fake, the in-memory Interface for tests of daemon/.

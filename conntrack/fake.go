@@ -13,7 +13,7 @@ import (
 var ErrInjected = errors.New("injected conntrack failure")
 
 // Fake is an in-memory Interface for tests of daemon/: it holds flows,
-// applies exactly the matching rules Netlink applies (the same classify),
+// applies exactly the matching rules Netlink applies (the same FilterSet.Classify and CountedFor),
 // and records every call so a test can assert how many operations a
 // reconcile cost, not just the final table. The zero value is ready to use.
 type Fake struct {
@@ -137,17 +137,17 @@ func (f *Fake) Expire(ctx context.Context, filters []Filter) (ExpireResult, erro
 	if err := f.injected(); err != nil {
 		return res, fmt.Errorf("expiring flows: %w", err)
 	}
-	fs, err := validateFilters(filters)
+	set, err := NewFilterSet(f.zone, filters)
 	if err != nil {
 		return res, fmt.Errorf("expiring flows: %w", err)
 	}
 	f.flows = slices.DeleteFunc(f.flows, func(fl Flow) bool {
-		switch v, i := classify(f.zone, fs, fl); v {
-		case expire:
+		switch v, i := set.Classify(fl); v {
+		case VerdictExpire:
 			res.Deleted++
 			res.PerFilter[i]++
 			return true
-		case keep:
+		case VerdictKeep:
 			res.Kept++
 		}
 		return false
@@ -172,8 +172,8 @@ func (f *Fake) Count(ctx context.Context, addr netip.Addr) (Counts, error) {
 	}
 	addr = addr.Unmap()
 	for _, fl := range f.flows {
-		if countedFor(f.zone, addr, fl) {
-			c.add(fl)
+		if CountedFor(f.zone, addr, fl) {
+			c.Add(fl)
 		}
 	}
 	return c, nil

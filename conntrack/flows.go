@@ -43,7 +43,7 @@ func (n *Netlink) EndpointFlows(ctx context.Context, addr netip.Addr, proto Prot
 	}
 	var out []Flow
 	err = n.dumpFlows(ctx, dump, kf, func(ent *ctEntry) error {
-		if ent.Proto == proto && countedFor(n.zone, addr, ent.Flow) {
+		if ent.Proto == proto && CountedFor(n.zone, addr, ent.Flow) {
 			out = append(out, ent.Flow)
 		}
 		return nil
@@ -70,7 +70,7 @@ func (f *Fake) EndpointFlows(ctx context.Context, addr netip.Addr, proto Proto) 
 	addr = addr.Unmap()
 	var out []Flow
 	for _, fl := range f.flows {
-		if fl.Proto == proto && countedFor(f.zone, addr, fl) {
+		if fl.Proto == proto && CountedFor(f.zone, addr, fl) {
 			out = append(out, fl)
 		}
 	}

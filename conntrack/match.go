@@ -31,17 +31,19 @@ type Flow struct {
 	State TCPState
 }
 
-// verdict is what a set of filters decides for one flow.
-type verdict uint8
+// Verdict is what a FilterSet decides for one flow.
+type Verdict uint8
 
 const (
-	// skip: no filter selects the flow.
-	skip verdict = iota
-	// keep: a filter selects the flow's tuple, but the flow is younger than
-	// every such filter's CreatedBefore (a new pod on a reused IP).
-	keep
-	// expire: at least one filter selects the flow and finds it old enough.
-	expire
+	// VerdictSkip: no filter selects the flow.
+	VerdictSkip Verdict = iota
+	// VerdictKeep: a filter selects the flow's tuple, but the flow is
+	// younger than every such filter's CreatedBefore (a new pod on a
+	// reused IP). Expire counts it in ExpireResult.Kept.
+	VerdictKeep
+	// VerdictExpire: at least one filter selects the flow and finds it old
+	// enough. Expire deletes it.
+	VerdictExpire
 )
 
 // validate normalises a filter (IPv4-mapped IPv6 addresses become IPv4) and
@@ -66,24 +68,38 @@ func (f Filter) validate() (Filter, error) {
 	return f, nil
 }
 
-// validateFilters returns the normalised copies of filters, or the first
-// error, naming the filter by its position.
-func validateFilters(filters []Filter) ([]Filter, error) {
+// FilterSet is the filters of one Expire call, validated and normalised,
+// for a handle that acts in one zone. It is the single place where filters
+// decide a flow's fate: Netlink classifies every flow the kernel returns
+// with it, and the in-memory table of conntrack/conntracktest classifies
+// its flows with it, so the two cannot disagree on what a pass deletes.
+type FilterSet struct {
+	zone    uint16
+	filters []Filter
+}
+
+// NewFilterSet validates filters for a handle that acts in zone and keeps
+// normalised copies (IPv4-mapped IPv6 addresses become IPv4) in the order
+// given, so Classify's filter index is a position in filters. The error
+// names the first invalid filter by its position; Expire rejects the whole
+// call with it before touching the table.
+func NewFilterSet(zone uint16, filters []Filter) (FilterSet, error) {
 	out := make([]Filter, len(filters))
 	for i, f := range filters {
 		n, err := f.validate()
 		if err != nil {
-			return nil, fmt.Errorf("validating filter %d: %w", i, err)
+			return FilterSet{}, fmt.Errorf("validating filter %d: %w", i, err)
 		}
 		out[i] = n
 	}
-	return out, nil
+	return FilterSet{zone: zone, filters: out}, nil
 }
 
 // matchesTuple reports whether the flow belongs to the endpoint the filter
-// names, ignoring CreatedBefore. It is the single definition of a match:
-// Netlink re-checks every flow the kernel returns with it (the kernel filter
-// is an accelerator, not the authority) and Fake uses it directly.
+// names, ignoring CreatedBefore. It is the single definition of a match,
+// applied through FilterSet.Classify: Netlink re-checks every flow the
+// kernel returns with it (the kernel filter is an accelerator, not the
+// authority).
 func (f Filter) matchesTuple(fl Flow) bool {
 	if fl.Proto != f.Proto {
 		return false
@@ -115,36 +131,41 @@ func (f Filter) isOld(fl Flow) bool {
 	return fl.Start.Before(f.CreatedBefore)
 }
 
-// classify applies filters to one flow of a handle that acts in zone. A
-// flow of another zone is never selected, whatever its tuple: it is someone
-// else's. When a flow is expired, idx is the first filter that expires it
-// (the one credited in PerFilter).
-func classify(zone uint16, filters []Filter, fl Flow) (v verdict, idx int) {
-	v, idx = skip, -1
-	if fl.Zone != zone {
+// Classify decides what Expire does with one flow. A flow of another zone
+// than the set's is never selected, whatever its tuple: it is someone
+// else's. For VerdictExpire, idx is the position of the first filter that
+// expires the flow (the one credited in ExpireResult.PerFilter); for the
+// other verdicts it is -1.
+func (s FilterSet) Classify(fl Flow) (v Verdict, idx int) {
+	v, idx = VerdictSkip, -1
+	if fl.Zone != s.zone {
 		return v, idx
 	}
-	for i, f := range filters {
+	for i, f := range s.filters {
 		if !f.matchesTuple(fl) {
 			continue
 		}
 		if f.isOld(fl) {
-			return expire, i
+			return VerdictExpire, i
 		}
-		v = keep
+		v = VerdictKeep
 	}
 	return v, idx
 }
 
-// countedFor reports whether Count(addr) of a handle that acts in zone
-// includes fl: every flow of the zone whose reply-direction source is addr,
-// whatever its protocol or port.
-func countedFor(zone uint16, addr netip.Addr, fl Flow) bool {
-	return fl.Zone == zone && fl.Reply.Src.Addr().Unmap() == addr
+// CountedFor reports whether Count(addr) of a handle that acts in zone
+// includes fl: every flow of the zone whose reply-direction source is addr
+// (an IPv4-mapped address names the IPv4 one), whatever its protocol or
+// port. EndpointFlows lists the same flows, narrowed to one protocol.
+// Netlink re-checks every flow of its kernel-filtered dumps with it.
+func CountedFor(zone uint16, addr netip.Addr, fl Flow) bool {
+	return fl.Zone == zone && fl.Reply.Src.Addr().Unmap() == addr.Unmap()
 }
 
-// add counts one flow into c.
-func (c *Counts) add(fl Flow) {
+// Add counts one flow into c: a TCP flow under its state, a UDP flow in
+// UDP, a flow of another protocol nowhere. Count builds its result with
+// it, flow by flow.
+func (c *Counts) Add(fl Flow) {
 	switch fl.Proto {
 	case TCP:
 		s := fl.State

@@ -62,8 +62,8 @@ func TestFilterValidate(t *testing.T) {
 	}
 }
 
-func TestValidateFiltersNamesTheBadOne(t *testing.T) {
-	_, err := validateFilters([]Filter{{Proto: TCP, ReplySrc: ap(podA, 1)}, {Proto: TCP}})
+func TestNewFilterSetNamesTheBadOne(t *testing.T) {
+	_, err := NewFilterSet(0, []Filter{{Proto: TCP, ReplySrc: ap(podA, 1)}, {Proto: TCP}})
 	if err == nil || !strings.HasPrefix(err.Error(), "validating filter 1: ") {
 		t.Fatalf("error = %v, want it to name filter 1", err)
 	}
@@ -132,7 +132,7 @@ func TestFilterIsOld(t *testing.T) {
 	}
 }
 
-func TestClassify(t *testing.T) {
+func TestFilterSetClassify(t *testing.T) {
 	gone := time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC)
 	young := svcFlow(TCP, 1, 80, podA, 8080)
 	young.Start = gone.Add(time.Second)
@@ -149,37 +149,111 @@ func TestClassify(t *testing.T) {
 		zone    uint16
 		filters []Filter
 		fl      Flow
-		want    verdict
+		want    Verdict
 		wantIdx int
 	}{
-		{"no filters", 0, nil, old, skip, -1},
-		{"not selected", 0, []Filter{protect}, other, skip, -1},
-		{"old flow expires", 0, []Filter{protect}, old, expire, 0},
-		{"young flow is kept", 0, []Filter{protect}, young, keep, -1},
-		{"a later filter that expires wins over a keep", 0, []Filter{protect, all}, young, expire, 1},
-		{"the first expiring filter is credited", 0, []Filter{all, protect}, old, expire, 0},
-		{"same tuple in another zone is someone else's", 0, []Filter{all}, otherZone, skip, -1},
-		{"a handle in zone 5 expires zone 5 flows", 5, []Filter{all}, otherZone, expire, 0},
-		{"a handle in zone 5 leaves zone 0 alone", 5, []Filter{all}, old, skip, -1},
+		{"no filters", 0, nil, old, VerdictSkip, -1},
+		{"not selected", 0, []Filter{protect}, other, VerdictSkip, -1},
+		{"old flow expires", 0, []Filter{protect}, old, VerdictExpire, 0},
+		{"young flow is kept", 0, []Filter{protect}, young, VerdictKeep, -1},
+		{"a later filter that expires wins over a keep", 0, []Filter{protect, all}, young, VerdictExpire, 1},
+		{"the first expiring filter is credited", 0, []Filter{all, protect}, old, VerdictExpire, 0},
+		{"same tuple in another zone is someone else's", 0, []Filter{all}, otherZone, VerdictSkip, -1},
+		{"a handle in zone 5 expires zone 5 flows", 5, []Filter{all}, otherZone, VerdictExpire, 0},
+		{"a handle in zone 5 leaves zone 0 alone", 5, []Filter{all}, old, VerdictSkip, -1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			v, idx := classify(tt.zone, tt.filters, tt.fl)
+			set, err := NewFilterSet(tt.zone, tt.filters)
+			if err != nil {
+				t.Fatal(err)
+			}
+			v, idx := set.Classify(tt.fl)
 			if v != tt.want || idx != tt.wantIdx {
-				t.Fatalf("classify() = (%v, %d), want (%v, %d)", v, idx, tt.want, tt.wantIdx)
+				t.Fatalf("Classify() = (%v, %d), want (%v, %d)", v, idx, tt.want, tt.wantIdx)
 			}
 		})
 	}
 }
 
+func TestCountedFor(t *testing.T) {
+	web := svcFlow(TCP, 1, 80, podA, 8080)
+	dns := svcFlow(UDP, 2, 53, podA, 5353)
+	sctp := svcFlow(132, 3, 80, podA, 8080)
+	otherZone := web
+	otherZone.Zone = 5
+	mappedReply := web
+	mappedReply.Reply.Src = ap(netip.AddrFrom16(podA.As16()), 8080)
+	tests := []struct {
+		name string
+		zone uint16
+		addr netip.Addr
+		fl   Flow
+		want bool
+	}{
+		{"tcp flow of the pod", 0, podA, web, true},
+		{"udp flow of the pod", 0, podA, dns, true},
+		{"any protocol", 0, podA, sctp, true},
+		{"another pod's flow", 0, podB, web, false},
+		{"the client is not the endpoint", 0, client, web, false},
+		{"same tuple in another zone is someone else's", 0, podA, otherZone, false},
+		{"a handle in zone 5 counts zone 5 flows", 5, podA, otherZone, true},
+		{"a mapped address names the pod", 0, netip.AddrFrom16(podA.As16()), web, true},
+		{"a mapped reply source is the pod", 0, podA, mappedReply, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := CountedFor(tt.zone, tt.addr, tt.fl); got != tt.want {
+				t.Fatalf("CountedFor(%d, %s, %+v) = %v, want %v", tt.zone, tt.addr, tt.fl, got, tt.want)
+			}
+		})
+	}
+}
+
+// expireTable is what an Expire pass of a handle in zone does to table,
+// by the exported rules alone (FilterSet.Classify): the result and the
+// flows left. The privileged tests hold Netlink against it.
+func expireTable(zone uint16, filters []Filter, table []Flow) (ExpireResult, []Flow, error) {
+	res := ExpireResult{PerFilter: make([]int, len(filters))}
+	set, err := NewFilterSet(zone, filters)
+	if err != nil {
+		return res, nil, err
+	}
+	var left []Flow
+	for _, fl := range table {
+		switch v, i := set.Classify(fl); v {
+		case VerdictExpire:
+			res.Deleted++
+			res.PerFilter[i]++
+			continue
+		case VerdictKeep:
+			res.Kept++
+		}
+		left = append(left, fl)
+	}
+	return res, left, nil
+}
+
+// countTable is what Count(addr) of a handle in zone returns for table,
+// by the exported rules alone (CountedFor, Counts.Add).
+func countTable(zone uint16, addr netip.Addr, table []Flow) Counts {
+	var c Counts
+	for _, fl := range table {
+		if CountedFor(zone, addr, fl) {
+			c.Add(fl)
+		}
+	}
+	return c
+}
+
 func TestCountsAddAndLiveTCP(t *testing.T) {
 	var c Counts
 	for _, s := range []TCPState{TCPSynSent, TCPSynRecv, TCPEstablished, TCPEstablished, TCPFinWait, TCPCloseWait, TCPLastAck, TCPTimeWait, TCPTimeWait, TCPClose, TCPSynSent2, TCPNone, 42} {
-		c.add(Flow{Proto: TCP, State: s})
+		c.Add(Flow{Proto: TCP, State: s})
 	}
-	c.add(Flow{Proto: UDP})
-	c.add(Flow{Proto: UDP})
-	c.add(Flow{Proto: 132}) // SCTP: neither TCP nor UDP, not counted
+	c.Add(Flow{Proto: UDP})
+	c.Add(Flow{Proto: UDP})
+	c.Add(Flow{Proto: 132}) // SCTP: neither TCP nor UDP, not counted
 	if c.UDP != 2 {
 		t.Errorf("UDP = %d, want 2", c.UDP)
 	}
@@ -263,7 +337,11 @@ func TestGroupFilters(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			groups := groupFilters(tt.filters)
+			set, err := NewFilterSet(0, tt.filters)
+			if err != nil {
+				t.Fatal(err)
+			}
+			groups := groupFilters(set)
 			if len(groups) != len(tt.want) {
 				t.Fatalf("got %d groups, want %d", len(groups), len(tt.want))
 			}
@@ -275,7 +353,7 @@ func TestGroupFilters(t *testing.T) {
 					t.Fatalf("group %d index = %v, want %v", i, g.index, tt.index[i])
 				}
 				for j, idx := range g.index {
-					if idx != tt.index[i][j] || g.filters[j] != tt.filters[idx] {
+					if idx != tt.index[i][j] || g.set.filters[j] != tt.filters[idx] {
 						t.Errorf("group %d member %d = filter %d, want %d", i, j, idx, tt.index[i][j])
 					}
 				}

@@ -279,37 +279,39 @@ func readErr(ctx context.Context, err error) error {
 	return err
 }
 
-// filterGroup is the set of filters that share a reply-source address: one
-// kernel-filtered dump serves all of them, so a pod with several ports and
-// protocols costs one walk of the table, not one per port.
+// filterGroup is the filters of a set that share a reply-source address:
+// one kernel-filtered dump serves all of them, so a pod with several ports
+// and protocols costs one walk of the table, not one per port.
 type filterGroup struct {
-	kf      kernelFilter
-	filters []Filter
-	index   []int // position of each filter in the caller's slice
+	kf    kernelFilter
+	set   FilterSet // the group's filters, in the set's zone
+	index []int     // position of each filter in the whole set
 }
 
-// groupFilters groups filters by reply-source address, in first-seen order,
-// and gives each group the kernel filter made of the fields all its filters
-// agree on. Userspace re-checks every flow against the exact filters.
-func groupFilters(filters []Filter) []filterGroup {
+// groupFilters groups a set's filters by reply-source address, in
+// first-seen order, and gives each group the kernel filter made of the
+// fields all its filters agree on, in the set's zone. Userspace re-checks
+// every flow against the exact filters (the group's set).
+func groupFilters(s FilterSet) []filterGroup {
 	var groups []filterGroup
 	pos := map[netip.Addr]int{}
-	for i, f := range filters {
+	for i, f := range s.filters {
 		a := f.ReplySrc.Addr()
 		g, ok := pos[a]
 		if !ok {
 			g = len(groups)
 			pos[a] = g
-			groups = append(groups, filterGroup{kf: kernelFilter{
+			groups = append(groups, filterGroup{set: FilterSet{zone: s.zone}, kf: kernelFilter{
 				replySrc:     a,
 				replySrcPort: f.ReplySrc.Port(),
 				proto:        f.Proto,
 				origDst:      f.OrigDst.Addr(),
 				origDstPort:  f.OrigDst.Port(),
+				zone:         s.zone,
 			}})
 		}
 		grp := &groups[g]
-		grp.filters = append(grp.filters, f)
+		grp.set.filters = append(grp.set.filters, f)
 		grp.index = append(grp.index, i)
 		kf := &grp.kf
 		if kf.proto != f.Proto {
@@ -336,11 +338,11 @@ func groupFilters(filters []Filter) []filterGroup {
 // not an error. On error the result still counts what was deleted before it.
 func (n *Netlink) Expire(ctx context.Context, filters []Filter) (ExpireResult, error) {
 	res := ExpireResult{PerFilter: make([]int, len(filters))}
-	fs, err := validateFilters(filters)
+	set, err := NewFilterSet(n.zone, filters)
 	if err != nil {
 		return res, fmt.Errorf("expiring flows: %w", err)
 	}
-	if len(fs) == 0 {
+	if len(set.filters) == 0 {
 		return res, nil
 	}
 	n.mu.Lock()
@@ -350,9 +352,8 @@ func (n *Netlink) Expire(ctx context.Context, filters []Filter) (ExpireResult, e
 		return res, fmt.Errorf("expiring flows: %w", err)
 	}
 	b := &deleteBatch{ctx: ctx, conn: del, e: &n.enc, max: n.batch, res: &res}
-	for _, g := range groupFilters(fs) {
+	for _, g := range groupFilters(set) {
 		kf := g.kf
-		kf.zone = n.zone
 		if kf.replySrc.Is6() {
 			// The probe may replace the connections: send what is pending
 			// first, so a batch never spans two of them.
@@ -369,13 +370,13 @@ func (n *Netlink) Expire(ctx context.Context, filters []Filter) (ExpireResult, e
 			b.conn = del
 		}
 		err := n.dumpFlows(ctx, dump, kf, func(ent *ctEntry) error {
-			switch v, i := classify(n.zone, g.filters, ent.Flow); v {
-			case expire:
+			switch v, i := g.set.Classify(ent.Flow); v {
+			case VerdictExpire:
 				b.add(ent, g.index[i])
 				if b.full() {
 					return b.flush()
 				}
-			case keep:
+			case VerdictKeep:
 				res.Kept++
 			}
 			return nil
@@ -425,8 +426,8 @@ func (n *Netlink) Count(ctx context.Context, addr netip.Addr) (Counts, error) {
 		}
 	}
 	err = n.dumpFlows(ctx, dump, kf, func(ent *ctEntry) error {
-		if countedFor(n.zone, addr, ent.Flow) {
-			c.add(ent.Flow)
+		if CountedFor(n.zone, addr, ent.Flow) {
+			c.Add(ent.Flow)
 		}
 		return nil
 	})
