@@ -419,13 +419,14 @@ func synthetic(i int) Flow {
 	}
 }
 
-// TestPrivilegedExpireMatchesFake runs the same expiry on a real table and
-// on a Fake holding the same flows: the kernel-filtered dump (including
-// the IPv6 path and zones) and the batched deletes must remove exactly what
-// the pure matching rules select, no more and no less. The table is filled
-// and checked afterwards through ti-mo/conntrack, not through this
-// package's own encoder and parser.
-func TestPrivilegedExpireMatchesFake(t *testing.T) {
+// TestPrivilegedExpireMatchesClassify runs an expiry on a real table and
+// applies the exported rules (FilterSet.Classify, CountedFor) to the same
+// flows: the kernel-filtered dump (including the IPv6 path and zones) and
+// the batched deletes must remove exactly what the pure matching rules
+// select, no more and no less. The table is filled and checked afterwards
+// through ti-mo/conntrack, not through this package's own encoder and
+// parser.
+func TestPrivilegedExpireMatchesClassify(t *testing.T) {
 	bed.RequirePrivileged(t)
 	ns := testNS(t)
 	// Opened first, so the flows get timestamps; a small batch size so
@@ -448,14 +449,11 @@ func TestPrivilegedExpireMatchesFake(t *testing.T) {
 	if got := tableCount(t, ns); got != n {
 		t.Fatalf("table has %d flows after creating %d", got, n)
 	}
-	fake, fake5 := NewFake(), NewFake()
-	fake5.SetZone(5)
+	table := make([]Flow, n)
 	now := time.Now() // the kernel's start times are earlier, but within the hour
-	for i := range n {
-		fl := synthetic(i)
-		fl.Start = now
-		fake.AddFlow(fl)
-		fake5.AddFlow(fl)
+	for i := range table {
+		table[i] = synthetic(i)
+		table[i].Start = now
 	}
 
 	filters := []Filter{
@@ -475,38 +473,41 @@ func TestPrivilegedExpireMatchesFake(t *testing.T) {
 	}
 	filters[3].OrigDst = netip.MustParseAddrPort("[fd96::a]:53")
 
+	// left holds, per zone, the flows the rules leave after that zone's
+	// pass.
 	var total, totalWant ExpireResult
+	left := map[uint16][]Flow{}
 	for _, h := range []struct {
 		zone uint16
 		ct   *Netlink
-		fake *Fake
-	}{{0, ct, fake}, {5, ct5, fake5}} {
-		want, err := h.fake.Expire(context.Background(), filters)
+	}{{0, ct}, {5, ct5}} {
+		want, kept, err := expireTable(h.zone, filters, table)
 		if err != nil {
 			t.Fatal(err)
 		}
+		left[h.zone] = kept
 		got, err := h.ct.Expire(context.Background(), filters)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Logf("zone %d: ipv6 address filtering in the kernel works: %v", h.zone, h.ct.v6Filter == 1)
 		if got.Deleted != want.Deleted || got.Kept != want.Kept || fmt.Sprint(got.PerFilter) != fmt.Sprint(want.PerFilter) {
-			t.Fatalf("zone %d: Netlink.Expire = %+v, Fake.Expire = %+v", h.zone, got, want)
+			t.Fatalf("zone %d: Netlink.Expire = %+v, the rules say %+v", h.zone, got, want)
 		}
 		total.Deleted, total.Kept = total.Deleted+got.Deleted, total.Kept+got.Kept
 		totalWant.Deleted, totalWant.Kept = totalWant.Deleted+want.Deleted, totalWant.Kept+want.Kept
 		if h.zone == 0 && (want.Deleted != n/8*4 || want.Kept != n/8) {
-			t.Fatalf("zone 0: fake result %+v: the zone 0 pass was meant to delete 4/8 and keep 1/8 (the zone 5 eighth is not its own)", want)
+			t.Fatalf("zone 0: the rules say %+v: the zone 0 pass was meant to delete 4/8 and keep 1/8 (the zone 5 eighth is not its own)", want)
 		}
 	}
 	if totalWant.Deleted != n/8*5 || totalWant.Kept != n/8 {
-		t.Fatalf("fake results %+v: the table was meant to lose 5/8 and keep 1/8", totalWant)
+		t.Fatalf("the rules say %+v: the table was meant to lose 5/8 and keep 1/8", totalWant)
 	}
 	if left := tableCount(t, ns); left != n-total.Deleted {
 		t.Fatalf("table has %d flows, want %d", left, n-total.Deleted)
 	}
-	// What is left, read by ti-mo/conntrack, is what the Fakes kept.
-	left := tableFlows(t, ns.Path())
+	// What is left, read by ti-mo/conntrack, is what both passes kept.
+	inTable := tableFlows(t, ns.Path())
 	key := func(fl Flow) string {
 		if fl.Proto != TCP {
 			fl.State = 0 // synthetic gives every flow a state; the kernel keeps it for TCP only
@@ -514,35 +515,31 @@ func TestPrivilegedExpireMatchesFake(t *testing.T) {
 		return fmt.Sprint(fl.Proto, fl.Orig, fl.Reply, fl.Zone, fl.State)
 	}
 	kept5 := map[string]bool{}
-	for _, fl := range fake5.Flows() {
+	for _, fl := range left[5] {
 		kept5[key(fl)] = true
 	}
 	wantLeft := map[string]bool{}
-	for _, fl := range fake.Flows() {
+	for _, fl := range left[0] {
 		if kept5[key(fl)] {
 			wantLeft[key(fl)] = true
 		}
 	}
-	if len(left) != len(wantLeft) {
-		t.Fatalf("ti-mo/conntrack reads %d flows, the fakes kept %d", len(left), len(wantLeft))
+	if len(inTable) != len(wantLeft) {
+		t.Fatalf("ti-mo/conntrack reads %d flows, the rules keep %d", len(inTable), len(wantLeft))
 	}
-	for _, fl := range left {
+	for _, fl := range inTable {
 		if !wantLeft[key(fl)] {
-			t.Fatalf("flow %+v is in the table but both fakes deleted it", fl)
+			t.Fatalf("flow %+v is in the table but a pass was meant to delete it", fl)
 		}
 	}
 	for _, a := range []netip.Addr{podA, podB, netip.MustParseAddr("fd01::5"), netip.MustParseAddr("fd01::6")} {
-		for _, h := range []struct {
-			ct   *Netlink
-			fake *Fake
-		}{{ct, fake}, {ct5, fake5}} {
-			gotC, err := h.ct.Count(context.Background(), a)
+		for _, h := range []*Netlink{ct, ct5} {
+			gotC, err := h.Count(context.Background(), a)
 			if err != nil {
 				t.Fatal(err)
 			}
-			wantC, _ := h.fake.Count(context.Background(), a)
-			if gotC != wantC {
-				t.Errorf("zone %d: Count(%s) = %+v, Fake says %+v", h.ct.zone, a, gotC, wantC)
+			if wantC := countTable(h.zone, a, left[h.zone]); gotC != wantC {
+				t.Errorf("zone %d: Count(%s) = %+v, the rules say %+v", h.zone, a, gotC, wantC)
 			}
 		}
 	}
