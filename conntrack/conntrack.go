@@ -34,8 +34,8 @@ func (p Proto) String() string {
 // Filter selects the flows that belong to one endpoint.
 //
 // A flow matches when it lives in the handle's zone (Options.Zone for
-// Netlink, SetZone for Fake), its protocol is Proto, its reply-direction source is
-// ReplySrc (the pod IP, and the pod port unless ReplySrc.Port() is 0), and,
+// Netlink, SetZone for conntracktest.Fake), its protocol is Proto, its
+// reply-direction source is ReplySrc (the pod IP, and the pod port unless ReplySrc.Port() is 0), and,
 // when OrigDst is valid, its original-direction destination is OrigDst (a
 // Service VIP:port, or the pod IP:port itself for direct dials; port 0 = any).
 //
@@ -100,7 +100,8 @@ func (c Counts) LiveTCP() int {
 	return n
 }
 
-// Interface is what daemon/ uses; Netlink is the real one, Fake the test double.
+// Interface is what daemon/ uses; Netlink is the real one,
+// conntracktest.Fake the test double.
 type Interface interface {
 	// Expire deletes, in one batched pass, every flow of the handle's zone
 	// matched by any filter.

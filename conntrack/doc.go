@@ -10,11 +10,12 @@
 // filtered in the kernel (CTA_FILTER on the reply tuple, CTA_ZONE on the
 // zone) and deletions are batched, so expiring many endpoints costs one pass
 // each. The kernel filter only narrows the dump; every returned flow is
-// re-checked in userspace with the same rules Fake applies, so a kernel
-// filter that mis-compares (the IPv6 address comparison is inverted up to at
-// least 6.18; Netlink probes for it and then filters IPv6 by protocol and
-// port only) or that an older kernel ignores (zones before 6.8) costs speed,
-// never correctness.
+// re-checked in userspace with the exported rules (FilterSet.Classify,
+// CountedFor) that the test double in conntrack/conntracktest applies too,
+// so a kernel filter that mis-compares (the IPv6 address comparison is
+// inverted up to at least 6.18; Netlink probes for it and then filters IPv6
+// by protocol and port only) or that an older kernel ignores (zones before
+// 6.8) costs speed, never correctness.
 //
 // Expiry and counting act in one conntrack zone only (Options.Zone, 0 by
 // default): a flow with the same tuple in another zone belongs to someone
@@ -38,12 +39,15 @@
 //   - netlink.go: Netlink, the real Interface over ctnetlink (Open, the two
 //     connections, the filtered dumps and the batched deletes, the IPv6
 //     filter probe); msg.go: the messages it builds and parses itself;
-//   - match.go: Flow and Tuple, and the matching rules both Netlink and
-//     Fake apply to a flow: FilterSet (validated filters for a zone) and
-//     its Classify, which gives a Verdict; CountedFor and Counts.Add;
+//   - match.go: Flow and Tuple, and the matching rules Netlink and
+//     conntracktest.Fake both apply to a flow: FilterSet (validated
+//     filters for a zone) and its Classify, which gives a Verdict;
+//     CountedFor and Counts.Add;
 //   - flows.go: FlowLister, the flows of one endpoint listed whole (the
-//     gone peers' client flows);
-//   - fake.go: Fake, the in-memory Interface for tests of daemon/.
+//     gone peers' client flows).
+//
+// The in-memory Interface for tests of daemon/ is conntracktest.Fake, in
+// conntrack/conntracktest.
 //
 // Each concept has one word, defined in the repository's docs/glossary.md.
 package conntrack

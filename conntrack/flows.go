@@ -7,8 +7,9 @@ import (
 	"net/netip"
 )
 
-// FlowLister lists the flows of one endpoint. Netlink and Fake implement
-// it; it is not part of Interface, so other implementations need not.
+// FlowLister lists the flows of one endpoint. Netlink and
+// conntracktest.Fake implement it; it is not part of Interface, so other
+// implementations need not.
 type FlowLister interface {
 	// EndpointFlows returns the flows of protocol proto whose reply-direction
 	// source is addr (the pod that serves them), from one kernel-filtered
@@ -17,10 +18,7 @@ type FlowLister interface {
 	EndpointFlows(ctx context.Context, addr netip.Addr, proto Proto) ([]Flow, error)
 }
 
-var (
-	_ FlowLister = (*Netlink)(nil)
-	_ FlowLister = (*Fake)(nil)
-)
+var _ FlowLister = (*Netlink)(nil)
 
 // EndpointFlows implements FlowLister.
 func (n *Netlink) EndpointFlows(ctx context.Context, addr netip.Addr, proto Proto) ([]Flow, error) {
@@ -50,29 +48,6 @@ func (n *Netlink) EndpointFlows(ctx context.Context, addr netip.Addr, proto Prot
 	})
 	if err != nil {
 		return nil, fmt.Errorf("listing flows of %s: %w", addr, err)
-	}
-	return out, nil
-}
-
-// EndpointFlows implements FlowLister.
-func (f *Fake) EndpointFlows(ctx context.Context, addr netip.Addr, proto Proto) ([]Flow, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("listing flows of %s: %w", addr, err)
-	}
-	if err := f.injected(); err != nil {
-		return nil, fmt.Errorf("listing flows of %s: %w", addr, err)
-	}
-	if !addr.IsValid() {
-		return nil, errors.New("listing flows: address is not set")
-	}
-	addr = addr.Unmap()
-	var out []Flow
-	for _, fl := range f.flows {
-		if fl.Proto == proto && CountedFor(f.zone, addr, fl) {
-			out = append(out, fl)
-		}
 	}
 	return out, nil
 }

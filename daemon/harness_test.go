@@ -26,6 +26,7 @@ import (
 
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/conntrack"
+	"github.com/draind/draind/conntrack/conntracktest"
 	"github.com/draind/draind/daemon/datapathtest"
 	"github.com/draind/draind/k8s"
 )
@@ -50,7 +51,7 @@ type harness struct {
 	realTime bool
 	client   *fake.Clientset
 	dp       *datapathtest.Datapath
-	ct       *conntrack.Fake
+	ct       *conntracktest.Fake
 	clock    *testingclock.FakeClock
 	d        *Daemon
 	ctx      context.Context
@@ -69,7 +70,7 @@ func newHarness(t *testing.T, mod ...func(*Config)) *harness {
 
 func startHarness(t *testing.T, realTime bool, mod ...func(*Config)) *harness {
 	t.Helper()
-	h := &harness{t: t, realTime: realTime, client: fake.NewClientset(), dp: datapathtest.New(), ct: conntrack.NewFake(),
+	h := &harness{t: t, realTime: realTime, client: fake.NewClientset(), dp: datapathtest.New(), ct: conntracktest.New(),
 		clock: testingclock.NewFakeClock(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))}
 	for verb, flag := range map[string]*atomic.Bool{"create": &h.failLeaseCreate, "update": &h.failLeaseUpdate} {
 		h.client.PrependReactor(verb, "leases", func(k8stesting.Action) (bool, runtime.Object, error) {

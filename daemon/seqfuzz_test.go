@@ -22,7 +22,7 @@ import (
 	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/draind/draind/bpf"
-	"github.com/draind/draind/conntrack"
+	"github.com/draind/draind/conntrack/conntracktest"
 	"github.com/draind/draind/daemon/datapathtest"
 	"github.com/draind/draind/daemon/model"
 	"github.com/draind/draind/k8s"
@@ -401,7 +401,7 @@ func (s *seqRun) freshDatapath() (*Daemon, *datapathtest.Sockets) {
 	defer cancel()
 	sd := datapathtest.NewSockets(h.clock.Now())
 	dp := sd.Datapath
-	d := mustNew(s.t, h.d.cfg, h.client, sd, conntrack.NewFake())
+	d := mustNew(s.t, h.d.cfg, h.client, sd, conntracktest.New())
 	d.hosted.startEvents()
 	defer d.hosted.stopEvents()
 	if err := d.adoptDatapath(); err != nil {
@@ -425,7 +425,7 @@ func (s *seqRun) freshDatapath() (*Daemon, *datapathtest.Sockets) {
 func seqHarness(t *testing.T) (*harness, *datapathtest.Sockets) {
 	clk := testingclock.NewFakeClock(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
 	sd := datapathtest.NewSockets(clk.Now())
-	h := &harness{t: t, client: fake.NewClientset(), dp: sd.Datapath, ct: conntrack.NewFake(), clock: clk}
+	h := &harness{t: t, client: fake.NewClientset(), dp: sd.Datapath, ct: conntracktest.New(), clock: clk}
 	h.d = mustNew(t, Config{Node: testNode, Namespace: testNS, Clock: h.clock, RegistryOnlyPolicy: bpf.PolicyRefuse,
 		Logger: slog.New(slog.DiscardHandler)}, h.client, sd, h.ct)
 	h.d.hosted.startEvents()

@@ -20,6 +20,7 @@ import (
 
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/conntrack"
+	"github.com/draind/draind/conntrack/conntracktest"
 	"github.com/draind/draind/daemon/datapathtest"
 	"github.com/draind/draind/daemon/model"
 	"github.com/draind/draind/k8s"
@@ -35,7 +36,7 @@ func newSocketHarness(t *testing.T, mod ...func(*Config)) (*harness, *datapathte
 	t.Helper()
 	clk := testingclock.NewFakeClock(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
 	sd := datapathtest.NewSockets(clk.Now().Add(-time.Hour))
-	h := &harness{t: t, client: fake.NewClientset(), dp: sd.Datapath, ct: conntrack.NewFake(), clock: clk}
+	h := &harness{t: t, client: fake.NewClientset(), dp: sd.Datapath, ct: conntracktest.New(), clock: clk}
 	cfg := Config{Node: testNode, Namespace: testNS, Clock: h.clock, RegistryOnlyPolicy: bpf.PolicyRefuse,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	for _, m := range mod {
@@ -383,8 +384,8 @@ func TestGoneFlowsFromConntrack(t *testing.T) {
 func TestLiveFromSocketsAndConntrack(t *testing.T) {
 	ip := []netip.Addr{netip.MustParseAddr("10.0.0.1")}
 	since := time.Date(2026, 11, 29, 11, 0, 0, 0, time.UTC)
-	ctFlows := func(n int) *conntrack.Fake {
-		f := conntrack.NewFake()
+	ctFlows := func(n int) *conntracktest.Fake {
+		f := conntracktest.New()
 		for i := 0; i < n; i++ {
 			f.AddFlow(conntrack.Flow{Proto: conntrack.TCP, State: conntrack.TCPEstablished,
 				Orig:  conntrack.Tuple{Src: netip.AddrPortFrom(netip.MustParseAddr("10.0.9.9"), uint16(1000+i)), Dst: netip.MustParseAddrPort("10.0.0.1:80")},
@@ -424,7 +425,7 @@ func TestLiveFromSocketsAndConntrack(t *testing.T) {
 			if tc.ct >= 0 {
 				// Conntrack unreadable: the sockets alone decide only for a
 				// pod they counted from its start.
-				ct.(*conntrack.Fake).FailNext(len(ip), nil)
+				ct.(*conntracktest.Fake).FailNext(len(ip), nil)
 				if failed := countLive(context.Background(), sd, ct, ip, tc.created, nil); failed.Checked == (tc.sockets < 0 || tc.partial) {
 					t.Errorf("conntrack unreadable: checked %v (sockets %d, partial %v)", failed.Checked, tc.sockets, tc.partial)
 				}

@@ -24,6 +24,7 @@ import (
 
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/conntrack"
+	"github.com/draind/draind/conntrack/conntracktest"
 	"github.com/draind/draind/daemon"
 	"github.com/draind/draind/daemon/datapathtest"
 	"github.com/draind/draind/k8s"
@@ -47,7 +48,7 @@ func realStatusWith(t *testing.T, withCT bool) daemon.Status {
 	clk := testingclock.NewFakeClock(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
 	client := fake.NewClientset()
 	dp := datapathtest.New()
-	ct := conntrack.NewFake(conntrack.Flow{Proto: conntrack.TCP, State: conntrack.TCPEstablished,
+	ct := conntracktest.New(conntrack.Flow{Proto: conntrack.TCP, State: conntrack.TCPEstablished,
 		Orig:  conntrack.Tuple{Src: netip.MustParseAddrPort("10.244.1.7:51000"), Dst: netip.MustParseAddrPort("10.96.0.10:80")},
 		Reply: conntrack.Tuple{Src: netip.MustParseAddrPort("10.244.0.11:8080"), Dst: netip.MustParseAddrPort("10.244.1.7:51000")}})
 	dp.Ctr[bpf.OutSteeredClusterIP][bpf.IPv4] = 1234

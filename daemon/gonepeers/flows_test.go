@@ -13,6 +13,7 @@ import (
 
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/conntrack"
+	"github.com/draind/draind/conntrack/conntracktest"
 	"github.com/draind/draind/daemon/datapathtest"
 )
 
@@ -35,7 +36,7 @@ func TestFlowsListedFromConntrack(t *testing.T) {
 			return conntrack.Flow{Proto: conntrack.TCP, Orig: conntrack.Tuple{Src: s, Dst: dst},
 				Reply: conntrack.Tuple{Src: pod, Dst: s}, Start: start, State: conntrack.TCPEstablished}
 		}
-		ct := conntrack.NewFake()
+		ct := conntracktest.New()
 		ct.AddFlow(flow("10.0.1.5:40000", vip, now.Add(-time.Minute)), flow("10.0.1.5:40001", pod, now.Add(-time.Minute)),
 			flow("10.0.1.6:40002", vip, now.Add(time.Minute)))
 		ct.FailNext(2, errors.New("injected: netlink busy"))

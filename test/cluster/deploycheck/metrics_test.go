@@ -25,7 +25,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/utils/ptr"
 
-	"github.com/draind/draind/conntrack"
+	"github.com/draind/draind/conntrack/conntracktest"
 	"github.com/draind/draind/daemon"
 	"github.com/draind/draind/daemon/datapathtest"
 	"github.com/draind/draind/k8s"
@@ -52,7 +52,7 @@ func serveDaemon(t *testing.T) ([]byte, string) {
 	d, err := daemon.New(daemon.Config{
 		Node: node, Namespace: namespace, Version: "deploycheck",
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	}, client, datapathtest.New(), conntrack.NewFake())
+	}, client, datapathtest.New(), conntracktest.New())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package conntrack
+package conntracktest
 
 import (
 	"context"
@@ -7,19 +7,22 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+
+	"github.com/draind/draind/conntrack"
 )
 
 // ErrInjected is what a Fake returns for a call it was told to fail.
 var ErrInjected = errors.New("injected conntrack failure")
 
-// Fake is an in-memory Interface for tests of daemon/: it holds flows,
-// applies exactly the matching rules Netlink applies (the same FilterSet.Classify and CountedFor),
-// and records every call so a test can assert how many operations a
-// reconcile cost, not just the final table. The zero value is ready to use.
+// Fake is an in-memory conntrack.Interface for tests of daemon/: it holds
+// flows, applies exactly the matching rules conntrack.Netlink applies
+// (conntrack.FilterSet.Classify and conntrack.CountedFor), and records
+// every call so a test can assert how many operations a reconcile cost,
+// not just the final table. The zero value is ready to use.
 type Fake struct {
 	mu      sync.Mutex
-	flows   []Flow
-	expires [][]Filter
+	flows   []conntrack.Flow
+	expires [][]conntrack.Filter
 	counts  []netip.Addr
 	failN   int
 	failErr error
@@ -28,30 +31,34 @@ type Fake struct {
 	noTS    bool
 }
 
-var _ Interface = (*Fake)(nil)
+var (
+	_ conntrack.Interface  = (*Fake)(nil)
+	_ conntrack.FlowLister = (*Fake)(nil)
+)
 
-// NewFake returns a Fake holding flows.
-func NewFake(flows ...Flow) *Fake {
+// New returns a Fake holding flows.
+func New(flows ...conntrack.Flow) *Fake {
 	f := &Fake{}
 	f.AddFlow(flows...)
 	return f
 }
 
 // AddFlow adds flows to the table.
-func (f *Fake) AddFlow(flows ...Flow) {
+func (f *Fake) AddFlow(flows ...conntrack.Flow) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.flows = append(f.flows, flows...)
 }
 
 // Flows returns a copy of the table.
-func (f *Fake) Flows() []Flow {
+func (f *Fake) Flows() []conntrack.Flow {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return slices.Clone(f.flows)
 }
 
-// SetZone makes the fake act in zone, as Options.Zone does for Netlink:
+// SetZone makes the fake act in zone, as conntrack.Options.Zone does for
+// conntrack.Netlink:
 // flows of other zones are neither expired nor counted.
 func (f *Fake) SetZone(zone uint16) {
 	f.mu.Lock()
@@ -88,10 +95,10 @@ func (f *Fake) FailNext(n int, err error) {
 
 // ExpireCalls returns the filters of every Expire call so far, failed ones
 // included, in call order.
-func (f *Fake) ExpireCalls() [][]Filter {
+func (f *Fake) ExpireCalls() [][]conntrack.Filter {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	out := make([][]Filter, len(f.expires))
+	out := make([][]conntrack.Filter, len(f.expires))
 	for i, c := range f.expires {
 		out[i] = slices.Clone(c)
 	}
@@ -125,29 +132,29 @@ func (f *Fake) injected() error {
 	return nil
 }
 
-// Expire removes the flows Netlink.Expire would remove.
-func (f *Fake) Expire(ctx context.Context, filters []Filter) (ExpireResult, error) {
+// Expire removes the flows conntrack.Netlink.Expire would remove.
+func (f *Fake) Expire(ctx context.Context, filters []conntrack.Filter) (conntrack.ExpireResult, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.expires = append(f.expires, slices.Clone(filters))
-	res := ExpireResult{PerFilter: make([]int, len(filters))}
+	res := conntrack.ExpireResult{PerFilter: make([]int, len(filters))}
 	if err := ctx.Err(); err != nil {
 		return res, fmt.Errorf("expiring flows: %w", err)
 	}
 	if err := f.injected(); err != nil {
 		return res, fmt.Errorf("expiring flows: %w", err)
 	}
-	set, err := NewFilterSet(f.zone, filters)
+	set, err := conntrack.NewFilterSet(f.zone, filters)
 	if err != nil {
 		return res, fmt.Errorf("expiring flows: %w", err)
 	}
-	f.flows = slices.DeleteFunc(f.flows, func(fl Flow) bool {
+	f.flows = slices.DeleteFunc(f.flows, func(fl conntrack.Flow) bool {
 		switch v, i := set.Classify(fl); v {
-		case VerdictExpire:
+		case conntrack.VerdictExpire:
 			res.Deleted++
 			res.PerFilter[i]++
 			return true
-		case VerdictKeep:
+		case conntrack.VerdictKeep:
 			res.Kept++
 		}
 		return false
@@ -156,11 +163,11 @@ func (f *Fake) Expire(ctx context.Context, filters []Filter) (ExpireResult, erro
 }
 
 // Count counts the flows whose reply-direction source is addr.
-func (f *Fake) Count(ctx context.Context, addr netip.Addr) (Counts, error) {
+func (f *Fake) Count(ctx context.Context, addr netip.Addr) (conntrack.Counts, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.counts = append(f.counts, addr)
-	var c Counts
+	var c conntrack.Counts
 	if err := ctx.Err(); err != nil {
 		return c, fmt.Errorf("counting flows of %s: %w", addr, err)
 	}
@@ -172,17 +179,42 @@ func (f *Fake) Count(ctx context.Context, addr netip.Addr) (Counts, error) {
 	}
 	addr = addr.Unmap()
 	for _, fl := range f.flows {
-		if CountedFor(f.zone, addr, fl) {
+		if conntrack.CountedFor(f.zone, addr, fl) {
 			c.Add(fl)
 		}
 	}
 	return c, nil
 }
 
-// Close marks the fake closed; later calls fail, as they do on Netlink.
+// Close marks the fake closed; later calls fail, as they do on
+// conntrack.Netlink.
 func (f *Fake) Close() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.closed = true
 	return nil
+}
+
+// EndpointFlows implements conntrack.FlowLister: the flows of protocol
+// proto that Count(addr) includes.
+func (f *Fake) EndpointFlows(ctx context.Context, addr netip.Addr, proto conntrack.Proto) ([]conntrack.Flow, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("listing flows of %s: %w", addr, err)
+	}
+	if err := f.injected(); err != nil {
+		return nil, fmt.Errorf("listing flows of %s: %w", addr, err)
+	}
+	if !addr.IsValid() {
+		return nil, errors.New("listing flows: address is not set")
+	}
+	addr = addr.Unmap()
+	var out []conntrack.Flow
+	for _, fl := range f.flows {
+		if fl.Proto == proto && conntrack.CountedFor(f.zone, addr, fl) {
+			out = append(out, fl)
+		}
+	}
+	return out, nil
 }

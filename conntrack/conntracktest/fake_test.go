@@ -1,4 +1,4 @@
-package conntrack
+package conntracktest
 
 import (
 	"context"
@@ -8,57 +8,78 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/draind/draind/conntrack"
 )
+
+var (
+	podA   = netip.MustParseAddr("10.244.1.5")
+	podB   = netip.MustParseAddr("10.244.2.7")
+	vip    = netip.MustParseAddr("10.96.0.10")
+	client = netip.MustParseAddr("10.244.3.9")
+)
+
+func ap(a netip.Addr, port uint16) netip.AddrPort { return netip.AddrPortFrom(a, port) }
+
+// svcFlow is a flow client:cport -> vip:vport, DNATed to pod:pport.
+func svcFlow(p conntrack.Proto, cport uint16, vport uint16, pod netip.Addr, pport uint16) conntrack.Flow {
+	return conntrack.Flow{
+		Proto: p,
+		Orig:  conntrack.Tuple{Src: ap(client, cport), Dst: ap(vip, vport)},
+		Reply: conntrack.Tuple{Src: ap(pod, pport), Dst: ap(client, cport)},
+		State: conntrack.TCPEstablished,
+	}
+}
 
 func TestFakeExpire(t *testing.T) {
 	gone := time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC)
-	dnsA := svcFlow(UDP, 1, 53, podA, 5353)
-	webA := svcFlow(TCP, 2, 80, podA, 8080)
-	webB := svcFlow(TCP, 3, 80, podB, 8080)
-	oldA := svcFlow(TCP, 4, 80, podA, 8080)
+	dnsA := svcFlow(conntrack.UDP, 1, 53, podA, 5353)
+	webA := svcFlow(conntrack.TCP, 2, 80, podA, 8080)
+	webB := svcFlow(conntrack.TCP, 3, 80, podB, 8080)
+	oldA := svcFlow(conntrack.TCP, 4, 80, podA, 8080)
 	oldA.Start = gone.Add(-time.Minute)
-	newA := svcFlow(TCP, 5, 80, podA, 8080)
+	newA := svcFlow(conntrack.TCP, 5, 80, podA, 8080)
 	newA.Start = gone.Add(time.Minute)
-	table := []Flow{dnsA, webA, webB, oldA, newA}
+	table := []conntrack.Flow{dnsA, webA, webB, oldA, newA}
 
 	tests := []struct {
 		name      string
-		filters   []Filter
-		want      ExpireResult
-		remaining []Flow
+		filters   []conntrack.Filter
+		want      conntrack.ExpireResult
+		remaining []conntrack.Flow
 	}{
 		{
 			name:      "draining pod: udp only, tcp untouched",
-			filters:   []Filter{{Proto: UDP, ReplySrc: ap(podA, 5353)}},
-			want:      ExpireResult{Deleted: 1, PerFilter: []int{1}},
-			remaining: []Flow{webA, webB, oldA, newA},
+			filters:   []conntrack.Filter{{Proto: conntrack.UDP, ReplySrc: ap(podA, 5353)}},
+			want:      conntrack.ExpireResult{Deleted: 1, PerFilter: []int{1}},
+			remaining: []conntrack.Flow{webA, webB, oldA, newA},
 		},
 		{
 			name:      "gone pod on a reused ip: only flows older than the moment it was seen gone",
-			filters:   []Filter{{Proto: TCP, ReplySrc: ap(podA, 8080), CreatedBefore: gone}},
-			want:      ExpireResult{Deleted: 2, Kept: 1, PerFilter: []int{2}},
-			remaining: []Flow{dnsA, webB, newA},
+			filters:   []conntrack.Filter{{Proto: conntrack.TCP, ReplySrc: ap(podA, 8080), CreatedBefore: gone}},
+			want:      conntrack.ExpireResult{Deleted: 2, Kept: 1, PerFilter: []int{2}},
+			remaining: []conntrack.Flow{dnsA, webB, newA},
 		},
 		{
 			name: "several endpoints in one call",
-			filters: []Filter{
-				{Proto: TCP, ReplySrc: ap(podB, 0)},
-				{Proto: UDP, ReplySrc: ap(podA, 0)},
-				{Proto: UDP, ReplySrc: ap(podB, 0)},
+			filters: []conntrack.Filter{
+				{Proto: conntrack.TCP, ReplySrc: ap(podB, 0)},
+				{Proto: conntrack.UDP, ReplySrc: ap(podA, 0)},
+				{Proto: conntrack.UDP, ReplySrc: ap(podB, 0)},
 			},
-			want:      ExpireResult{Deleted: 2, PerFilter: []int{1, 1, 0}},
-			remaining: []Flow{webA, oldA, newA},
+			want:      conntrack.ExpireResult{Deleted: 2, PerFilter: []int{1, 1, 0}},
+			remaining: []conntrack.Flow{webA, oldA, newA},
 		},
 		{
 			name:      "nothing matches",
-			filters:   []Filter{{Proto: TCP, ReplySrc: ap(client, 0)}},
-			want:      ExpireResult{PerFilter: []int{0}},
+			filters:   []conntrack.Filter{{Proto: conntrack.TCP, ReplySrc: ap(client, 0)}},
+			want:      conntrack.ExpireResult{PerFilter: []int{0}},
 			remaining: table,
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			f := NewFake(table...)
+			f := New(table...)
 			got, err := f.Expire(context.Background(), tt.filters)
 			if err != nil {
 				t.Fatal(err)
@@ -78,8 +99,8 @@ func TestFakeExpire(t *testing.T) {
 }
 
 func TestFakeRejectsInvalidFiltersLikeNetlink(t *testing.T) {
-	f := NewFake(svcFlow(TCP, 1, 80, podA, 8080))
-	if _, err := f.Expire(context.Background(), []Filter{{Proto: TCP}}); err == nil {
+	f := New(svcFlow(conntrack.TCP, 1, 80, podA, 8080))
+	if _, err := f.Expire(context.Background(), []conntrack.Filter{{Proto: conntrack.TCP}}); err == nil {
 		t.Fatal("Expire with an empty reply source succeeded; it would match every flow")
 	}
 	if n := len(f.Flows()); n != 1 {
@@ -88,9 +109,9 @@ func TestFakeRejectsInvalidFiltersLikeNetlink(t *testing.T) {
 }
 
 func TestFakeFailNext(t *testing.T) {
-	f := NewFake(svcFlow(UDP, 1, 53, podA, 5353))
+	f := New(svcFlow(conntrack.UDP, 1, 53, podA, 5353))
 	f.FailNext(2, nil)
-	filters := []Filter{{Proto: UDP, ReplySrc: ap(podA, 0)}}
+	filters := []conntrack.Filter{{Proto: conntrack.UDP, ReplySrc: ap(podA, 0)}}
 	for i := range 2 {
 		_, err := f.Expire(context.Background(), filters)
 		if !errors.Is(err, ErrInjected) {
@@ -122,22 +143,22 @@ func TestFakeFailNext(t *testing.T) {
 }
 
 func TestFakeCount(t *testing.T) {
-	tw := svcFlow(TCP, 3, 80, podA, 8080)
-	tw.State = TCPTimeWait
-	f := NewFake(
-		svcFlow(TCP, 1, 80, podA, 8080),
-		svcFlow(TCP, 2, 80, podA, 9090),
+	tw := svcFlow(conntrack.TCP, 3, 80, podA, 8080)
+	tw.State = conntrack.TCPTimeWait
+	f := New(
+		svcFlow(conntrack.TCP, 1, 80, podA, 8080),
+		svcFlow(conntrack.TCP, 2, 80, podA, 9090),
 		tw,
-		svcFlow(UDP, 4, 53, podA, 5353),
-		svcFlow(TCP, 5, 80, podB, 8080),
+		svcFlow(conntrack.UDP, 4, 53, podA, 5353),
+		svcFlow(conntrack.TCP, 5, 80, podB, 8080),
 	)
 	c, err := f.Count(context.Background(), podA)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Counts{UDP: 1}
-	want.TCP[TCPEstablished] = 2
-	want.TCP[TCPTimeWait] = 1
+	want := conntrack.Counts{UDP: 1}
+	want.TCP[conntrack.TCPEstablished] = 2
+	want.TCP[conntrack.TCPTimeWait] = 1
 	if c != want {
 		t.Fatalf("Count() = %+v, want %+v", c, want)
 	}
@@ -151,10 +172,10 @@ func TestFakeCount(t *testing.T) {
 }
 
 func TestFakeContextAndClose(t *testing.T) {
-	f := NewFake(svcFlow(UDP, 1, 53, podA, 5353))
+	f := New(svcFlow(conntrack.UDP, 1, 53, podA, 5353))
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := f.Expire(ctx, []Filter{{Proto: UDP, ReplySrc: ap(podA, 0)}}); !errors.Is(err, context.Canceled) {
+	if _, err := f.Expire(ctx, []conntrack.Filter{{Proto: conntrack.UDP, ReplySrc: ap(podA, 0)}}); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Expire with a cancelled context: %v", err)
 	}
 	if _, err := f.Count(ctx, podA); !errors.Is(err, context.Canceled) {
@@ -179,11 +200,11 @@ func TestFakeConcurrentUse(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := range 100 {
-				f.AddFlow(svcFlow(UDP, uint16(g*1000+i), 53, podA, 5353))
+				f.AddFlow(svcFlow(conntrack.UDP, uint16(g*1000+i), 53, podA, 5353))
 				if _, err := f.Count(context.Background(), podA); err != nil {
 					t.Error(err)
 				}
-				if _, err := f.Expire(context.Background(), []Filter{{Proto: UDP, ReplySrc: ap(podA, 5353)}}); err != nil {
+				if _, err := f.Expire(context.Background(), []conntrack.Filter{{Proto: conntrack.UDP, ReplySrc: ap(podA, 5353)}}); err != nil {
 					t.Error(err)
 				}
 			}
@@ -195,5 +216,28 @@ func TestFakeConcurrentUse(t *testing.T) {
 	}
 	if n := len(f.ExpireCalls()); n != 400 {
 		t.Fatalf("%d expire calls recorded, want 400", n)
+	}
+}
+
+func TestFakeEndpointFlows(t *testing.T) {
+	web := svcFlow(conntrack.TCP, 1, 80, podA, 8080)
+	dns := svcFlow(conntrack.UDP, 2, 53, podA, 5353)
+	webB := svcFlow(conntrack.TCP, 3, 80, podB, 8080)
+	zone5 := svcFlow(conntrack.TCP, 4, 80, podA, 8080)
+	zone5.Zone = 5
+	f := New(web, dns, webB, zone5)
+	got, err := f.EndpointFlows(context.Background(), netip.AddrFrom16(podA.As16()), conntrack.TCP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got, []conntrack.Flow{web}) {
+		t.Fatalf("EndpointFlows(%s, tcp) = %v, want only its zone 0 TCP flow", podA, got)
+	}
+	f.SetZone(5)
+	if got, _ := f.EndpointFlows(context.Background(), podA, conntrack.TCP); !slices.Equal(got, []conntrack.Flow{zone5}) {
+		t.Fatalf("in zone 5: EndpointFlows(%s, tcp) = %v, want the zone 5 flow", podA, got)
+	}
+	if _, err := f.EndpointFlows(context.Background(), netip.Addr{}, conntrack.TCP); err == nil {
+		t.Fatal("EndpointFlows without an address succeeded")
 	}
 }
