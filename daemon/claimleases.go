@@ -93,7 +93,7 @@ func (d *Daemon) readClaims(local *localPods, now time.Time) []netip.Addr {
 	changed := d.claims.SetRemote(next)
 	if len(changed) > 0 {
 		d.log.Info("pod IPs claimed by a pod of another node changed", "ips", changed)
-		d.hosted.wake() // a drain of ours may have lost its IP
+		d.wakeHosted() // a drain of ours may have lost its IP
 	}
 	return changed
 }
@@ -136,7 +136,7 @@ func (l *hostedDrains) publishClaims(leases map[types.UID]*k8s.DrainLease, lp *l
 		}
 	}
 	for _, cl := range claimLeasesOf(l.cfg.State) {
-		if want[cl.PodUID] == nil && !l.writer.Has(cl.Name) {
+		if want[cl.PodUID] == nil && !l.cfg.Writer.Has(cl.Name) {
 			l.deleteLease(cl.Name, cl.Holder) // ours, left by an earlier run
 		}
 	}
@@ -150,9 +150,9 @@ func (l *hostedDrains) publishClaims(leases map[types.UID]*k8s.DrainLease, lp *l
 		}
 		switch {
 		case !c.published:
-			l.writer.Want(k8s.ClaimName(uid), lease.Write{Kind: lease.Publish, Req: c.req})
+			l.cfg.Writer.Want(k8s.ClaimName(uid), lease.Write{Kind: lease.Publish, Req: c.req})
 		case now.Sub(c.lastRenew) >= l.cfg.LeaseDuration/3:
-			l.writer.Want(k8s.ClaimName(uid), lease.Write{Kind: lease.Renew})
+			l.cfg.Writer.Want(k8s.ClaimName(uid), lease.Write{Kind: lease.Renew})
 		}
 	}
 }

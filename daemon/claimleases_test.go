@@ -221,7 +221,7 @@ func TestRenewOfDeletedLeaseEndsDrain(t *testing.T) {
 			h.clock.Step(5 * time.Second)
 			h.pass()
 			h.d.hosted.reconcile(h.ctx)
-			h.d.hosted.writer.Flush(h.ctx)
+			h.d.leaseWriter.Flush(h.ctx)
 		}
 		if n := renews.Load(); n != 1 {
 			t.Fatalf("%d renewals of the deleted Lease, want 1", n)

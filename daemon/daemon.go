@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
@@ -141,7 +142,11 @@ type Daemon struct {
 	nodes           typedcorev1.NodeInterface // this node's zone (zone.go)
 	zoneLoop        runloop.Loop
 	conntrackPolicy *conntrackPolicy
-	hosted          *hostedDrains
+	hosted          *hostedDrains // hosted.go
+	hostedLoop      runloop.Loop  // their rounds (runHosted)
+	hostedWake      chan struct{} // asks for a round (wakeHosted)
+	leaseWriter     *lease.Writer // sends the Lease writes they decide
+	leaseWriting    runloop.Loop  // leaseWriter's goroutine
 	leaseTrust      *lease.Trust
 	judge           lease.Judge      // which Leases are believed
 	gone            *gonepeers.Peers // sockets_gone.go wires it
@@ -188,14 +193,7 @@ func New(cfg Config, client kubernetes.Interface, dp Datapath, ct conntrack.Inte
 	})
 	d.tracker.init()
 	d.runner = newRunner(cfg.Clock, cfg.MinSyncInterval, cfg.EntryTTL/4, d.sync)
-	d.hosted = newHostedDrains(hostedDrainsConfig{
-		Node: cfg.Node, Linger: cfg.Linger, LeaseDuration: cfg.LeaseDuration, Quiet: cfg.Quiet,
-		PollEvery: cfg.PollEvery, MaxWaiters: cfg.MaxWaiters, MaxWaitersPerPod: cfg.MaxWaitersPerPod, State: d.state, LocalPods: d.localPodsNow,
-		Claims: d.claims, Datapath: dp,
-		Conntrack: ct, Leases: &k8s.Leases{Client: client, Namespace: cfg.Namespace},
-		Events: client.CoreV1().Events(""), Metrics: d.Metrics, Log: cfg.Logger, Clock: cfg.Clock,
-		RequestPass: d.runner.Run,
-	})
+	d.newHosted(client)
 	d.leaseTrust = lease.NewTrust(client.CoreV1(), cfg.Clock, cfg.Logger, d.runner.Run)
 	d.judge = lease.Judge{Node: cfg.Node, Slices: d.claims, Pods: d.leaseTrust}
 	d.api = nodeapi.New(d, nodeapi.Config{Quiet: cfg.Quiet, MaxWait: cfg.MaxWait, BodyTimeout: cfg.BodyTimeout,
@@ -253,7 +251,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.conntrackPolicy.Start(ctx)
 	d.leaseTrust.Start(ctx)
 	d.gone.Start(ctx)
-	d.hosted.Start(ctx)
+	d.startHosted(ctx)
 	d.runner.Start(ctx)
 	d.runner.Run()
 	// Passes in the slice watch's goroutine too, unless passes are rate
@@ -267,7 +265,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	//lint:ignore SA2001 the empty critical section is the wait
 	d.modelMu.Unlock()
 	d.runner.Stop()
-	d.hosted.Stop("draind is stopping")
+	d.stopHosted("draind is stopping")
 	d.gone.Stop()
 	d.leaseTrust.Stop()
 	d.zoneLoop.Stop()
@@ -336,7 +334,12 @@ func (d *Daemon) PodStatuses() []PodStatus {
 		if r.Lingering {
 			view[i].State = StateLingering
 		}
-		d.hosted.annotate(&view[i])
+	}
+	progress := d.hosted.progress()
+	for i := range view {
+		if p, ok := progress[types.UID(view[i].UID)]; ok {
+			view[i].setLocal(p)
+		}
 	}
 	return view
 }

@@ -305,7 +305,7 @@ func TestFaultAPIOutageHostingNode(t *testing.T) {
 			h.clock.Step(200 * time.Millisecond)
 			h.pass()
 			h.d.hosted.reconcile(h.ctx)
-			h.d.hosted.writer.Flush(h.ctx)
+			h.d.leaseWriter.Flush(h.ctx)
 		}
 		if r, answered := call.answered(t); answered {
 			t.Fatalf("the waiter was answered during the outage: %+v", r)

@@ -207,7 +207,7 @@ func (h *harness) goldenDump() []byte {
 			h.t.Errorf("a pass right after a pass wrote %d datapath operations", ops)
 		}
 		h.d.hosted.reconcile(h.ctx)
-		h.d.hosted.writer.Flush(h.ctx)
+		h.d.leaseWriter.Flush(h.ctx)
 		h.d.leaseTrust.Flush(h.ctx)
 		h.syncLeases()
 		if n+h.pass() == 0 {

@@ -94,11 +94,11 @@ func startHarness(t *testing.T, realTime bool, mod ...func(*Config)) *harness {
 		m(&cfg)
 	}
 	h.d = mustNew(t, cfg, h.client, h.dp, h.ct)
-	h.d.hosted.startEvents()
+	h.d.hosted.Start()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(func() {
 		cancel()
-		h.d.hosted.stopEvents()
+		h.d.hosted.Stop("the test is over")
 	})
 	h.ctx = ctx
 	h.d.inf.Run(ctx)
@@ -148,8 +148,8 @@ func (h *harness) restart() *harness {
 	h.t.Helper()
 	h2 := &harness{t: h.t, realTime: h.realTime, client: h.client, dp: h.dp, ct: h.ct, clock: h.clock, ctx: h.ctx}
 	h2.d = mustNew(h.t, h.d.cfg, h.client, h.dp, h.ct)
-	h2.d.hosted.startEvents()
-	h.t.Cleanup(h2.d.hosted.stopEvents)
+	h2.d.hosted.Start()
+	h.t.Cleanup(func() { h2.d.hosted.Stop("the test is over") })
 	if err := h2.d.adoptDatapath(); err != nil {
 		h.t.Fatal(err)
 	}

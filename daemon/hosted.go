@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/record"
@@ -20,7 +21,6 @@ import (
 
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/conntrack"
-	"github.com/draind/draind/daemon/internal/runloop"
 	"github.com/draind/draind/daemon/lease"
 	"github.com/draind/draind/daemon/model"
 	"github.com/draind/draind/daemon/nodeapi"
@@ -107,7 +107,6 @@ type hostedDrainsConfig struct {
 	Linger        time.Duration // a gone pod's drain (and Lease) stays this long
 	LeaseDuration time.Duration
 	Quiet         time.Duration // drained = no SYN for this long and no live connection
-	PollEvery     time.Duration // measure and settle this often
 	MaxWaiters    int
 	// MaxWaitersPerPod caps one pod's waits (see reserve).
 	MaxWaitersPerPod int
@@ -115,27 +114,28 @@ type hostedDrainsConfig struct {
 	State model.State
 	// LocalPods is this node's pods as the passes see them (the Daemon's
 	// snapshot); nil: read from State.
-	LocalPods   func() *localPods
-	Claims      *model.Claims
-	Datapath    Datapath            // SYN and steering counters
-	Conntrack   conntrack.Interface // live connections; nil: not counted
-	Leases      *k8s.Leases
-	Events      typedcorev1.EventInterface
-	Metrics     *Metrics
-	Log         *slog.Logger
-	Clock       clock.WithTicker
-	RequestPass func() // asks the runner for a pass (new keys to learn)
+	LocalPods func() *localPods
+	Claims    *model.Claims
+	Datapath  Datapath            // SYN and steering counters
+	Conntrack conntrack.Interface // live connections; nil: not counted
+	Leases    *k8s.Leases         // publishes an offline call's Lease at once
+	Writer    *lease.Writer       // sends every other Lease write, off the round
+	Events    typedcorev1.EventInterface
+	Metrics   *Metrics
+	Log       *slog.Logger
+	Clock     clock.PassiveClock
+	// RequestPass asks the runner for a pass (new keys to learn); Wake
+	// asks for a round (reconcile) soon: new keys to measure under, a wait
+	// to judge. Neither blocks.
+	RequestPass, Wake func()
 }
 
 // hostedDrains are the drains of the pods this node hosts.
 type hostedDrains struct {
-	cfg    hostedDrainsConfig
-	writer *lease.Writer
-	wakeCh chan struct{}
+	cfg hostedDrainsConfig
 
-	broadcaster   record.EventBroadcaster // between startEvents and stopEvents
-	recorder      record.EventRecorder
-	loop, writing runloop.Loop
+	broadcaster record.EventBroadcaster // between Start and Stop
+	recorder    record.EventRecorder
 
 	mu       sync.Mutex
 	pods     map[types.UID]*hostedDrain
@@ -154,59 +154,24 @@ type hostedDrains struct {
 }
 
 func newHostedDrains(cfg hostedDrainsConfig) *hostedDrains {
-	l := &hostedDrains{cfg: cfg, wakeCh: make(chan struct{}, 1),
-		pods: map[types.UID]*hostedDrain{}, podWaits: map[types.UID]int{}, keysFor: map[types.UID][]bpf.EndpointKey{}}
-	l.writer = lease.NewWriter(cfg.Leases, cfg.LeaseDuration, cfg.Clock, l.leaseWritten)
-	return l
+	return &hostedDrains{cfg: cfg, pods: map[types.UID]*hostedDrain{}, podWaits: map[types.UID]int{},
+		keysFor: map[types.UID][]bpf.EndpointKey{}}
 }
 
-// Start starts sending Events, the Lease writer and the loop that measures
-// and settles drains.
-func (l *hostedDrains) Start(ctx context.Context) {
-	l.startEvents()
-	l.writing.Start(ctx, l.writer.Run)
-	l.loop.Start(ctx, l.run)
-}
-
-// Stop stops what Start began: waiters are answered with why (503), and
-// queued Events are flushed.
-func (l *hostedDrains) Stop(why string) {
-	l.loop.Stop()
-	l.cancelAll(why)
-	l.writing.Stop()
-	l.stopEvents()
-}
-
-func (l *hostedDrains) startEvents() {
+// Start starts sending Kubernetes Events.
+func (l *hostedDrains) Start() {
 	l.broadcaster = record.NewBroadcaster()
 	l.broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: l.cfg.Events})
 	l.recorder = l.broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "draind", Host: l.cfg.Node})
 }
 
-func (l *hostedDrains) stopEvents() {
+// Stop answers every waiter with why (503) and flushes the queued Events.
+// Called again, it does nothing more.
+func (l *hostedDrains) Stop(why string) {
+	l.cancelAll(why)
 	if l.broadcaster != nil {
 		l.broadcaster.Shutdown() // flushes queued Events, ends its goroutines
-	}
-}
-
-func (l *hostedDrains) wake() {
-	select {
-	case l.wakeCh <- struct{}{}:
-	default:
-	}
-}
-
-func (l *hostedDrains) run(ctx context.Context) {
-	t := l.cfg.Clock.NewTicker(l.cfg.PollEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-l.wakeCh:
-		case <-t.C():
-		}
-		l.reconcile(ctx)
+		l.broadcaster = nil
 	}
 }
 
@@ -255,9 +220,11 @@ func (l *hostedDrains) uids() []types.UID {
 	return out
 }
 
-// setKeys records the entry keys of this node's drained pods (runner
-// goroutine): their SYN counters are read under them.
-func (l *hostedDrains) setKeys(keys map[types.UID][]bpf.EndpointKey) {
+// setKeys records the entry keys of this node's drained pods, as keysOf
+// gives them for their UIDs (runner goroutine): their SYN counters are
+// read under them.
+func (l *hostedDrains) setKeys(keysOf func([]types.UID) map[types.UID][]bpf.EndpointKey) {
+	keys := keysOf(l.uids())
 	l.mu.Lock()
 	changed := len(keys) != len(l.keysFor)
 	for uid, k := range keys {
@@ -268,23 +235,34 @@ func (l *hostedDrains) setKeys(keys map[types.UID][]bpf.EndpointKey) {
 	l.keysFor = keys
 	l.mu.Unlock()
 	if changed {
-		l.wake() // measure under the new keys now
+		l.cfg.Wake() // measure under the new keys now
 	}
 }
 
-// annotate fills a status row with what this node measured.
-func (l *hostedDrains) annotate(ps *PodStatus) {
+// progress returns what this node knows of each of its drains, by pod
+// UID.
+func (l *hostedDrains) progress() map[types.UID]hostedProgress {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	ld := l.pods[types.UID(ps.UID)]
-	if ld == nil {
-		return
+	now := l.cfg.Clock.Now()
+	out := make(map[types.UID]hostedProgress, len(l.pods))
+	for uid, ld := range l.pods {
+		out[uid] = hostedProgress{Namespace: ld.namespace, Name: ld.name, State: ld.state, SYNs: ld.syns,
+			SYNsLast10s: ld.synsSince(now, 10*time.Second), Live: ld.live, Steered: ld.steered, LiveBy: ld.liveBy}
 	}
-	ps.Local = true
-	ps.State = ld.state
-	ps.SYNs, ps.LiveConnections, ps.Steered = ld.syns, ld.live, ld.steered
-	ps.SYNsLast10s = ld.synsSince(l.cfg.Clock.Now(), 10*time.Second)
-	ld.liveBy.fillStatus(ps)
+	return out
+}
+
+// hostedProgress is what this node knows of a drain it hosts: its state
+// and what the last measure read.
+type hostedProgress struct {
+	Namespace, Name string
+	State           string
+	SYNs            uint64
+	SYNsLast10s     uint64
+	Live            int
+	Steered         uint64
+	LiveBy          LiveCount // live by source
 }
 
 // podByIP finds the local pod (not host-network) owning ip, in the pods
@@ -310,7 +288,11 @@ func (l *hostedDrains) podByIP(ip netip.Addr) *k8s.Pod {
 	return found
 }
 
-// reconcile is one pass over this node's drains.
+// reconcile is one round over this node's drains: start the drains of
+// local pods being deleted or gone, adopt this node's Leases of its pods,
+// delete the Leases that are over, publish the claims, move each drain on
+// and measure it. The Daemon runs a round every PollEvery and when asked
+// (hostedDrainsConfig.Wake).
 func (l *hostedDrains) reconcile(ctx context.Context) {
 	now := l.cfg.Clock.Now()
 	leases := map[types.UID]*k8s.DrainLease{}
@@ -408,9 +390,9 @@ func (l *hostedDrains) step(uid types.UID, ld *hostedDrain, dl *k8s.DrainLease, 
 	}
 	switch {
 	case !ld.published:
-		l.writer.Want(name, lease.Write{Kind: lease.Publish, Req: l.request(ld)})
+		l.cfg.Writer.Want(name, lease.Write{Kind: lease.Publish, Req: l.request(ld)})
 	case now.Sub(ld.lastRenew) >= l.cfg.LeaseDuration/3:
-		l.writer.Want(name, lease.Write{Kind: lease.Renew, Req: l.request(ld), Ann: ld.renewAnnotations(now)})
+		l.cfg.Writer.Want(name, lease.Write{Kind: lease.Renew, Req: l.request(ld), Ann: ld.renewAnnotations(now)})
 	}
 }
 
@@ -579,7 +561,7 @@ func (l *hostedDrains) cleanStaleLeases(leases map[types.UID]*k8s.DrainLease, po
 // node deletes it (deletes). It takes no lock of its own: callers hold l.mu.
 func (l *hostedDrains) deleteLease(name, holder string) {
 	if l.deletes(holder) {
-		l.writer.Want(name, lease.Write{Kind: lease.Delete})
+		l.cfg.Writer.Want(name, lease.Write{Kind: lease.Delete})
 	}
 }
 
@@ -590,7 +572,7 @@ func (l *hostedDrains) deleteLeaseNow(ctx context.Context, name, holder string) 
 	if !l.deletes(holder) {
 		return fmt.Errorf("drain lease %s is held by %s: only its holder deletes it", name, holder)
 	}
-	return l.writer.DeleteNow(ctx, name)
+	return l.cfg.Writer.DeleteNow(ctx, name)
 }
 
 // deletes is the one place that decides whether this node deletes a
@@ -614,7 +596,7 @@ func (l *hostedDrains) forget(uid types.UID, deleteLease bool) {
 	if deleteLease {
 		l.deleteLease(k8s.LeaseName(uid), l.cfg.Node)
 	} else {
-		l.writer.Drop(k8s.LeaseName(uid))
+		l.cfg.Writer.Drop(k8s.LeaseName(uid))
 	}
 }
 
@@ -628,8 +610,8 @@ func (l *hostedDrains) request(ld *hostedDrain) k8s.DrainRequest {
 	return r
 }
 
-// leaseWritten records a Lease write that landed or failed (the writer's
-// goroutine).
+// leaseWritten records a write of this node's Leases that landed or
+// failed: the writer's result (lease.Writer's onResult, on its goroutine).
 func (l *hostedDrains) leaseWritten(r lease.Result) {
 	op := r.Kind.String()
 	switch {
@@ -875,5 +857,61 @@ func (l *hostedDrains) cancelAll(why string) {
 			l.release(ld.uid)
 		}
 		ld.waiters = nil
+	}
+}
+
+// newHosted wires the hosted drains and their Lease writer.
+func (d *Daemon) newHosted(client kubernetes.Interface) {
+	cfg := d.cfg
+	leases := &k8s.Leases{Client: client, Namespace: cfg.Namespace}
+	d.hostedWake = make(chan struct{}, 1)
+	d.leaseWriter = lease.NewWriter(leases, cfg.LeaseDuration, cfg.Clock, func(r lease.Result) { d.hosted.leaseWritten(r) })
+	d.hosted = newHostedDrains(hostedDrainsConfig{
+		Node: cfg.Node, Linger: cfg.Linger, LeaseDuration: cfg.LeaseDuration, Quiet: cfg.Quiet,
+		MaxWaiters: cfg.MaxWaiters, MaxWaitersPerPod: cfg.MaxWaitersPerPod,
+		State: d.state, LocalPods: d.localPodsNow, Claims: d.claims, Datapath: d.datapath, Conntrack: d.conntrack,
+		Leases: leases, Writer: d.leaseWriter, Events: client.CoreV1().Events(""), Metrics: d.Metrics,
+		Log: cfg.Logger, Clock: cfg.Clock, RequestPass: d.runner.Run, Wake: d.wakeHosted,
+	})
+}
+
+// startHosted starts the hosted drains' Events, the Lease writer and the
+// loop of their rounds.
+func (d *Daemon) startHosted(ctx context.Context) {
+	d.hosted.Start()
+	d.leaseWriting.Start(ctx, d.leaseWriter.Run)
+	d.hostedLoop.Start(ctx, d.runHosted)
+}
+
+// stopHosted stops what startHosted began: no round runs once it returns,
+// waiters are answered with why (503), queued Events are flushed.
+func (d *Daemon) stopHosted(why string) {
+	d.hostedLoop.Stop()
+	d.hosted.Stop(why)
+	d.leaseWriting.Stop()
+}
+
+// runHosted runs a round of the hosted drains (measure and settle them,
+// publish and renew their Leases) every PollEvery, and at once when
+// something asks (wakeHosted).
+func (d *Daemon) runHosted(ctx context.Context) {
+	t := d.clock.NewTicker(d.cfg.PollEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-d.hostedWake:
+		case <-t.C():
+		}
+		d.hosted.reconcile(ctx)
+	}
+}
+
+// wakeHosted asks for a round of the hosted drains; it never blocks.
+func (d *Daemon) wakeHosted() {
+	select {
+	case d.hostedWake <- struct{}{}:
+	default:
 	}
 }

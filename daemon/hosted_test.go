@@ -106,7 +106,7 @@ func (h *harness) tick(d time.Duration) {
 	h.clock.Step(d)
 	h.pass()
 	h.d.hosted.reconcile(h.ctx)
-	h.d.hosted.writer.Flush(h.ctx)
+	h.d.leaseWriter.Flush(h.ctx)
 	h.d.leaseTrust.Flush(h.ctx)
 	h.syncLeases()
 }

@@ -357,7 +357,7 @@ func (d *Daemon) leaseEvent(oldObj, newObj any, received time.Time) {
 	}
 	d.tracker.markLeases(receivedAt(received, d.clock.Now()))
 	d.runner.Run()
-	d.hosted.wake()
+	d.wakeHosted()
 }
 
 // podEvent: this node's pods changed: local claims, and maybe a deletion.
@@ -368,7 +368,7 @@ func (d *Daemon) podEvent(_, _ any, received time.Time) {
 	d.tracker.markIPs(d.claims.SetLocalPods(pods))
 	d.tracker.markPods(receivedAt(received, d.clock.Now()))
 	d.runner.Run()
-	d.hosted.wake()
+	d.wakeHosted()
 }
 
 // localPods is this node's pods, indexed: a snapshot a pod event takes

@@ -78,7 +78,7 @@ func (l *hostedDrains) wait(ctx context.Context, ld *hostedDrain, w *waiter) Off
 	ld.waiters = append(ld.waiters, w)
 	l.settle(ld, l.cfg.Clock.Now()) // maybe drained already: judge it at this instant
 	l.mu.Unlock()
-	l.wake()
+	l.cfg.Wake()
 	select {
 	case r := <-w.done:
 		return r

@@ -114,7 +114,7 @@ func (d *Daemon) syncLocked(loop bool) time.Time {
 	m.ForgetVanishedServices(now)
 	first := d.apply(now, changedAt, programmed, loop)
 	d.gone.Pass(m.Gone(), now, dirty.ips, dirty.services)
-	d.hosted.setKeys(m.KeysOf(d.hosted.uids()))
+	d.hosted.setKeys(m.KeysOf)
 	for _, dep := range m.TakeDepartures() {
 		d.conntrackPolicy.departed(dep)
 	}

@@ -375,7 +375,7 @@ func (s *seqRun) settle() {
 	for range 3 {
 		before := s.apiLeaseEvents.Load()
 		h.d.hosted.reconcile(h.ctx)
-		h.d.hosted.writer.Flush(h.ctx)
+		h.d.leaseWriter.Flush(h.ctx)
 		s.syncLeases()
 		h.pass() // the pass the hosted drains ask for
 		if s.apiLeaseEvents.Load() == before {
@@ -402,8 +402,8 @@ func (s *seqRun) freshDatapath() (*Daemon, *datapathtest.Sockets) {
 	sd := datapathtest.NewSockets(h.clock.Now())
 	dp := sd.Datapath
 	d := mustNew(s.t, h.d.cfg, h.client, sd, conntracktest.New())
-	d.hosted.startEvents()
-	defer d.hosted.stopEvents()
+	d.hosted.Start()
+	defer d.hosted.Stop("the comparison is over")
 	if err := d.adoptDatapath(); err != nil {
 		s.t.Fatal(err)
 	}
@@ -428,11 +428,11 @@ func seqHarness(t *testing.T) (*harness, *datapathtest.Sockets) {
 	h := &harness{t: t, client: fake.NewClientset(), dp: sd.Datapath, ct: conntracktest.New(), clock: clk}
 	h.d = mustNew(t, Config{Node: testNode, Namespace: testNS, Clock: h.clock, RegistryOnlyPolicy: bpf.PolicyRefuse,
 		Logger: slog.New(slog.DiscardHandler)}, h.client, sd, h.ct)
-	h.d.hosted.startEvents()
+	h.d.hosted.Start()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(func() {
 		cancel()
-		h.d.hosted.stopEvents()
+		h.d.hosted.Stop("the test is over")
 	})
 	h.ctx = ctx
 	startSynced(t, ctx, h.d)

@@ -147,8 +147,3 @@ func (l *hostedDrains) liveOf(ctx context.Context, ld *hostedDrain, ips []netip.
 func (lc LiveCount) fillOffline(r *OfflineResult) {
 	r.LiveSockets, r.LiveConntrack, r.LiveSource, r.LiveSocketsPartial = lc.Sockets, lc.Conntrack, lc.Source, lc.SocketsPartial
 }
-
-// fillStatus copies a drain's live count by source into a status row.
-func (lc LiveCount) fillStatus(ps *PodStatus) {
-	ps.LiveSockets, ps.LiveConntrack, ps.LiveSource, ps.LiveSocketsPartial = lc.Sockets, lc.Conntrack, lc.Source, lc.SocketsPartial
-}

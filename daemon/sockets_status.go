@@ -115,17 +115,15 @@ func (c *socketCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descSocketHooks, prometheus.GaugeValue, loaded)
 	c.collectSocketCounters(ch, sd)
 	c.collectGone(ch, sd)
-	c.d.hosted.mu.Lock()
-	defer c.d.hosted.mu.Unlock()
-	for _, ld := range c.d.hosted.pods {
-		if ld.state == StateGone || ld.state == StateCancelled {
+	for _, p := range c.d.hosted.progress() {
+		if p.State == StateGone || p.State == StateCancelled {
 			continue
 		}
-		if ld.liveBy.Sockets != nil {
-			ch <- prometheus.MustNewConstMetric(descPodLiveBySource, prometheus.GaugeValue, float64(*ld.liveBy.Sockets), ld.namespace, ld.name, LiveFromSockets)
+		if p.LiveBy.Sockets != nil {
+			ch <- prometheus.MustNewConstMetric(descPodLiveBySource, prometheus.GaugeValue, float64(*p.LiveBy.Sockets), p.Namespace, p.Name, LiveFromSockets)
 		}
-		if ld.liveBy.Conntrack != nil {
-			ch <- prometheus.MustNewConstMetric(descPodLiveBySource, prometheus.GaugeValue, float64(*ld.liveBy.Conntrack), ld.namespace, ld.name, LiveFromConntrack)
+		if p.LiveBy.Conntrack != nil {
+			ch <- prometheus.MustNewConstMetric(descPodLiveBySource, prometheus.GaugeValue, float64(*p.LiveBy.Conntrack), p.Namespace, p.Name, LiveFromConntrack)
 		}
 	}
 }

@@ -43,11 +43,11 @@ func newSocketHarness(t *testing.T, mod ...func(*Config)) (*harness, *datapathte
 		m(&cfg)
 	}
 	h.d = mustNew(t, cfg, h.client, sd, h.ct)
-	h.d.hosted.startEvents()
+	h.d.hosted.Start()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(func() {
 		cancel()
-		h.d.hosted.stopEvents()
+		h.d.hosted.Stop("the test is over")
 	})
 	h.ctx = ctx
 	h.d.inf.Run(ctx)
@@ -335,7 +335,7 @@ func TestVanishedLocalPodPublishesGone(t *testing.T) {
 }
 
 // flush runs the Lease writer once.
-func flush(h *harness) { h.d.hosted.writer.Flush(h.ctx) }
+func flush(h *harness) { h.d.leaseWriter.Flush(h.ctx) }
 
 // TestGoneFlowsFromConntrack: client flows this node translated from a VIP
 // to the gone pod are listed gone (the socket knows only the VIP); a flow

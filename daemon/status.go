@@ -45,6 +45,16 @@ type PodStatus struct {
 	LiveSocketsPartial bool   `json:"live_sockets_partial,omitempty"`
 }
 
+// setLocal fills the row of a pod this node hosts with what it measured.
+func (ps *PodStatus) setLocal(p hostedProgress) {
+	ps.Local = true
+	ps.State = p.State
+	ps.SYNs, ps.LiveConnections, ps.Steered = p.SYNs, p.Live, p.Steered
+	ps.SYNsLast10s = p.SYNsLast10s
+	lc := p.LiveBy
+	ps.LiveSockets, ps.LiveConntrack, ps.LiveSource, ps.LiveSocketsPartial = lc.Sockets, lc.Conntrack, lc.Source, lc.SocketsPartial
+}
+
 // Health levels of Status.Health.
 const (
 	HealthHealthy   = "healthy"
