@@ -119,7 +119,7 @@ func TestClaimEndsHoldersLinger(t *testing.T) {
 		if l := h.apiLease(k8s.LeaseName("old")); l != nil {
 			t.Fatalf("the holder kept its Lease of the gone pod: %+v", l)
 		}
-		if n := len(h.d.hosted.uids()); n != 0 {
+		if n := len(h.d.hosted.Progress()); n != 0 {
 			t.Fatalf("%d hosted drains left, want the linger ended", n)
 		}
 	})
@@ -220,13 +220,13 @@ func TestRenewOfDeletedLeaseEndsDrain(t *testing.T) {
 		for range 20 {
 			h.clock.Step(5 * time.Second)
 			h.pass()
-			h.d.hosted.reconcile(h.ctx)
+			h.d.hosted.Reconcile(h.ctx)
 			h.d.leaseWriter.Flush(h.ctx)
 		}
 		if n := renews.Load(); n != 1 {
 			t.Fatalf("%d renewals of the deleted Lease, want 1", n)
 		}
-		if n := len(h.d.hosted.uids()); n != 0 {
+		if n := len(h.d.hosted.Progress()); n != 0 {
 			t.Fatalf("%d hosted drains left, want the drain ended", n)
 		}
 	})

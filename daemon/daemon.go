@@ -19,6 +19,7 @@ import (
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/conntrack"
 	"github.com/draind/draind/daemon/gonepeers"
+	"github.com/draind/draind/daemon/hosted"
 	"github.com/draind/draind/daemon/internal/runloop"
 	"github.com/draind/draind/daemon/lease"
 	"github.com/draind/draind/daemon/model"
@@ -122,7 +123,7 @@ type Daemon struct {
 	// each is its informer's store as of its handler's last call (a new
 	// object per change: readers compare them by pointer). Checked by
 	// FuzzSequenceDifferential.
-	local       snapshot[localPods]
+	local       snapshot[hosted.LocalPods]
 	leases      snapshot[drainLeases]
 	drainsState podDrainsState // podDrains' own (modelMu)
 
@@ -142,11 +143,11 @@ type Daemon struct {
 	nodes           typedcorev1.NodeInterface // this node's zone (zone.go)
 	zoneLoop        runloop.Loop
 	conntrackPolicy *conntrackPolicy
-	hosted          *hostedDrains // hosted.go
-	hostedLoop      runloop.Loop  // their rounds (runHosted)
-	hostedWake      chan struct{} // asks for a round (wakeHosted)
-	leaseWriter     *lease.Writer // sends the Lease writes they decide
-	leaseWriting    runloop.Loop  // leaseWriter's goroutine
+	hosted          *hosted.Drains // hosted.go wires them
+	hostedLoop      runloop.Loop   // their rounds (runHosted)
+	hostedWake      chan struct{}  // asks for a round (wakeHosted)
+	leaseWriter     *lease.Writer  // sends the Lease writes they decide
+	leaseWriting    runloop.Loop   // leaseWriter's goroutine
 	leaseTrust      *lease.Trust
 	judge           lease.Judge      // which Leases are believed
 	gone            *gonepeers.Peers // sockets_gone.go wires it
@@ -335,7 +336,7 @@ func (d *Daemon) PodStatuses() []PodStatus {
 			view[i].State = StateLingering
 		}
 	}
-	progress := d.hosted.progress()
+	progress := d.hosted.Progress()
 	for i := range view {
 		if p, ok := progress[types.UID(view[i].UID)]; ok {
 			view[i].setLocal(p)

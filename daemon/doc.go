@@ -10,16 +10,20 @@
 //     the one place; poddrains.go and claimleases.go hand it every Lease
 //     they read), writes this node's Leases off the loop (lease.Writer)
 //     and checks a Lease against its Pod object (lease.Trust);
-//     claimleases.go (an IP reused on another node);
+//     claimleases.go (the believed claim Leases: an IP reused on another
+//     node);
 //   - what the kernel gets: package reconcile (the minimal, ordered diff,
 //     reading the model through model.Desired), datapath.go
 //     (the interface; its fake is package datapathtest),
 //     kernelfeatures.go;
-//   - drains hosted here: hosted.go (measure, settle, Events, their
-//     Leases; local pods that vanished without draining), offline.go (the
-//     offline and online calls; the HTTP API is package nodeapi);
+//   - drains hosted here: package hosted (measure, settle, Events, their
+//     drain Leases and this node's claim Leases, the offline and online
+//     calls; local pods that vanished without draining; see its doc);
+//     hosted.go wires it (the loop of its rounds, the Lease writer, the
+//     offline API's calls; the HTTP API is package nodeapi);
 //   - what is expired: conntrackpolicy.go;
-//   - the socket hooks: sockets.go (live connections), sockets_gone.go
+//   - the socket hooks: sockets.go (their part of the datapath; package
+//     hosted counts live connections from them), sockets_gone.go
 //     (the gone peers' wiring, reading model.Gone;
 //     ending client sockets to gone peers is package gonepeers),
 //     sockets_vanish.go (collecting endpoints that left without draining;
@@ -47,8 +51,8 @@
 // memos (poddrains.go: podDrainsState.modelGen, leaseDrainsMemo), the
 // Lease answers (lease.Trust's gen; model.Claims' gen), the gone
 // peers (package gonepeers: noted, wantYet), the vanished endpoints
-// (package model: vanishState.markedGen), the deleting pods' drains (hosted.go:
-// looked), the informer snapshots (daemon.go: local, leases) and the
+// (package model: vanishState.markedGen), the deleting pods' drains
+// (package hosted: Drains.looked), the informer snapshots (daemon.go: local, leases) and the
 // reconciler's view of the datapath (package reconcile). Turned off one at a
 // time in BenchmarkClusterScale (150k endpoints, rollout churn), the gone
 // peers' cache saves 3.5x the CPU per update and leaseDrainsMemo 1.8x;
@@ -74,7 +78,7 @@
 //     (k8s.DrainLease); its holder is the node that hosts the pod.
 //   - hosted drain: this node's part of a drain of a pod it hosts: the
 //     Lease, SYN and connection counts, the offline waiters, the Events
-//     (hostedDrain).
+//     (package hosted).
 //   - drain entry: one datapath entry for a draining endpoint, with its
 //     policy (bpf.Drain); contributions are the reasons for it (a
 //     service-port, a pod drain's all-ports entry, a linger), merged with the

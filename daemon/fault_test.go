@@ -304,7 +304,7 @@ func TestFaultAPIOutageHostingNode(t *testing.T) {
 		for i := 0; i < 400; i++ {
 			h.clock.Step(200 * time.Millisecond)
 			h.pass()
-			h.d.hosted.reconcile(h.ctx)
+			h.d.hosted.Reconcile(h.ctx)
 			h.d.leaseWriter.Flush(h.ctx)
 		}
 		if r, answered := call.answered(t); answered {
@@ -316,10 +316,7 @@ func TestFaultAPIOutageHostingNode(t *testing.T) {
 		if n := testutilValue(t, h.d.Metrics.DrainOutcomes.WithLabelValues("cancelled")); n != 0 {
 			t.Errorf("%v drains cancelled during the outage", n)
 		}
-		h.d.hosted.mu.Lock()
-		ld := h.d.hosted.pods["p0"]
-		h.d.hosted.mu.Unlock()
-		if ld == nil || ld.state != StateDraining {
+		if ld := h.hostedDrain("p0"); ld == nil || ld.State != StateDraining {
 			t.Fatalf("local drain during the outage: %+v", ld)
 		}
 		// The API is back: the Lease is renewed at the next retry.

@@ -206,7 +206,7 @@ func (h *harness) goldenDump() []byte {
 		if ops := h.pass(); ops != 0 {
 			h.t.Errorf("a pass right after a pass wrote %d datapath operations", ops)
 		}
-		h.d.hosted.reconcile(h.ctx)
+		h.d.hosted.Reconcile(h.ctx)
 		h.d.leaseWriter.Flush(h.ctx)
 		h.d.leaseTrust.Flush(h.ctx)
 		h.syncLeases()

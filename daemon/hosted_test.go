@@ -11,11 +11,14 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/conntrack"
+	"github.com/draind/draind/daemon/hosted"
 	"github.com/draind/draind/daemon/lease"
+	"github.com/draind/draind/daemon/model"
 	"github.com/draind/draind/k8s"
 )
 
@@ -36,22 +39,18 @@ type offlineCall struct {
 	done chan OfflineResult
 }
 
-// offline calls the offline API's logic as pod 10.0.0.1 would and waits
-// until the call is registered (lease visible, waiter queued).
+// offline calls the offline API's logic (Daemon.Offline) as the pod at ip
+// would and waits until the call is registered (lease visible, waiter
+// queued). It runs in a synctest bubble: once every goroutine of the
+// bubble is blocked, a call with a wait that has not answered is blocked
+// on its wait, queued.
 func (h *harness) offline(ip netip.Addr, wait, quiet time.Duration) *offlineCall {
 	h.t.Helper()
-	c := &offlineCall{done: make(chan OfflineResult, 1)}
-	waiters := func() int { // queued, not merely reserved
-		h.d.hosted.mu.Lock()
-		defer h.d.hosted.mu.Unlock()
-		n := 0
-		for _, ld := range h.d.hosted.pods {
-			n += len(ld.waiters)
-		}
-		return n
+	if h.realTime {
+		h.t.Fatal("harness.offline needs a synctest bubble")
 	}
-	before := waiters()
-	go func() { c.done <- h.d.hosted.offline(h.ctx, ip, wait, quiet) }()
+	c := &offlineCall{done: make(chan OfflineResult, 1)}
+	go func() { c.done <- h.d.Offline(h.ctx, ip, wait, quiet) }()
 	answered := false
 	h.await("the offline call to register", func() bool {
 		select {
@@ -61,7 +60,7 @@ func (h *harness) offline(ip netip.Addr, wait, quiet time.Duration) *offlineCall
 			return true
 		default:
 		}
-		return wait > 0 && waiters() > before
+		return wait > 0
 	})
 	if !answered {
 		h.await("a drain Lease in the cache", func() bool { return len(h.passLeases()) > 0 })
@@ -88,6 +87,19 @@ func (c *offlineCall) within(d time.Duration) (OfflineResult, bool) {
 	}
 }
 
+// hostedDrain returns this node's drain of pod uid as the model takes it
+// (hosted.Drains.EachPodDrain; nil: none, or cancelled).
+func (h *harness) hostedDrain(uid types.UID) *model.PodDrain {
+	var out *model.PodDrain
+	h.d.hosted.EachPodDrain(func(pd *model.PodDrain) {
+		if pd.UID == uid {
+			c := *pd
+			out = &c
+		}
+	})
+	return out
+}
+
 // waitLeases waits until passes see n drain Leases.
 func (h *harness) waitLeases(n int) {
 	h.t.Helper()
@@ -105,7 +117,7 @@ func (h *harness) passLeases() []*k8s.DrainLease { return h.d.drainLeasesNow().l
 func (h *harness) tick(d time.Duration) {
 	h.clock.Step(d)
 	h.pass()
-	h.d.hosted.reconcile(h.ctx)
+	h.d.hosted.Reconcile(h.ctx)
 	h.d.leaseWriter.Flush(h.ctx)
 	h.d.leaseTrust.Flush(h.ctx)
 	h.syncLeases()
@@ -200,10 +212,10 @@ func TestOfflineReturnsWhenDrained(t *testing.T) {
 		if r.WaitedSeconds < 5 || r.WaitedSeconds > 6 {
 			t.Errorf("waited %.1fs, want ≈5.2s", r.WaitedSeconds)
 		}
-		if n := len(h.events(EventDrainStarted, 1)); n != 1 {
+		if n := len(h.events(hosted.EventDrainStarted, 1)); n != 1 {
 			t.Errorf("%d DrainStarted events, want 1", n)
 		}
-		if n := len(h.events(EventDrained, 1)); n != 1 {
+		if n := len(h.events(hosted.EventDrained, 1)); n != 1 {
 			t.Errorf("%d Drained events, want 1", n)
 		}
 		// Still drained afterwards: steering goes on until the pod is gone.
@@ -233,7 +245,7 @@ func TestOfflineTimesOutWithLiveConnection(t *testing.T) {
 		if !ok || r.Code != 504 || r.Drained || r.State != StateTimedOut || r.LiveConnections != 1 {
 			t.Fatalf("want 504 timed-out with live_connections 1, got %+v (answered %v)", r, ok)
 		}
-		if ev := h.events(EventDrainTimedOut, 1); len(ev) != 1 || ev[0].Type != corev1.EventTypeWarning {
+		if ev := h.events(hosted.EventDrainTimedOut, 1); len(ev) != 1 || ev[0].Type != corev1.EventTypeWarning {
 			t.Errorf("DrainTimedOut events: %+v", ev)
 		}
 	})
@@ -285,7 +297,7 @@ func TestConcurrentOfflineCalls(t *testing.T) {
 		if n := len(h.d.state.DrainLeases()); n != 1 {
 			t.Errorf("%d leases for one pod", n)
 		}
-		if n := len(h.events(EventDrainStarted, 1)); n != 1 {
+		if n := len(h.events(hosted.EventDrainStarted, 1)); n != 1 {
 			t.Errorf("%d DrainStarted events for one drain", n)
 		}
 	})
@@ -357,10 +369,7 @@ func TestRestartDuringDrain(t *testing.T) {
 		// A new daemon (upgrade) over the same API and maps.
 		h2 := h.restart()
 		h2.tick(0)
-		h2.d.hosted.mu.Lock()
-		ld := h2.d.hosted.pods["p0"]
-		h2.d.hosted.mu.Unlock()
-		if ld == nil || ld.state != StateDraining || ld.reason != k8s.ReasonOffline {
+		if ld := h2.hostedDrain("p0"); ld == nil || ld.State != StateDraining || ld.Reason != k8s.ReasonOffline {
 			t.Fatalf("the Lease did not carry the drain across the restart: %+v", ld)
 		}
 		// The pod's retried preStop joins the drain and returns when drained.
@@ -369,7 +378,7 @@ func TestRestartDuringDrain(t *testing.T) {
 		if r, ok := again.result(t); !ok || r.Code != 200 || !r.Drained {
 			t.Fatalf("after restart: %+v answered=%v", r, ok)
 		}
-		if n := len(h2.events(EventDrainStarted, 1)); n != 1 {
+		if n := len(h2.events(hosted.EventDrainStarted, 1)); n != 1 {
 			t.Errorf("%d DrainStarted events across a restart, want 1", n)
 		}
 		// It keeps renewing the Lease it adopted.
@@ -403,16 +412,15 @@ func TestRestartDuringDeletionKeepsOfflineDrain(t *testing.T) {
 			t.Errorf("after a restart the pod's IP is no longer steered:\n%s", h2.describe())
 		}
 		h2.tick(0)
-		h2.d.hosted.mu.Lock()
-		ld := h2.d.hosted.pods["p0"]
-		h2.d.hosted.mu.Unlock()
-		if ld == nil || ld.reason != k8s.ReasonOffline || !ld.steerPodIP || !ld.published {
+		// Every gone drain steers its pod IP (EachPodDrain): this one does
+		// while the pod is still there.
+		if ld := h2.hostedDrain("p0"); ld == nil || ld.Reason != k8s.ReasonOffline || ld.State == StateGone || !ld.SteerPodIP || !ld.Lease {
 			t.Fatalf("the restarted daemon's drain: %+v, want the Lease's (offline, steering the pod IP)", ld)
 		}
 		if l := h2.d.state.DrainLeases(); len(l) != 1 || l[0].Reason != k8s.ReasonOffline || !l[0].SteerPodIP {
 			t.Errorf("the Lease after the restart: %+v", l)
 		}
-		if n := len(h2.events(EventDrainStarted, 1)); n != 1 {
+		if n := len(h2.events(hosted.EventDrainStarted, 1)); n != 1 {
 			t.Errorf("%d DrainStarted events across a restart, want 1", n)
 		}
 	})
@@ -424,7 +432,7 @@ func TestOnlineUndoesOffline(t *testing.T) {
 		call := h.offline(podIP, time.Minute, 2*time.Second)
 		h.openConn()
 		h.tick(0)
-		if r := h.d.hosted.online(h.ctx, podIP); r.Code != 200 {
+		if r := h.d.Online(h.ctx, podIP); r.Code != 200 {
 			t.Fatalf("online: %+v", r)
 		}
 		r, ok := call.result(t)
@@ -434,7 +442,7 @@ func TestOnlineUndoesOffline(t *testing.T) {
 		h.waitLeases(0)
 		h.tick(0)
 		h.check(expect{})
-		if r := h.d.hosted.online(h.ctx, netip.MustParseAddr("192.0.2.1")); r.Code != 403 {
+		if r := h.d.Online(h.ctx, netip.MustParseAddr("192.0.2.1")); r.Code != 403 {
 			t.Errorf("online from a foreign caller: %+v", r)
 		}
 	})
@@ -538,10 +546,7 @@ func TestOfflineAPIUnreachable(t *testing.T) {
 		if !ok || r.Code != 503 || r.Error == "" {
 			t.Fatalf("want 503 with an error, got %+v", r)
 		}
-		h.d.hosted.mu.Lock()
-		n := len(h.d.hosted.pods)
-		h.d.hosted.mu.Unlock()
-		if n != 0 {
+		if n := len(h.d.hosted.Progress()); n != 0 {
 			t.Errorf("a drain that could not be published is kept locally")
 		}
 	})

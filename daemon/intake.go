@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/draind/draind/daemon/hosted"
 	"github.com/draind/draind/k8s"
 )
 
@@ -352,7 +353,7 @@ func (d *Daemon) leaseEvent(oldObj, newObj any, received time.Time) {
 			d.tracker.markLeaseTrigger(l.Acquired) // a drain started
 		}
 		if l.Holder == d.cfg.Node {
-			d.hosted.sawLease(l.PodUID)
+			d.hosted.SawLease(l.PodUID)
 		}
 	}
 	d.tracker.markLeases(receivedAt(received, d.clock.Now()))
@@ -364,42 +365,22 @@ func (d *Daemon) leaseEvent(oldObj, newObj any, received time.Time) {
 func (d *Daemon) podEvent(_, _ any, received time.Time) {
 	defer d.events.pods.Add(1)
 	var pods []*k8s.Pod
-	d.local.update(func() *localPods { pods = d.state.LocalPods(); return newLocalPods(pods) })
+	d.local.update(func() *hosted.LocalPods { pods = d.state.LocalPods(); return hosted.NewLocalPods(pods) })
 	d.tracker.markIPs(d.claims.SetLocalPods(pods))
 	d.tracker.markPods(receivedAt(received, d.clock.Now()))
 	d.runner.Run()
 	d.wakeHosted()
 }
 
-// localPods is this node's pods, indexed: a snapshot a pod event takes
-// (the informer calls the handler after each change to its store, so the
-// last snapshot has every change). Passes, one per slice update, read it
-// instead of listing the store and building the indexes each time (that
-// cost more than the rest of a pass on a node of 110 pods). Nothing
-// writes to a snapshot once stored.
-type localPods struct {
-	byUID map[types.UID]*k8s.Pod
-	byIP  map[netip.Addr]*k8s.Pod // of several pods at an IP, the last listed
-}
-
-func newLocalPods(pods []*k8s.Pod) *localPods {
-	lp := &localPods{byUID: make(map[types.UID]*k8s.Pod, len(pods)), byIP: make(map[netip.Addr]*k8s.Pod, len(pods))}
-	for _, p := range pods {
-		lp.byUID[p.UID] = p
-		for _, ip := range p.IPs {
-			lp.byIP[ip] = p
-		}
-	}
-	return lp
-}
-
-func (d *Daemon) localPodsNow() *localPods {
-	return d.local.get(func() *localPods { return newLocalPods(d.state.LocalPods()) })
+// localPodsNow is this node's pods as the last pod event read them
+// (hosted.LocalPods).
+func (d *Daemon) localPodsNow() *hosted.LocalPods {
+	return d.local.get(func() *hosted.LocalPods { return hosted.NewLocalPods(d.state.LocalPods()) })
 }
 
 // drainLeases is the cached drain Leases, the claim Leases
 // (claimleases.go) and the names of both: a snapshot a Lease event takes,
-// read by every pass (as localPods).
+// read by every pass (as hosted.LocalPods).
 type drainLeases struct {
 	list   []*k8s.DrainLease
 	claims []*k8s.DrainLease

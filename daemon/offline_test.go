@@ -7,15 +7,11 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/netip"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/draind/draind/conntrack"
 )
 
 // httpFixture serves the offline API on 127.0.0.1 for a pod whose IP is
@@ -76,7 +72,7 @@ func newHTTPFixture(t *testing.T, mod ...func(*Config)) *httpFixture {
 	done := make(chan struct{})
 	go func() { h.d.API().Serve(ctx, cl); close(done) }()
 	t.Cleanup(func() {
-		h.d.hosted.cancelAll("the test is over") // pending waits answer, as at a stop
+		h.d.hosted.Stop("the test is over") // pending waits answer, as at a stop
 		cancel()
 		<-done
 	})
@@ -166,116 +162,6 @@ func TestOfflineAPISlowClient(t *testing.T) {
 	}
 	if ne, ok := err.(net.Error); ok && ne.Timeout() {
 		t.Fatalf("a slow client held a connection for %v", time.Since(start))
-	}
-}
-
-func TestOfflineAPIManyWaitsBounded(t *testing.T) {
-	const limit, callers = 100, 1000
-	f := newHTTPFixture(t, func(c *Config) { c.MaxWaiters, c.MaxWaitersPerPod = limit, limit })
-	f.openConn2("127.0.0.1:8080") // keeps the pod from draining meanwhile
-	runtime.GC()
-	var before runtime.MemStats
-	runtime.ReadMemStats(&before)
-	goroutines := runtime.NumGoroutine()
-
-	codes := make(chan int, callers)
-	// One connection per call, as a preStop's curl makes.
-	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
-	var wg sync.WaitGroup
-	for i := 0; i < callers; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			resp, err := client.Post("http://"+f.addr+"/v1/offline?wait=60s&quiet=1s", "", nil)
-			if err != nil {
-				t.Errorf("caller: %v", err)
-				codes <- -1
-				return
-			}
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			codes <- resp.StatusCode
-		}()
-	}
-	// Every call beyond the limit is refused at once. (Waited for in real
-	// time, here and below: the calls go over real sockets, no synctest
-	// bubble.)
-	n429 := 0
-	deadline := time.After(30 * time.Second)
-	for n429 < callers-limit {
-		select {
-		case c := <-codes:
-			if c != 429 {
-				t.Fatalf("while %d waits are pending, a call got %d", limit, c)
-			}
-			n429++
-		case <-deadline:
-			t.Fatalf("only %d of %d excess calls were refused", n429, callers-limit)
-		}
-	}
-	f.d.hosted.mu.Lock()
-	waiting := f.d.hosted.nwait
-	f.d.hosted.mu.Unlock()
-	if waiting != limit {
-		t.Errorf("%d waits pending, want the limit %d", waiting, limit)
-	}
-	var during runtime.MemStats
-	runtime.ReadMemStats(&during)
-	// The pod drains: every pending wait is answered.
-	f.ct.Expire(f.ctx, []conntrack.Filter{{Proto: conntrack.TCP, ReplySrc: netip.MustParseAddrPort("127.0.0.1:0")}})
-	f.tick(0)
-	f.tick(2 * time.Second)
-	ok := 0
-	for i := 0; i < limit; i++ {
-		select {
-		case c := <-codes:
-			if c == 200 {
-				ok++
-			}
-		case <-time.After(20 * time.Second):
-			buf := make([]byte, 1<<20)
-			n := runtime.Stack(buf, true)
-			for _, g := range strings.Split(string(buf[:n]), "\n\n") {
-				if strings.Contains(g, "daemon.(*localDrains)") {
-					t.Log(g)
-				}
-			}
-			f.d.hosted.mu.Lock()
-			for _, ld := range f.d.hosted.pods {
-				t.Logf("drain %s: state %s waiters %d live %d checked %v started %v lastSYN %v now %v", ld.name, ld.state, len(ld.waiters), ld.live, ld.liveChecked, ld.started, ld.lastSYN, f.clock.Now())
-				for _, w := range ld.waiters {
-					t.Logf("  waiter quiet %v started %v deadline %v", w.quiet, w.started, w.deadline)
-				}
-			}
-			f.d.hosted.mu.Unlock()
-			t.Fatalf("pending waits not answered: %d of %d", ok, limit)
-		}
-	}
-	wg.Wait()
-	if ok != limit {
-		t.Errorf("%d of %d pending waits got 200", ok, limit)
-	}
-	client.CloseIdleConnections()
-	runtime.GC()
-	var after runtime.MemStats
-	runtime.ReadMemStats(&after)
-	growth := int64(during.HeapInuse) - int64(before.HeapInuse)
-	left := int64(after.HeapInuse) - int64(before.HeapInuse)
-	t.Logf("heap in use: before %d KiB, with %d callers %d KiB, after %d KiB", before.HeapInuse>>10, callers, during.HeapInuse>>10, after.HeapInuse>>10)
-	if growth > 64<<20 {
-		t.Errorf("heap grew by %d MiB under %d callers (client side included)", growth>>20, callers)
-	}
-	f.d.hosted.mu.Lock()
-	if f.d.hosted.nwait != 0 || len(f.d.hosted.pods["p0"].waiters) != 0 {
-		t.Errorf("waiter state left behind: %d waits", f.d.hosted.nwait)
-	}
-	f.d.hosted.mu.Unlock()
-	if left > 16<<20 {
-		t.Errorf("%d MiB of heap still held after every call ended", left>>20)
-	}
-	poll(5*time.Second, func() bool { return runtime.NumGoroutine() <= goroutines+20 }) // real sockets: no bubble
-	if g := runtime.NumGoroutine(); g > goroutines+20 {
-		t.Errorf("%d goroutines left, %d before", g, goroutines)
 	}
 }
 

@@ -67,7 +67,7 @@ func (d *Daemon) syncLocked(loop bool) time.Time {
 	m := d.model
 
 	local := d.localPodsNow()
-	d.hosted.observeLocalPods(now)
+	d.hosted.ObserveLocalPods(now)
 	m.AddVanished(d.vanished.take())
 	podAt := dirty.podEventAt(now)
 	var changedDrains []*model.PodDrain
@@ -114,7 +114,7 @@ func (d *Daemon) syncLocked(loop bool) time.Time {
 	m.ForgetVanishedServices(now)
 	first := d.apply(now, changedAt, programmed, loop)
 	d.gone.Pass(m.Gone(), now, dirty.ips, dirty.services)
-	d.hosted.setKeys(m.KeysOf)
+	d.hosted.SetKeys(m.KeysOf)
 	for _, dep := range m.TakeDepartures() {
 		d.conntrackPolicy.departed(dep)
 	}

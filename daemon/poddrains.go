@@ -7,6 +7,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/draind/draind/daemon/hosted"
 	"github.com/draind/draind/daemon/model"
 	"github.com/draind/draind/daemon/reconcile"
 	"github.com/draind/draind/k8s"
@@ -45,7 +46,7 @@ type podDrainsState struct {
 type leaseDrainsMemo struct {
 	drains      map[types.UID]*model.PodDrain
 	leases      *drainLeases
-	local       *localPods
+	local       *hosted.LocalPods
 	claimsGen   uint64
 	trustGen    uint64
 	until       time.Time // the first deadline among them (zero: none)
@@ -61,7 +62,7 @@ type leaseDrainsMemo struct {
 // good); a hosted drain holds whatever its Lease says (this node knows its
 // pod is draining even when the API server could not be reached to renew
 // the Lease). Unchanged drains keep their objects (and the model its map).
-func (d *Daemon) podDrains(local *localPods, now time.Time) (map[types.UID]*model.PodDrain, bool) {
+func (d *Daemon) podDrains(local *hosted.LocalPods, now time.Time) (map[types.UID]*model.PodDrain, bool) {
 	st := &d.drainsState
 	prev, gen := d.model.PodDrains()
 	if st.modelGen != gen {
@@ -90,7 +91,7 @@ func (d *Daemon) podDrains(local *localPods, now time.Time) (map[types.UID]*mode
 
 // readLeaseDrains brings st.leases up to date, reading every Lease again
 // if anything it depended on changed. It reports whether it read them.
-func (d *Daemon) readLeaseDrains(local *localPods, prev map[types.UID]*model.PodDrain, now time.Time) bool {
+func (d *Daemon) readLeaseDrains(local *hosted.LocalPods, prev map[types.UID]*model.PodDrain, now time.Time) bool {
 	st := &d.drainsState
 	mm := &st.leases
 	leases := d.drainLeasesNow()
@@ -111,7 +112,7 @@ func (d *Daemon) readLeaseDrains(local *localPods, prev map[types.UID]*model.Pod
 	clear(mm.drains)
 	for _, l := range leases.list {
 		mm.ownLeases = mm.ownLeases || l.Holder == d.cfg.Node
-		ips, ok, until := d.judge.Believed(l, local.byIP, st.ips[:0], now)
+		ips, ok, until := d.judge.Believed(l, local.ByIP, st.ips[:0], now)
 		mm.deadline(until)
 		if cap(ips) <= reconcile.ScratchKeep {
 			st.ips = ips[:0]
@@ -149,12 +150,12 @@ func (mm *leaseDrainsMemo) deadline(t time.Time) {
 
 // readHosted reads this node's drains into st.hosted and reports whether
 // they changed since the last pass.
-func (st *podDrainsState) readHosted(h *hostedDrains, prev map[types.UID]*model.PodDrain) bool {
+func (st *podDrainsState) readHosted(h *hosted.Drains, prev map[types.UID]*model.PodDrain) bool {
 	if st.hosted == nil {
 		st.hosted = map[types.UID]*model.PodDrain{}
 	}
 	changed, n := false, 0
-	h.eachPodDrain(func(pd *model.PodDrain) {
+	h.EachPodDrain(func(pd *model.PodDrain) {
 		n++
 		if cur := st.hosted[pd.UID]; cur == nil || !cur.Identical(pd) {
 			changed = true
@@ -164,6 +165,6 @@ func (st *podDrainsState) readHosted(h *hostedDrains, prev map[types.UID]*model.
 		return false
 	}
 	clear(st.hosted)
-	h.eachPodDrain(func(pd *model.PodDrain) { model.KeepPodDrain(st.hosted, prev, pd) })
+	h.EachPodDrain(func(pd *model.PodDrain) { model.KeepPodDrain(st.hosted, prev, pd) })
 	return true
 }

@@ -217,9 +217,9 @@ func (s *seqRun) step(r *seqReader) (passed, failed bool) {
 		s.logf("offline call from %s (online %v)", ip, online)
 		s.leaseCall(func() {
 			if online {
-				h.d.hosted.online(h.ctx, ip)
+				h.d.Online(h.ctx, ip)
 			} else {
-				h.d.hosted.offline(h.ctx, ip, 0, 0)
+				h.d.Offline(h.ctx, ip, 0, 0)
 			}
 		})
 	case 8:
@@ -303,10 +303,8 @@ func (s *seqRun) putLease(r *seqReader) {
 
 // hosts reports whether this node's draind holds a drain of the pod.
 func (s *seqRun) hosts(uid types.UID) bool {
-	l := s.h.d.hosted
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.pods[uid] != nil
+	_, ok := s.h.d.hosted.Progress()[uid]
+	return ok
 }
 
 // leaseCall runs an offline or online call, or the hosted drains' own
@@ -374,7 +372,7 @@ func (s *seqRun) settle() {
 	h := s.h
 	for range 3 {
 		before := s.apiLeaseEvents.Load()
-		h.d.hosted.reconcile(h.ctx)
+		h.d.hosted.Reconcile(h.ctx)
 		h.d.leaseWriter.Flush(h.ctx)
 		s.syncLeases()
 		h.pass() // the pass the hosted drains ask for
@@ -414,7 +412,7 @@ func (s *seqRun) freshDatapath() (*Daemon, *datapathtest.Sockets) {
 	// The hosted drains' first round, as their loop runs it at start: it
 	// takes this node's own Leases of its pods back. Its Lease writes stay
 	// queued (the writer is not flushed): the fresh daemon only reads.
-	d.hosted.reconcile(ctx)
+	d.hosted.Reconcile(ctx)
 	fh.pass()
 	return d, sd
 }
@@ -640,7 +638,7 @@ func (s *seqRun) historyKeys(models []*model.Model) map[bpf.EndpointKey]bool {
 	}
 	pds, _ := m.PodDrains()
 	for _, pd := range pds {
-		if pd.Holder != testNode || pd.State != StateGone || s.h.d.localPodsNow().byUID[pd.UID] != nil {
+		if pd.Holder != testNode || pd.State != StateGone || s.h.d.localPodsNow().ByUID[pd.UID] != nil {
 			continue
 		}
 		for _, ip := range pd.IPs {

@@ -115,7 +115,7 @@ func (c *socketCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descSocketHooks, prometheus.GaugeValue, loaded)
 	c.collectSocketCounters(ch, sd)
 	c.collectGone(ch, sd)
-	for _, p := range c.d.hosted.progress() {
+	for _, p := range c.d.hosted.Progress() {
 		if p.State == StateGone || p.State == StateCancelled {
 			continue
 		}

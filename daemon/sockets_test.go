@@ -317,10 +317,10 @@ func TestVanishedLocalPodPublishesGone(t *testing.T) {
 		h.putSlice(slice("web-1", "web", v4, httpPorts(8080), ready("10.0.0.1", "p0"), onNode(ready("10.0.0.2", "p1"), "node-b")))
 		h.putPod(pod("pod-p0", "p0", "10.0.0.1"))
 		h.pass()
-		h.d.hosted.reconcile(h.ctx)
+		h.d.hosted.Reconcile(h.ctx)
 		h.deletePod("default", "pod-p0")
 		h.pass()
-		h.d.hosted.reconcile(h.ctx)
+		h.d.hosted.Reconcile(h.ctx)
 		flush(h)
 		h.waitLeases(1)
 		l := h.d.state.DrainLeases()[0]
@@ -378,68 +378,6 @@ func TestGoneFlowsFromConntrack(t *testing.T) {
 	})
 }
 
-// TestLiveFromSocketsAndConntrack: the live count is the larger of the two
-// sources; the answer says which, and whether the sockets miss older
-// connections of a pod created before counting started.
-func TestLiveFromSocketsAndConntrack(t *testing.T) {
-	ip := []netip.Addr{netip.MustParseAddr("10.0.0.1")}
-	since := time.Date(2026, 11, 29, 11, 0, 0, 0, time.UTC)
-	ctFlows := func(n int) *conntracktest.Fake {
-		f := conntracktest.New()
-		for i := 0; i < n; i++ {
-			f.AddFlow(conntrack.Flow{Proto: conntrack.TCP, State: conntrack.TCPEstablished,
-				Orig:  conntrack.Tuple{Src: netip.AddrPortFrom(netip.MustParseAddr("10.0.9.9"), uint16(1000+i)), Dst: netip.MustParseAddrPort("10.0.0.1:80")},
-				Reply: conntrack.Tuple{Src: netip.MustParseAddrPort("10.0.0.1:80"), Dst: netip.AddrPortFrom(netip.MustParseAddr("10.0.9.9"), uint16(1000+i))}})
-		}
-		return f
-	}
-	for _, tc := range []struct {
-		name        string
-		sockets     int // -1: no socket hooks
-		ct          int // -1: no conntrack
-		created     time.Time
-		live        int
-		source      string
-		partial     bool
-		noCheckable bool
-	}{
-		{"sockets only (a CNI without host conntrack)", 2, 0, since.Add(time.Minute), 2, LiveFromSockets, false, false},
-		{"both agree", 1, 1, since.Add(time.Minute), 1, LiveFromSockets, false, false},
-		{"conntrack sees older connections", 1, 3, since.Add(-time.Minute), 3, LiveFromConntrack, true, false},
-		{"no socket hooks", -1, 2, since, 2, LiveFromConntrack, false, false},
-		{"no conntrack", 4, -1, since.Add(time.Minute), 4, LiveFromSockets, false, false},
-		{"neither", -1, -1, since, 0, LiveFromNone, false, false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			var sd SocketDatapath
-			if tc.sockets >= 0 {
-				f := datapathtest.NewSockets(since)
-				f.SetLive(ip[0], tc.sockets)
-				sd = f
-			}
-			var ct conntrack.Interface
-			if tc.ct >= 0 {
-				ct = ctFlows(tc.ct)
-			}
-			lc := countLive(context.Background(), sd, ct, ip, tc.created, nil)
-			if tc.ct >= 0 {
-				// Conntrack unreadable: the sockets alone decide only for a
-				// pod they counted from its start.
-				ct.(*conntracktest.Fake).FailNext(len(ip), nil)
-				if failed := countLive(context.Background(), sd, ct, ip, tc.created, nil); failed.Checked == (tc.sockets < 0 || tc.partial) {
-					t.Errorf("conntrack unreadable: checked %v (sockets %d, partial %v)", failed.Checked, tc.sockets, tc.partial)
-				}
-			}
-			if lc.Live != tc.live || lc.Source != tc.source || lc.SocketsPartial != tc.partial || !lc.Checked {
-				t.Errorf("got %+v, want live %d from %s (partial %v)", lc, tc.live, tc.source, tc.partial)
-			}
-			if (lc.Sockets != nil) != (tc.sockets >= 0) || (lc.Conntrack != nil) != (tc.ct >= 0) {
-				t.Errorf("sources read: sockets %v conntrack %v", lc.Sockets, lc.Conntrack)
-			}
-		})
-	}
-}
-
 // TestOfflineWaitsForSocketsWithoutConntrack: with an empty conntrack table
 // (a CNI that bypasses it) the offline call waits while the pod's sockets
 // say a connection is open, answers once it closes, and says the count
@@ -457,13 +395,13 @@ func TestOfflineWaitsForSocketsWithoutConntrack(t *testing.T) {
 		call := h.offline(podIP, time.Minute, time.Second)
 		h.pass()
 		h.clock.Step(3 * time.Second)
-		h.d.hosted.reconcile(h.ctx)
+		h.d.hosted.Reconcile(h.ctx)
 		if r, done := call.answered(t); done {
 			t.Fatalf("answered while the pod's socket count says 1 (conntrack 0): %+v", r)
 		}
 		sd.SetLive(podIP, 0)
 		h.clock.Step(time.Second)
-		h.d.hosted.reconcile(h.ctx)
+		h.d.hosted.Reconcile(h.ctx)
 		r, done := call.result(t)
 		if !done || !r.Drained || r.LiveSource != LiveFromSockets || r.LiveSockets == nil || *r.LiveSockets != 0 ||
 			r.LiveConntrack == nil || *r.LiveConntrack != 0 || r.LiveSocketsPartial {
@@ -535,7 +473,7 @@ func TestKilledWithoutGraceIsGone(t *testing.T) {
 		if _, ok := sd.Peer("10.0.0.1"); !ok {
 			t.Fatalf("a pod killed without grace is no gone peer: %v", sd.GonePeers())
 		}
-		h.d.hosted.reconcile(h.ctx)
+		h.d.hosted.Reconcile(h.ctx)
 		flush(h)
 		h.waitLeases(1)
 		if ls := h.passLeases(); ls[0].State != StateGone {
@@ -587,15 +525,12 @@ func TestFinishedLocalPodNeverVanishes(t *testing.T) {
 		p.Status.Phase = corev1.PodSucceeded
 		h.putPod(p)
 		h.pass()
-		h.d.hosted.reconcile(h.ctx)
+		h.d.hosted.Reconcile(h.ctx)
 		h.deletePod("default", "pod-f")
 		h.pass()
-		h.d.hosted.reconcile(h.ctx)
-		h.d.hosted.mu.Lock()
-		ld := h.d.hosted.pods["f"]
-		h.d.hosted.mu.Unlock()
-		if ld != nil {
-			t.Errorf("a finished pod removed later got a drain: state %s", ld.state)
+		h.d.hosted.Reconcile(h.ctx)
+		if ld, ok := h.d.hosted.Progress()["f"]; ok {
+			t.Errorf("a finished pod removed later got a drain: state %s", ld.State)
 		}
 		if h.d.claims.ClaimedByOther(netip.MustParseAddr("10.0.0.8"), "") {
 			t.Error("a finished pod claims the IP it released")

@@ -6,17 +6,18 @@ import (
 	"time"
 
 	"github.com/draind/draind/bpf"
-	"github.com/draind/draind/daemon/model"
+	"github.com/draind/draind/daemon/hosted"
 )
 
-// Drain states of a pod.
+// Drain states of a pod: those of a hosted drain (package hosted), and
+// lingering.
 const (
-	StateDraining  = "draining"
-	StateDrained   = "drained"
-	StateTimedOut  = "timed-out"
-	StateGone      = model.StateGone // the pod was deleted; its IP still steered
-	StateLingering = "lingering"     // departed endpoint, seen from another node
-	StateCancelled = "cancelled"     // /v1/online or undrain
+	StateDraining  = hosted.StateDraining
+	StateDrained   = hosted.StateDrained
+	StateTimedOut  = hosted.StateTimedOut
+	StateGone      = hosted.StateGone // the pod was deleted; its IP still steered
+	StateLingering = "lingering"      // departed endpoint, seen from another node
+	StateCancelled = hosted.StateCancelled
 )
 
 // PodStatus is one drained pod, as `draind status` shows it.
@@ -36,7 +37,7 @@ type PodStatus struct {
 	LiveConnections int      `json:"live_connections"`
 	Steered         uint64   `json:"steered"`
 	Entries         []string `json:"entries,omitempty"`
-	// Live connections by source (sockets.go): each source's count, the
+	// Live connections by source (package hosted): each source's count, the
 	// one LiveConnections came from, and whether the socket count misses
 	// connections older than counting on this node.
 	LiveSockets        *int   `json:"live_sockets,omitempty"`
@@ -46,7 +47,7 @@ type PodStatus struct {
 }
 
 // setLocal fills the row of a pod this node hosts with what it measured.
-func (ps *PodStatus) setLocal(p hostedProgress) {
+func (ps *PodStatus) setLocal(p hosted.Progress) {
 	ps.Local = true
 	ps.State = p.State
 	ps.SYNs, ps.LiveConnections, ps.Steered = p.SYNs, p.Live, p.Steered

@@ -22,7 +22,7 @@
 // "Believed" is decided here and nowhere else. Which of the pods that
 // believed claims and the cluster's other records put at an IP owns it is
 // a claim conflict, decided in package model (Claims.ClaimedByOther).
-// Package daemon decides which Leases this node deletes
-// (hostedDrains.deletes, the one place); Writer deletes them. Terms are
-// those of the daemon's glossary (package daemon's doc, docs/glossary.md).
+// Package hosted decides which Leases this node deletes (Drains.deletes,
+// the one place); Writer deletes them. Terms are those of the daemon's
+// glossary (package daemon's doc, docs/glossary.md).
 package lease

@@ -25,7 +25,8 @@ type Result struct {
 	Steered         uint64  `json:"steered"`
 	// LiveSockets and LiveConntrack are each source's count of live
 	// connections, LiveSource the one LiveConnections came from
-	// (sockets.go); LiveSocketsPartial: the pod predates socket counting.
+	// (package hosted, live.go); LiveSocketsPartial: the pod predates socket
+	// counting.
 	LiveSockets        *int   `json:"live_sockets,omitempty"`
 	LiveConntrack      *int   `json:"live_conntrack,omitempty"`
 	LiveSource         string `json:"live_source,omitempty"`

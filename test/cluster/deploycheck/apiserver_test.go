@@ -33,6 +33,7 @@ import (
 
 	"github.com/draind/draind/daemon"
 	"github.com/draind/draind/daemon/datapathtest"
+	"github.com/draind/draind/daemon/hosted"
 	"github.com/draind/draind/k8s"
 	"github.com/draind/draind/test/cluster/kube"
 	"github.com/draind/draind/test/cluster/kubebin"
@@ -387,7 +388,7 @@ func testDaemonWithRBAC(ctx context.Context, t *testing.T, c *kube.Cluster, sa k
 		}
 		return l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity == node && l.Annotations[k8s.AnnState] == daemon.StateDrained, nil
 	})
-	for _, reason := range []string{daemon.EventDrainStarted, daemon.EventDrained} {
+	for _, reason := range []string{hosted.EventDrainStarted, hosted.EventDrained} {
 		poll("Event "+reason, func(ctx context.Context) (bool, error) {
 			evs, err := c.Admin.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: fields.AndSelectors(
 				fields.OneTermEqualSelector("involvedObject.uid", string(pod.UID)),

@@ -17,7 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/draind/draind/bpf"
-	"github.com/draind/draind/daemon"
+	"github.com/draind/draind/daemon/hosted"
 	"github.com/draind/draind/test/cluster/realnode"
 )
 
@@ -443,7 +443,7 @@ func draindDrainStarts(ctx context.Context, t *testing.T, n *realnode.Node, res 
 	}
 	events := map[string]corev1.Event{}
 	for _, e := range evs.Items {
-		if e.Source.Component == "draind" && e.Reason == daemon.EventDrainStarted {
+		if e.Source.Component == "draind" && e.Reason == hosted.EventDrainStarted {
 			events[e.InvolvedObject.Name] = e
 		}
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/draind/draind/bpf"
 	"github.com/draind/draind/daemon"
+	"github.com/draind/draind/daemon/hosted"
 	"github.com/draind/draind/test/cluster/deploycheck"
 	"github.com/draind/draind/test/cluster/realnode"
 )
@@ -410,7 +411,7 @@ func (o *drainObserver) check(ctx context.Context, t *testing.T, res *rolloutRes
 	}
 	var rows []string
 	for _, p := range res.oldPods {
-		for _, r := range []string{daemon.EventDrainStarted, daemon.EventDrained} {
+		for _, r := range []string{hosted.EventDrainStarted, hosted.EventDrained} {
 			if _, ok := reasons[p.Name][r]; !ok {
 				t.Errorf("pod %s has no %s Event from draind (has %v)", p.Name, r, keys(reasons[p.Name]))
 			}

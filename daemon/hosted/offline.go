@@ -1,10 +1,11 @@
-package daemon
+package hosted
 
 import (
 	"context"
 	"fmt"
 	"net/http"
 	"net/netip"
+	"slices"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -13,16 +14,24 @@ import (
 	"github.com/draind/draind/k8s"
 )
 
-// offline starts (or joins) the drain of the pod calling from ip and, with
+// waiter is one blocked /v1/offline?wait= call.
+type waiter struct {
+	quiet    time.Duration
+	deadline time.Time
+	started  time.Time
+	done     chan nodeapi.Result
+}
+
+// Offline starts (or joins) the drain of the pod calling from ip and, with
 // wait > 0, blocks until it is drained, wait passes, or the caller goes
-// away.
-func (l *hostedDrains) offline(ctx context.Context, ip netip.Addr, wait, quiet time.Duration) OfflineResult {
+// away: the offline API's /v1/offline.
+func (l *Drains) Offline(ctx context.Context, ip netip.Addr, wait, quiet time.Duration) nodeapi.Result {
 	p := l.podByIP(ip)
 	if p == nil {
-		return OfflineResult{Error: fmt.Sprintf("%s is not a pod on node %s", ip, l.cfg.Node), Code: http.StatusForbidden}
+		return nodeapi.Result{Error: fmt.Sprintf("%s is not a pod on node %s", ip, l.cfg.Node), Code: http.StatusForbidden}
 	}
 	if wait > 0 && !l.reserve(p.UID) {
-		return OfflineResult{Pod: p.Namespace + "/" + p.Name, Error: "too many concurrent waits", Code: http.StatusTooManyRequests}
+		return nodeapi.Result{Pod: p.Namespace + "/" + p.Name, Error: "too many concurrent waits", Code: http.StatusTooManyRequests}
 	}
 	now := l.cfg.Clock.Now()
 	ld, err := l.join(ctx, p, now)
@@ -32,19 +41,42 @@ func (l *hostedDrains) offline(ctx context.Context, ip netip.Addr, wait, quiet t
 			l.release(p.UID)
 			l.mu.Unlock()
 		}
-		return OfflineResult{Pod: p.Namespace + "/" + p.Name, Error: "publishing the drain: " + err.Error(), Code: http.StatusServiceUnavailable}
+		return nodeapi.Result{Pod: p.Namespace + "/" + p.Name, Error: "publishing the drain: " + err.Error(), Code: http.StatusServiceUnavailable}
 	}
 	if wait <= 0 {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		return l.resultOf(ld, now, nil, ld.state, http.StatusOK)
 	}
-	return l.wait(ctx, ld, &waiter{quiet: quiet, deadline: now.Add(wait), started: now, done: make(chan OfflineResult, 1)})
+	return l.wait(ctx, ld, &waiter{quiet: quiet, deadline: now.Add(wait), started: now, done: make(chan nodeapi.Result, 1)})
+}
+
+// podByIP finds the local pod (not host-network) owning ip, in the pods
+// the passes and reconcile see (a drain started for a pod they did not
+// see yet would be taken for a vanished pod's).
+//
+// A pod that finished (Succeeded, Failed) may still list the IP its
+// sandbox had, which the kubelet gives to a new pod: a finished pod is
+// never the caller, and of several live pods sharing an IP (which the
+// kubelet never does) none is.
+func (l *Drains) podByIP(ip netip.Addr) *k8s.Pod {
+	ip = ip.Unmap()
+	var found *k8s.Pod
+	for _, p := range l.localPods().ByUID {
+		if p.HostNetwork || p.Finished() || !slices.Contains(p.IPs, ip) {
+			continue
+		}
+		if found != nil {
+			return nil // ambiguous
+		}
+		found = p
+	}
+	return found
 }
 
 // join starts the pod's drain, or joins the one in progress, and makes
 // sure its Lease is published before the caller is answered.
-func (l *hostedDrains) join(ctx context.Context, p *k8s.Pod, now time.Time) (*hostedDrain, error) {
+func (l *Drains) join(ctx context.Context, p *k8s.Pod, now time.Time) (*drain, error) {
 	l.mu.Lock()
 	ld := l.pods[p.UID]
 	created := ld == nil || ld.state == StateCancelled
@@ -73,7 +105,7 @@ func (l *hostedDrains) join(ctx context.Context, p *k8s.Pod, now time.Time) (*ho
 
 // wait queues w on the drain (its slot is reserved) and blocks until it is
 // settled or the caller goes away.
-func (l *hostedDrains) wait(ctx context.Context, ld *hostedDrain, w *waiter) OfflineResult {
+func (l *Drains) wait(ctx context.Context, ld *drain, w *waiter) nodeapi.Result {
 	l.mu.Lock()
 	ld.waiters = append(ld.waiters, w)
 	l.settle(ld, l.cfg.Clock.Now()) // maybe drained already: judge it at this instant
@@ -89,7 +121,7 @@ func (l *hostedDrains) wait(ctx context.Context, ld *hostedDrain, w *waiter) Off
 			if x == w {
 				ld.waiters = append(ld.waiters[:i], ld.waiters[i+1:]...)
 				l.release(ld.uid)
-				return OfflineResult{Error: "caller went away", Code: 499}
+				return nodeapi.Result{Error: "caller went away", Code: 499}
 			}
 		}
 		return <-w.done // settled meanwhile
@@ -99,7 +131,7 @@ func (l *hostedDrains) wait(ctx context.Context, ld *hostedDrain, w *waiter) Off
 // reserve takes a wait slot for a pod: at most MaxWaitersPerPod per pod,
 // and MaxWaiters on the node, except that a pod's first wait is never
 // refused for the node-wide cap: one pod (or a few) cannot starve another.
-func (l *hostedDrains) reserve(uid types.UID) bool {
+func (l *Drains) reserve(uid types.UID) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	n := l.podWaits[uid]
@@ -112,21 +144,21 @@ func (l *hostedDrains) reserve(uid types.UID) bool {
 }
 
 // release gives a wait slot back (l.mu held).
-func (l *hostedDrains) release(uid types.UID) {
+func (l *Drains) release(uid types.UID) {
 	l.nwait--
 	if l.podWaits[uid]--; l.podWaits[uid] <= 0 {
 		delete(l.podWaits, uid)
 	}
 }
 
-// online ends a drain the pod (or an operator) asked for. A drain caused by
-// the pod's deletion cannot be undone.
-func (l *hostedDrains) online(ctx context.Context, ip netip.Addr) OfflineResult {
+// Online ends a drain the pod (or an operator) asked for: the offline
+// API's /v1/online. A drain caused by the pod's deletion cannot be undone.
+func (l *Drains) Online(ctx context.Context, ip netip.Addr) nodeapi.Result {
 	p := l.podByIP(ip)
 	if p == nil {
-		return OfflineResult{Error: fmt.Sprintf("%s is not a pod on node %s", ip, l.cfg.Node), Code: http.StatusForbidden}
+		return nodeapi.Result{Error: fmt.Sprintf("%s is not a pod on node %s", ip, l.cfg.Node), Code: http.StatusForbidden}
 	}
-	res := OfflineResult{Pod: p.Namespace + "/" + p.Name, Code: http.StatusOK, State: "online"}
+	res := nodeapi.Result{Pod: p.Namespace + "/" + p.Name, Code: http.StatusOK, State: "online"}
 	if p.Deleting() {
 		res.Error, res.Code = "the pod is being deleted: its drain cannot be undone", http.StatusConflict
 		return res
@@ -148,16 +180,3 @@ func (l *hostedDrains) online(ctx context.Context, ip netip.Addr) OfflineResult 
 	l.cfg.RequestPass()
 	return res
 }
-
-// Offline is the offline API's /v1/offline: see hostedDrains.offline.
-func (d *Daemon) Offline(ctx context.Context, ip netip.Addr, wait, quiet time.Duration) OfflineResult {
-	return d.hosted.offline(ctx, ip, wait, quiet)
-}
-
-// Online is the offline API's /v1/online: see hostedDrains.online.
-func (d *Daemon) Online(ctx context.Context, ip netip.Addr) OfflineResult {
-	return d.hosted.online(ctx, ip)
-}
-
-// API is the node-local HTTP API over this daemon's drains.
-func (d *Daemon) API() *nodeapi.Server { return d.api }
