@@ -215,9 +215,6 @@ func (d *Daemon) datapathError(what string, err error) {
 	d.log.Error("datapath update failed, will retry", "what", what, logKeyErr, err)
 }
 
-// Informers exposes the caches (tests, status).
-func (d *Daemon) Informers() *k8s.Informers { return d.inf }
-
 // Run adopts the pinned datapath state, starts the informers, waits for
 // every informer to sync, then keeps the datapath in step until ctx ends.
 // It returns once everything it started has stopped.

@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -88,6 +87,10 @@ func TestPrivilegedREADMEPreStopRecipes(t *testing.T) {
 	defer func() { stop() }()
 	node := c.ServerNodes()[0]
 	d := c.daemons[node]
+	env := func(path string) []string {
+		return []string{"HOST_IP=" + node.IP4.String(), "PATH=" + path}
+	}
+	sysPath := "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 	startPod := func(name string) *bed.Pod {
 		t.Helper()
@@ -99,27 +102,14 @@ func TestPrivilegedREADMEPreStopRecipes(t *testing.T) {
 			IPs: []netip.Addr{bp.IP4, bp.IP6}, Labels: map[string]string{"app": name}}); err != nil {
 			t.Fatal(err)
 		}
-		// Wait until the node's draind knows the pod and its IP (else 403):
-		// the pod is created first and gets its IPs with its status.
+		// Wait until the node's draind knows the pod and its IP, as the pod
+		// sees it (the pod is created first and gets its IPs with its
+		// status; until then a recipe's call is refused, 403).
 		if d != nil {
-			for {
-				if o, ok, _ := d.d.Informers().Pods.GetStore().GetByKey("readme/" + name); ok {
-					if p, _ := o.(*k8s.Pod); p != nil && slices.Contains(p.IPs, bp.IP4) {
-						break
-					}
-				}
-				if ctx.Err() != nil {
-					t.Fatalf("the draind of %s never saw pod %s", node.Name, name)
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
+			waitKnown(t, ctx, bp, env(sysPath))
 		}
 		return bp
 	}
-	env := func(path string) []string {
-		return []string{"HOST_IP=" + node.IP4.String(), "PATH=" + path}
-	}
-	sysPath := "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 	for _, tc := range []struct {
 		name string
@@ -217,6 +207,33 @@ func TestPrivilegedREADMEPreStopRecipes(t *testing.T) {
 				t.Errorf("answered %d: sleeps %q, want %q\n%s", tc.code, got, tc.sleep, out)
 			}
 		})
+	}
+}
+
+// waitKnown waits until the node's draind answers the pod's own calls: POST
+// /v1/online, which changes nothing for a pod that is not draining, is
+// refused (403, not a pod on this node) until the daemon has seen the pod
+// with its IP, and answered 200 from then on.
+func waitKnown(t *testing.T, ctx context.Context, bp *bed.Pod, env []string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	call := `curl -sS -o /dev/null -w '%{http_code}' -X POST --max-time 5 "http://${HOST_IP}:9460/v1/online"`
+	for {
+		out, err := bp.Exec(ctx, env, "sh", "-c", call)
+		code := strings.TrimSpace(string(out))
+		switch {
+		case err == nil && code == "200":
+			return
+		case err == nil && code == "403":
+		default:
+			t.Fatalf("POST /v1/online from pod %s: %s %v", bp.Name, out, err)
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the node's draind still refuses pod %s after 30s: %v", bp.Name, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
 }
 
