@@ -457,22 +457,22 @@ func benchClusterScale(b *testing.B, sc scaleCase) {
 	// TTL (a minute by default): a TTL of twice the churn puts one such
 	// pass in the middle of the churn, where its cost shows as latency.
 	d := mustNew(b, Config{Node: "node-0", Namespace: "draind-system", Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		EntryTTL: 2 * *scaleChurn, Linger: sc.linger, REST: cfg,
-		OnIntake: func(l time.Duration) {
-			mu.Lock()
-			if !churnStart.IsZero() {
-				intake = append(intake, float64(l)/float64(time.Millisecond))
-			}
-			mu.Unlock()
-		},
-		OnLatency: func(l time.Duration) {
-			now := time.Now()
-			mu.Lock()
-			if !churnStart.IsZero() {
-				samples = append(samples, latencySample{at: now.Add(-l).Sub(churnStart), lat: l})
-			}
-			mu.Unlock()
-		}}, client, dp, nil)
+		EntryTTL: 2 * *scaleChurn, Linger: sc.linger, REST: cfg}, client, dp, nil)
+	d.onIntake = func(l time.Duration) {
+		mu.Lock()
+		if !churnStart.IsZero() {
+			intake = append(intake, float64(l)/float64(time.Millisecond))
+		}
+		mu.Unlock()
+	}
+	d.onLatency = func(l time.Duration) {
+		now := time.Now()
+		mu.Lock()
+		if !churnStart.IsZero() {
+			samples = append(samples, latencySample{at: now.Add(-l).Sub(churnStart), lat: l})
+		}
+		mu.Unlock()
+	}
 	d.SetAttached(true)
 	ctx, cancel := context.WithCancel(context.Background())
 	ran := make(chan error, 1)

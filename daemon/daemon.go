@@ -94,12 +94,6 @@ type Config struct {
 	// they live here with every other default.
 	APIQPS   float32
 	APIBurst int
-	// OnLatency, if set, sees every event-to-datapath latency (benchmarks).
-	OnLatency func(time.Duration)
-	// OnIntake, if set, sees how long every EndpointSlice event waited
-	// between its receipt and draind's handler: client-go's part of the
-	// latency (its queue, indexer and handler dispatch; benchmarks).
-	OnIntake func(time.Duration)
 }
 
 // Daemon is one node's draind. New wires it; nothing runs until Run.
@@ -163,6 +157,11 @@ type Daemon struct {
 	api       *nodeapi.Server // the node-local HTTP API
 	// informer events handled, per kind (tests wait on them)
 	events struct{ slices, services, leases, pods atomic.Uint64 }
+	// onLatency, if set before Run, sees every event-to-datapath latency;
+	// onIntake how long every EndpointSlice event waited between its
+	// receipt and draind's handler: client-go's part of the latency (its
+	// queue, indexer and handler dispatch). The benchmarks set them.
+	onLatency, onIntake func(time.Duration)
 }
 
 // New builds a daemon over its dependencies; Run starts it. ct may be nil

@@ -240,8 +240,8 @@ func (d *Daemon) sliceEvent(oldObj, newObj any, received time.Time) {
 	cur, _ := newObj.(*k8s.Slice)
 	now := d.clock.Now()
 	at := receivedAt(received, now)
-	if d.cfg.OnIntake != nil && !received.IsZero() {
-		d.cfg.OnIntake(now.Sub(at))
+	if d.onIntake != nil && !received.IsZero() {
+		d.onIntake(now.Sub(at))
 	}
 	trustedOld, trustedCur := d.trustedPair(old, cur)
 	if old != nil {

@@ -156,8 +156,8 @@ func (d *Daemon) apply(now time.Time, changedAt []time.Time, programmed []progra
 		for _, at := range changedAt {
 			lat := done.Sub(at)
 			d.Metrics.SignalToDatapath.Observe(lat.Seconds())
-			if d.cfg.OnLatency != nil {
-				d.cfg.OnLatency(lat)
+			if d.onLatency != nil {
+				d.onLatency(lat)
 			}
 		}
 		d.Metrics.observeProgramming(done, programmed)

@@ -111,8 +111,9 @@ func seedWeb(t *testing.T, d *Daemon, first *k8s.Slice) {
 func TestLatencyCountsFromReceipt(t *testing.T) {
 	clk := testingclock.NewFakeClock(time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC))
 	var got []time.Duration
-	d := mustNew(t, Config{Node: testNode, Namespace: testNS, Clock: clk, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		OnLatency: func(l time.Duration) { got = append(got, l) }}, fake.NewClientset(), datapathtest.New(), nil)
+	d := mustNew(t, Config{Node: testNode, Namespace: testNS, Clock: clk, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))},
+		fake.NewClientset(), datapathtest.New(), nil)
+	d.onLatency = func(l time.Duration) { got = append(got, l) }
 	first, _ := k8s.SliceFrom(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "a"), ready("10.0.0.2", "b")), nil)
 	seedWeb(t, d, first)
 	got = nil
