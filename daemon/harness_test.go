@@ -101,7 +101,7 @@ func startHarness(t *testing.T, realTime bool, mod ...func(*Config)) *harness {
 		h.d.hosted.Stop("the test is over")
 	})
 	h.ctx = ctx
-	h.d.inf.Run(ctx)
+	go h.d.inf.RunAndWait(ctx)
 	if err := h.d.inf.WaitForSync(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +153,7 @@ func (h *harness) restart() *harness {
 	if err := h2.d.adoptDatapath(); err != nil {
 		h.t.Fatal(err)
 	}
-	h2.d.inf.Run(h.ctx)
+	go h2.d.inf.RunAndWait(h.ctx)
 	if err := h2.d.inf.WaitForSync(h.ctx); err != nil {
 		h.t.Fatal(err)
 	}

@@ -443,7 +443,7 @@ func seqHarness(t *testing.T) (*harness, *datapathtest.Sockets) {
 // marks d synced and attached.
 func startSynced(t *testing.T, ctx context.Context, d *Daemon) {
 	t.Helper()
-	d.inf.Run(ctx)
+	go d.inf.RunAndWait(ctx)
 	synctest.Wait()
 	for name, ok := range d.inf.Synced() {
 		if !ok {

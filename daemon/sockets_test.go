@@ -50,7 +50,7 @@ func newSocketHarness(t *testing.T, mod ...func(*Config)) (*harness, *datapathte
 		h.d.hosted.Stop("the test is over")
 	})
 	h.ctx = ctx
-	h.d.inf.Run(ctx)
+	go h.d.inf.RunAndWait(ctx)
 	if err := h.d.inf.WaitForSync(ctx); err != nil {
 		t.Fatal(err)
 	}

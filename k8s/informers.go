@@ -246,13 +246,6 @@ func (inf *Informers) All() map[string]informer {
 	}
 }
 
-// Run runs the informers until ctx ends.
-func (inf *Informers) Run(ctx context.Context) {
-	for _, i := range inf.All() {
-		go i.RunWithContext(ctx)
-	}
-}
-
 // RunAndWait runs the informers until ctx ends and returns once they all
 // stopped.
 func (inf *Informers) RunAndWait(ctx context.Context) {

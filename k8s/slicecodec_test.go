@@ -174,7 +174,7 @@ func TestSlimSliceWatch(t *testing.T) {
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
-			go inf.Run(ctx)
+			go inf.RunAndWait(ctx)
 			if err := inf.WaitForSync(ctx); err != nil {
 				t.Fatal(err)
 			}

@@ -173,7 +173,7 @@ func TestInformersCacheSlimObjects(t *testing.T) {
 		inf := NewInformers(client, Config{Namespace: "draind-system", NodeName: "node-7"})
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		inf.Run(ctx)
+		go inf.RunAndWait(ctx)
 		if err := inf.WaitForSync(ctx); err != nil {
 			t.Fatal(err)
 		}
