@@ -168,16 +168,10 @@ func (f *Fake) Count(ctx context.Context, addr netip.Addr) (conntrack.Counts, er
 	defer f.mu.Unlock()
 	f.counts = append(f.counts, addr)
 	var c conntrack.Counts
-	if err := ctx.Err(); err != nil {
-		return c, fmt.Errorf("counting flows of %s: %w", addr, err)
+	addr, err := f.begin(ctx, "counting", addr)
+	if err != nil {
+		return c, err
 	}
-	if err := f.injected(); err != nil {
-		return c, fmt.Errorf("counting flows of %s: %w", addr, err)
-	}
-	if !addr.IsValid() {
-		return c, errors.New("counting flows: address is not set")
-	}
-	addr = addr.Unmap()
 	for _, fl := range f.flows {
 		if conntrack.CountedFor(f.zone, addr, fl) {
 			c.Add(fl)
@@ -200,16 +194,10 @@ func (f *Fake) Close() error {
 func (f *Fake) EndpointFlows(ctx context.Context, addr netip.Addr, proto conntrack.Proto) ([]conntrack.Flow, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("listing flows of %s: %w", addr, err)
+	addr, err := f.begin(ctx, "listing", addr)
+	if err != nil {
+		return nil, err
 	}
-	if err := f.injected(); err != nil {
-		return nil, fmt.Errorf("listing flows of %s: %w", addr, err)
-	}
-	if !addr.IsValid() {
-		return nil, errors.New("listing flows: address is not set")
-	}
-	addr = addr.Unmap()
 	var out []conntrack.Flow
 	for _, fl := range f.flows {
 		if fl.Proto == proto && conntrack.CountedFor(f.zone, addr, fl) {
@@ -217,4 +205,21 @@ func (f *Fake) EndpointFlows(ctx context.Context, addr netip.Addr, proto conntra
 		}
 	}
 	return out, nil
+}
+
+// begin starts a call that reads the flows of addr (what: "counting" or
+// "listing"): it fails as the call would on a cancelled context, an
+// injected failure or an unset address, else returns addr unmapped. f.mu
+// must be held.
+func (f *Fake) begin(ctx context.Context, what string, addr netip.Addr) (netip.Addr, error) {
+	if err := ctx.Err(); err != nil {
+		return addr, fmt.Errorf("%s flows of %s: %w", what, addr, err)
+	}
+	if err := f.injected(); err != nil {
+		return addr, fmt.Errorf("%s flows of %s: %w", what, addr, err)
+	}
+	if !addr.IsValid() {
+		return addr, fmt.Errorf("%s flows: address is not set", what)
+	}
+	return addr.Unmap(), nil
 }
