@@ -41,15 +41,11 @@ func TestOfflineAPIManyWaitsBounded(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			resp, err := client.Post("http://"+f.addr+"/v1/offline?wait=60s&quiet=1s", "", nil)
+			code, err := postCode(client, "http://"+f.addr+"/v1/offline?wait=60s&quiet=1s")
 			if err != nil {
 				t.Errorf("caller: %v", err)
-				codes <- -1
-				return
 			}
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			codes <- resp.StatusCode
+			codes <- code
 		}()
 	}
 	// Every call beyond the limit is refused at once. (Waited for in real
@@ -189,14 +185,8 @@ func TestHostileOfflineWaitsPerPod(t *testing.T) {
 	client := &http.Client{Timeout: time.Minute}
 	for i := 0; i < 40; i++ {
 		go func() { // reports through codes only: it may outlive a failed test
-			resp, err := client.Post("http://"+f.addr+"/v1/offline?wait=30s", "", nil)
-			if err != nil {
-				codes <- -1
-				return
-			}
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			codes <- resp.StatusCode
+			code, _ := postCode(client, "http://"+f.addr+"/v1/offline?wait=30s")
+			codes <- code
 		}()
 	}
 	// Waited and polled in real time, here and below: the calls go over
@@ -248,4 +238,16 @@ func TestHostileOfflineCallerIdentity(t *testing.T) {
 	if p := f.d.podByIP(ip); p != nil {
 		t.Fatalf("a finished pod was taken as the caller: %s", p.Name)
 	}
+}
+
+// postCode posts an empty body to url and returns the answer's status code,
+// or -1 and the error when there is no answer.
+func postCode(client *http.Client, url string) (int, error) {
+	resp, err := client.Post(url, "", nil)
+	if err != nil {
+		return -1, err
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, nil
 }
