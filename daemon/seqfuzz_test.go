@@ -459,8 +459,8 @@ func startSynced(t *testing.T, ctx context.Context, d *Daemon) {
 
 // renderDatapath renders the datapath d wrote, but for what history
 // alone decides:
-//   - service-port ids (allocation order) are named by d's key for them
-//     (Service, port, protocol, family);
+//   - service-port ids (allocation order) are named by the Service port
+//     d's status view shows for them (Service, port, protocol, family);
 //   - deadlines (Expires) are when an entry was last written or refreshed;
 //   - the keys in skip, and the service-ports named in skipSP, are left
 //     out (see historyKeys and historyServicePorts), and the gone peers at
@@ -468,10 +468,13 @@ func startSynced(t *testing.T, ctx context.Context, d *Daemon) {
 //   - a gone peer's times (when this node first saw its pod gone).
 func renderDatapath(d *Daemon, sd *datapathtest.Sockets, skip map[bpf.EndpointKey]bool, skipSP map[string]bool) string {
 	dump, _ := sd.Dump()
-	sps := d.model.ServicePorts()
+	sps := map[bpf.ServicePortID]string{}
+	for _, sp := range d.model.ServicePortStatuses() {
+		sps[sp.ID] = servicePortName(sp)
+	}
 	keyOf := func(id bpf.ServicePortID) (string, bool) {
-		sp, ok := sps[id]
-		return sp.Name, ok
+		name, ok := sps[id]
+		return name, ok
 	}
 	skipped := func(id bpf.ServicePortID) bool {
 		k, ok := keyOf(id)
@@ -574,9 +577,6 @@ func sequenceDivergence(t *testing.T, data []byte) string {
 // compare describes how the datapath differs from a fresh daemon's ("" if
 // it does not).
 func (s *seqRun) compare() string {
-	if msg := s.checkServicePorts(); msg != "" {
-		return msg
-	}
 	// What history decides is read from both models: where the two
 	// daemons' answers differ by design, only one of them may have an
 	// entry at a skipped address or for its Service.
@@ -599,24 +599,13 @@ func (s *seqRun) compare() string {
 	return ""
 }
 
-// checkServicePorts checks what the comparison cannot see of the
-// service-ports only lingering entries keep active (a fresh daemon has no
-// linger): every active service-port's selectable endpoints are the ones
-// its Service lists now (none if it lists none), as a linger rewrites to
-// them.
-func (s *seqRun) checkServicePorts() string {
-	if err := s.h.d.model.CheckSelectable(); err != nil {
-		return fmt.Sprintf("%v\nafter\n  %s", err, strings.Join(s.ops, "\n  "))
-	}
-	return ""
-}
-
 // historyKeys are the drain keys whose entries depend on what a daemon
 // saw happen, which a fresh daemon cannot know, and are not compared (nor
 // the gone peers at their addresses):
 //   - lingering keys: a departed endpoint stays steered for --linger after
 //     it left every slice, which a fresh daemon never saw it listed in
-//     (what such an entry rewrites to is checked by checkServicePorts);
+//     (what such an entry rewrites to is checked by the model package's
+//     TestLingeringSelectsNow);
 //   - the addresses of a pod this node hosted and saw vanish (its own gone
 //     Lease, the pod no more; a slice may still list it): a fresh daemon
 //     finds only the Lease, which no local pod confirms any more, and
@@ -633,8 +622,10 @@ func (s *seqRun) checkServicePorts() string {
 func (s *seqRun) historyKeys(models []*model.Model) map[bpf.EndpointKey]bool {
 	m := s.h.d.model
 	out := map[bpf.EndpointKey]bool{}
-	for k := range m.LingeringKeys() {
-		out[k] = true
+	for _, sp := range m.ServicePortStatuses() {
+		for _, k := range sp.Lingering {
+			out[k] = true
+		}
 	}
 	pds, _ := m.PodDrains()
 	for _, pd := range pds {
@@ -669,19 +660,13 @@ func (s *seqRun) historyKeys(models []*model.Model) map[bpf.EndpointKey]bool {
 // either model.
 func (s *seqRun) historyServicePorts(skip map[bpf.EndpointKey]bool, models []*model.Model) map[string]bool {
 	out := map[string]bool{}
-	var all []model.ServicePort
+	var all []model.ServicePortStatus
 	for _, m := range models {
-		sps := m.ServicePorts()
-		kept := map[bpf.ServicePortID]bool{}
-		for k, id := range m.ContributionRefs() {
-			kept[id] = kept[id] || !skip[k]
-		}
-		for id, k := range kept {
-			if sp, ok := sps[id]; !k && ok {
-				out[sp.Name] = true
+		for _, sp := range m.ServicePortStatuses() {
+			keys := slices.Concat(sp.Draining, sp.Lingering)
+			if len(keys) > 0 && !slices.ContainsFunc(keys, func(k bpf.EndpointKey) bool { return !skip[k] }) {
+				out[servicePortName(sp)] = true
 			}
-		}
-		for _, sp := range sps {
 			all = append(all, sp)
 		}
 	}
@@ -698,13 +683,19 @@ func (s *seqRun) historyServicePorts(skip map[bpf.EndpointKey]bool, models []*mo
 				}
 				for _, sp := range all {
 					if sp.Service == name {
-						out[sp.Name] = true
+						out[servicePortName(sp)] = true
 					}
 				}
 			}
 		}
 	}
 	return out
+}
+
+// servicePortName names a service-port by its Service port, which, unlike
+// its id, does not depend on allocation order.
+func servicePortName(sp model.ServicePortStatus) string {
+	return fmt.Sprintf("%s %s %v %v", sp.Service, sp.Port, sp.Protocol, sp.Family)
 }
 
 // skipAddr adds every key of ip the models have a contribution to.

@@ -90,6 +90,25 @@ type Status struct {
 	Maps      []bpf.MapStat   `json:"maps"`
 	Sockets   SocketStatus    `json:"sockets"`
 	Pods      []PodStatus     `json:"pods"`
+	// ServicePorts are the service-ports draind steers for.
+	ServicePorts []ServicePortStatus `json:"service_ports"`
+}
+
+// ServicePortStatus is one service-port draind steers for: the id the
+// datapath's maps name it by (what `draind bpf dump` prints), its Service
+// port, its ClusterIP:port frontends, how many endpoints a steered
+// connection may be sent to, and the entries that keep it: the keys of
+// its draining endpoints and of its departed ones still lingering.
+type ServicePortStatus struct {
+	ID         uint32   `json:"id"`
+	Service    string   `json:"service"`
+	Port       string   `json:"port,omitempty"`
+	Protocol   string   `json:"protocol"`
+	Family     string   `json:"family"`
+	Frontends  []string `json:"frontends,omitempty"`
+	Selectable int      `json:"selectable"`
+	Draining   []string `json:"draining,omitempty"`
+	Lingering  []string `json:"lingering,omitempty"`
 }
 
 // ConntrackStatus says whether conntrack is used: without it "drained"
@@ -136,7 +155,7 @@ type StatusSource struct {
 func (d *Daemon) Status(src StatusSource) Status {
 	st := Status{Node: d.cfg.Node, Version: d.cfg.Version, Time: d.clock.Now(), Features: src.Features,
 		Cgroup: src.Cgroup, PinDir: src.PinDir, Conntrack: src.Conntrack, Config: src.Config, Started: src.Started,
-		Informers: d.inf.Synced(), Pods: d.PodStatuses()}
+		Informers: d.inf.Synced(), Pods: d.PodStatuses(), ServicePorts: d.servicePortStatuses()}
 	if ns := d.lastSync.Load(); ns != 0 {
 		st.LastSync = time.Unix(0, ns).In(st.Time.Location())
 	}
@@ -202,4 +221,31 @@ func (d *Daemon) Status(src StatusSource) Status {
 		st.Health = HealthHealthy
 	}
 	return st
+}
+
+// servicePortStatuses returns the active service-ports as the status view
+// shows them. It walks the model, as PodStatuses does.
+func (d *Daemon) servicePortStatuses() []ServicePortStatus {
+	d.modelMu.Lock()
+	rows := d.model.ServicePortStatuses()
+	d.modelMu.Unlock()
+	out := make([]ServicePortStatus, len(rows))
+	for i, r := range rows {
+		out[i] = ServicePortStatus{ID: uint32(r.ID), Service: r.Service, Port: r.Port, Protocol: r.Protocol.String(),
+			Family: fmt.Sprintf("IPv%d", r.Family), Frontends: keyStrings(r.Frontends), Selectable: r.Selectable,
+			Draining: keyStrings(r.Draining), Lingering: keyStrings(r.Lingering)}
+	}
+	return out
+}
+
+// keyStrings formats keys for the status view.
+func keyStrings(keys []bpf.EndpointKey) []string {
+	if len(keys) == 0 {
+		return nil
+	}
+	out := make([]string, len(keys))
+	for i, k := range keys {
+		out[i] = k.String()
+	}
+	return out
 }

@@ -116,10 +116,31 @@ func printStatus(w io.Writer, st *daemon.Status, output string) error {
 	tw.Flush()
 
 	fmt.Fprintf(w, "\nDraining endpoints: %d\n", len(st.Pods))
-	if len(st.Pods) == 0 {
+	if len(st.Pods) > 0 {
+		if err := printPods(w, st, wide); err != nil {
+			return err
+		}
+	}
+	if !wide {
 		return nil
 	}
-	return printPods(w, st, wide)
+	fmt.Fprintf(w, "\nService-ports: %d\n", len(st.ServicePorts))
+	if len(st.ServicePorts) == 0 {
+		return nil
+	}
+	return printServicePorts(w, st)
+}
+
+// printServicePorts writes the table of service-ports steered for, by the
+// id `draind bpf dump` prints.
+func printServicePorts(w io.Writer, st *daemon.Status) error {
+	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tSERVICE\tPORT\tPROTOCOL\tFAMILY\tFRONTENDS\tSELECTABLE\tDRAINING\tLINGERING")
+	for _, sp := range st.ServicePorts {
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\n", sp.ID, sp.Service, orDash(sp.Port), sp.Protocol, sp.Family,
+			orDash(strings.Join(sp.Frontends, ",")), sp.Selectable, len(sp.Draining), len(sp.Lingering))
+	}
+	return tw.Flush()
 }
 
 // printHeader writes the node's lines of the status: health, kernel,

@@ -19,7 +19,8 @@
 //     pods own an IP (identity is the pod UID, never the IP);
 //   - desired.go: the entries the kernel should hold, merged per key;
 //     goneview.go: the read-only view the gone peers read (package
-//     gonepeers); audit.go: read-only views for the differential tests.
+//     gonepeers); servicestatus.go: the status view of the active
+//     service-ports.
 //
 // Words are defined in the repository's docs/glossary.md.
 package model

@@ -55,3 +55,16 @@ func (s Set) AppendAddrPorts(out []netip.AddrPort) []netip.AddrPort {
 	}
 	return out
 }
+
+// Len is how many endpoints the set holds.
+func (s Set) Len() int {
+	n := 0
+	for i := 0; i < len(s); n++ {
+		if s[i] == 4 {
+			i += 7
+		} else {
+			i += 19
+		}
+	}
+	return n
+}

@@ -7,8 +7,8 @@ import (
 )
 
 // TestRoundTrip: a packed set unpacks to the same endpoints in
-// the same order, in every address form, and two sets are equal exactly
-// when their endpoints are.
+// the same order, in every address form, holds as many (Len), and two sets
+// are equal exactly when their endpoints are.
 func TestRoundTrip(t *testing.T) {
 	sets := [][]netip.AddrPort{
 		nil,
@@ -23,6 +23,9 @@ func TestRoundTrip(t *testing.T) {
 		p := Pack(s)
 		if got := p.AppendAddrPorts(nil); !slices.Equal(got, s) {
 			t.Errorf("set %d: %v unpacked to %v", i, s, got)
+		}
+		if got := p.Len(); got != len(s) {
+			t.Errorf("set %d: Len %d, want %d", i, got, len(s))
 		}
 		for j, o := range sets {
 			if same := p == Pack(o); same != slices.Equal(s, o) {
