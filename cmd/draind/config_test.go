@@ -2,9 +2,12 @@ package main
 
 import (
 	"context"
+	"io"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/spf13/cobra"
 
 	"github.com/draind/draind/daemon"
 )
@@ -82,5 +85,33 @@ func TestStatusShowsConfigInForce(t *testing.T) {
 	}
 	if _, ok := got["help"]; ok {
 		t.Error("status lists --help")
+	}
+}
+
+// TestClientFlagsRefuseMeaninglessValues: `draind webhook` and `draind
+// offline` refuse an explicit 0 with no meaning of its own and negative
+// durations with an error naming the flag, before they serve or call.
+func TestClientFlagsRefuseMeaninglessValues(t *testing.T) {
+	for _, tc := range []struct {
+		cmd  func() *cobra.Command
+		base []string
+		bad  []string
+	}{
+		{newWebhookCmd, []string{"--image=x", "--log-format=text"},
+			[]string{"--wait=0", "--wait=-1s", "--fallback-sleep=-1s", "--cert-check-interval=0", "--ca-publish-delay=-1s", "--shutdown-delay=-1s"}},
+		{newOfflineCmd, []string{"--host=127.0.0.1"},
+			[]string{"--wait=0", "--quiet=-1s", "--fallback-sleep=-1s", "--retries=-1", "--port=0"}},
+	} {
+		for _, arg := range tc.bad {
+			cmd := tc.cmd()
+			cmd.SetArgs(append(tc.base, arg))
+			cmd.SetOut(io.Discard)
+			cmd.SetErr(io.Discard)
+			err := cmd.ExecuteContext(context.Background())
+			name, _, _ := strings.Cut(arg, "=")
+			if err == nil || !strings.Contains(err.Error(), name+"=") {
+				t.Errorf("%s %s: err %v, want a refusal naming %s", cmd.Name(), arg, err, name)
+			}
+		}
 	}
 }

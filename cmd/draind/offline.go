@@ -13,6 +13,9 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/draind/draind/daemon/nodeapi"
+	"github.com/draind/draind/k8s/inject"
 )
 
 // newOfflineCmd is the preStop client for images without curl: copy the
@@ -38,6 +41,18 @@ faster than it would without draind.`,
 			if host == "" {
 				return errors.New("no node address: set HOST_IP from the downward API (status.hostIP) or pass --host")
 			}
+			switch {
+			case wait <= 0:
+				return fmt.Errorf("--wait=%s: must be positive", wait)
+			case quiet < 0:
+				return fmt.Errorf("--quiet=%s: must not be negative (0: draind's)", quiet)
+			case fallback < 0:
+				return fmt.Errorf("--fallback-sleep=%s: must not be negative", fallback)
+			case retries < 0:
+				return fmt.Errorf("--retries=%d: must not be negative", retries)
+			case port <= 0 || port > 65535:
+				return fmt.Errorf("--port=%d: not a port", port)
+			}
 			q := url.Values{"wait": {wait.String()}}
 			if quiet > 0 {
 				q.Set("quiet", quiet.String())
@@ -48,11 +63,11 @@ faster than it would without draind.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&host, "host", "", "the node's address (default $HOST_IP)")
-	f.IntVar(&port, "port", 9460, "draind's offline API port")
-	f.DurationVar(&wait, "wait", 60*time.Second, "wait at most this long for the pod to be drained")
+	f.IntVar(&port, "port", nodeapi.DefaultPort, "draind's offline API port")
+	f.DurationVar(&wait, "wait", inject.DefaultWait, "wait at most this long for the pod to be drained")
 	f.DurationVar(&quiet, "quiet", 0, "drained = no new connection for this long (default: draind's)")
 	f.IntVar(&retries, "retries", 3, "retries when the connection to draind breaks (a draind restart)")
-	f.DurationVar(&fallback, "fallback-sleep", 20*time.Second, "sleep this long if draind cannot be reached")
+	f.DurationVar(&fallback, "fallback-sleep", inject.DefaultFallbackSleep, "sleep this long if draind cannot be reached")
 	return cmd
 }
 

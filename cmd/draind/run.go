@@ -95,7 +95,7 @@ their /v1/offline calls; expire stale conntrack flows; serve metrics and status.
 	f.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster configuration)")
 	f.StringVar(&o.pinDir, "bpffs-dir", bpf.DefaultPinDir, "bpffs directory for pinned maps and links")
 	f.StringVar(&o.cgroupPath, "cgroup-path", "", "cgroup v2 directory to hook: the pods' cgroup (default: kubepods.slice or kubepods under the cgroup2 mount)")
-	f.StringVar(&o.offlineAddr, "offline-addr", ":9460", "listen address of the node-local offline API (/v1/offline, /v1/online, /healthz, /readyz)")
+	f.StringVar(&o.offlineAddr, "offline-addr", fmt.Sprintf(":%d", nodeapi.DefaultPort), "listen address of the node-local offline API (/v1/offline, /v1/online, /healthz, /readyz)")
 	f.StringVar(&o.metricsAddr, "metrics-addr", ":9461", "listen address of /metrics (empty: off)")
 	f.StringVar(&o.statusSocket, "status-socket", DefaultStatusSocket, "unix socket for draind status (root-only)")
 	o.cfg = daemon.DefaultConfig()

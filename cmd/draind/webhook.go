@@ -115,6 +115,29 @@ func (o *webhookOptions) certConfig() selfcert.Config {
 	return c
 }
 
+// validateDurations refuses the webhook's own durations out of range: a
+// check interval of 0 would spin, a negative delay is a typo.
+func (o *webhookOptions) validateDurations() error {
+	if o.inject.FallbackSleep < 0 {
+		return fmt.Errorf("--fallback-sleep=%s: must not be negative", o.inject.FallbackSleep)
+	}
+	if o.inject.Wait <= 0 {
+		return fmt.Errorf("--wait=%s: must be positive (the injected preStop waits for the drain)", o.inject.Wait)
+	}
+	if o.certInterval <= 0 {
+		return fmt.Errorf("--cert-check-interval=%s: must be positive", o.certInterval)
+	}
+	for _, d := range []struct {
+		flag string
+		v    time.Duration
+	}{{"--ca-publish-delay", o.publishDelay}, {"--shutdown-delay", o.shutdownDelay}} {
+		if d.v < 0 {
+			return fmt.Errorf("%s=%s: must not be negative", d.flag, d.v)
+		}
+	}
+	return nil
+}
+
 func runWebhook(ctx context.Context, o *webhookOptions) error {
 	log, err := newLogger(o.logFormat, o.logLevel)
 	if err != nil {
@@ -122,8 +145,11 @@ func runWebhook(ctx context.Context, o *webhookOptions) error {
 	}
 	klog.SetSlogLogger(log.With("component", "client-go"))
 	o.inject.Namespace = o.namespace // draind's own: never injected
+	if err := o.validateDurations(); err != nil {
+		return err
+	}
 	if err := o.inject.Validate(); err != nil {
-		return fmt.Errorf("--image/--wait: %w", err)
+		return fmt.Errorf("--image/--wait/--fallback-sleep: %w", err)
 	}
 	certs, err := o.certSource(log)
 	if err != nil {

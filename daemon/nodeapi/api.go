@@ -14,6 +14,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
+// DefaultPort is the offline API's port: the default of `draind run
+// --offline-addr` and of `draind offline --port`.
+const DefaultPort = 9460
+
 // Result is the answer of /v1/offline and /v1/online.
 type Result struct {
 	Pod             string  `json:"pod"`

@@ -93,11 +93,11 @@ type Options struct {
 	Image string
 	// ImageBinary is the path of draind inside Image.
 	ImageBinary string
-	// Wait is `draind offline --wait` (0: DefaultWait); a pod's
-	// draind.io/wait overrides it.
+	// Wait is `draind offline --wait` (0: DefaultWait; `draind webhook`
+	// refuses an explicit --wait=0); a pod's draind.io/wait overrides it.
 	Wait time.Duration
 	// FallbackSleep is `draind offline --fallback-sleep`: the sleep when
-	// the node's draind cannot be reached (0: none).
+	// the node's draind cannot be reached (0: none; negative is refused).
 	FallbackSleep time.Duration
 	// Namespace is draind's own namespace: never injected (a DaemonSet
 	// pod whose preStop waited on itself would never stop).
@@ -108,11 +108,8 @@ func (o Options) withDefaults() Options {
 	if o.ImageBinary == "" {
 		o.ImageBinary = DefaultImageBinary
 	}
-	if o.Wait <= 0 {
+	if o.Wait == 0 {
 		o.Wait = DefaultWait
-	}
-	if o.FallbackSleep < 0 {
-		o.FallbackSleep = 0
 	}
 	return o
 }
@@ -127,6 +124,9 @@ func (o Options) Validate() error {
 	}
 	if o.Wait < 0 || o.Wait > maxWait {
 		return fmt.Errorf("inject options: wait %s outside 0..%s", o.Wait, maxWait)
+	}
+	if o.FallbackSleep < 0 {
+		return fmt.Errorf("inject options: fallback sleep %s is negative", o.FallbackSleep)
 	}
 	return nil
 }

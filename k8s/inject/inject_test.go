@@ -458,6 +458,9 @@ func TestOptionsValidate(t *testing.T) {
 	if _, err := Mutate(pod(), true, Options{Image: "x", Namespace: "draind-system", Wait: 2 * time.Hour}); err == nil {
 		t.Error("a two-hour wait: no error")
 	}
+	if _, err := Mutate(pod(), true, Options{Image: "x", Namespace: "draind-system", FallbackSleep: -time.Second}); err == nil {
+		t.Error("a negative fallback sleep: no error")
+	}
 }
 
 func TestDrainBudgetSeconds(t *testing.T) {
