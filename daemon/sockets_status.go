@@ -59,13 +59,23 @@ func (d *Daemon) socketStatus(f bpf.Features, cfg []ConfigEntry) (st SocketStatu
 		return st, nil
 	}
 	st.Loaded, st.EndTCP, st.EndUDP = true, f.UserTimeoutFromBPF, true
+	// A figure that cannot be read is left out and said so: a 0 shown in
+	// its place would read as "none".
 	if since, err := sd.CountingSince(); err == nil {
 		st.CountingSince = since
+	} else {
+		warnings = append(warnings, "reading when socket counting started: "+err.Error())
 	}
 	if peers, flows, err := sd.GoneEntries(); err == nil {
 		st.GonePeers, st.GoneFlows = len(peers), len(flows)
+	} else {
+		warnings = append(warnings, "reading the gone peers: "+err.Error()+" (gone peers and flows shown as 0)")
 	}
-	if c, err := sd.SocketCounters(); err == nil {
+	c, err := sd.SocketCounters()
+	if err != nil {
+		warnings = append(warnings, "reading the socket counters: "+err.Error())
+	}
+	if err == nil {
 		for e := bpf.SocketEvent(0); int(e) < bpf.NumSocketEvents; e++ {
 			st.Events = append(st.Events, CounterStat{Outcome: e.String(), IPv4: c.Get(e, bpf.IPv4), IPv6: c.Get(e, bpf.IPv6)})
 		}

@@ -431,6 +431,19 @@ func TestSocketStatus(t *testing.T) {
 			s.GonePeers != 1 || !s.CountingSince.Equal(since(t, sd)) || s.Iterators == "" || len(s.Events) != bpf.NumSocketEvents {
 			t.Errorf("socket status %+v", s)
 		}
+		// A figure that cannot be read is a warning, not a 0 read as "none".
+		sd.SetReadErr(errors.New("map unreadable"))
+		st = h.d.Status(StatusSource{Features: bpf.Features{Sockets: true, UserTimeoutFromBPF: true}})
+		sd.SetReadErr(nil)
+		var unread []string
+		for _, w := range st.Warnings {
+			if strings.Contains(w, "map unreadable") {
+				unread = append(unread, w)
+			}
+		}
+		if len(unread) != 3 || st.Health != HealthDegraded || len(st.Sockets.Events) != 0 {
+			t.Errorf("with the socket maps unreadable: health %s, warnings %q, events %v", st.Health, st.Warnings, st.Sockets.Events)
+		}
 		// Without the hooks: said, and no warning of its own.
 		h2 := newHarness(t)
 		h2.pass()

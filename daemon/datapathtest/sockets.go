@@ -21,6 +21,7 @@ type Sockets struct {
 	peers     map[netip.Addr]bpf.GonePeer
 	flows     map[[2]netip.AddrPort]bpf.GoneFlow
 	upsertErr error // what UpsertGonePeer fails with, if set
+	readErr   error // what the status reads fail with, if set
 	peerOps   int   // gone-peer upserts and deletes applied
 }
 
@@ -34,7 +35,11 @@ func NewSockets(since time.Time) *Sockets {
 func (f *Sockets) SocketsLoaded() bool { return true }
 
 // CountingSince implements daemon.SocketDatapath.
-func (f *Sockets) CountingSince() (time.Time, error) { return f.since, nil }
+func (f *Sockets) CountingSince() (time.Time, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.since, f.readErr
+}
 
 // Connections implements daemon.SocketDatapath with the count SetLive set.
 func (f *Sockets) Connections(a netip.Addr) (bpf.ConnCount, error) {
@@ -56,6 +61,14 @@ func (f *Sockets) SetUpsertErr(err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.upsertErr = err
+}
+
+// SetReadErr makes CountingSince, GoneEntries and SocketCounters fail
+// with err (nil: succeed again), as an unreadable map would.
+func (f *Sockets) SetReadErr(err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.readErr = err
 }
 
 // UpsertGonePeer implements daemon.SocketDatapath.
@@ -99,11 +112,18 @@ func (f *Sockets) DeleteGoneFlow(l, r netip.AddrPort) error {
 func (f *Sockets) GoneEntries() ([]bpf.GonePeer, []bpf.GoneFlow, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.readErr != nil {
+		return nil, nil, f.readErr
+	}
 	return slices.Collect(maps.Values(f.peers)), slices.Collect(maps.Values(f.flows)), nil
 }
 
 // SocketCounters implements daemon.SocketDatapath: all zero.
-func (f *Sockets) SocketCounters() (bpf.SocketCounters, error) { return bpf.SocketCounters{}, nil }
+func (f *Sockets) SocketCounters() (bpf.SocketCounters, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return bpf.SocketCounters{}, f.readErr
+}
 
 // PruneConnections implements daemon.SocketDatapath: nothing to prune.
 func (f *Sockets) PruneConnections(func(netip.Addr) bool) (int, error) { return 0, nil }
