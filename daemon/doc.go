@@ -61,33 +61,13 @@
 // hosts of each Lease are not memoized: such a memo shows no gain in the
 // benchmark.
 //
-// Glossary (one name per concept):
-//
-//   - endpoint: an (address, port, protocol) of a pod, as an EndpointSlice
-//     lists it (bpf.EndpointKey); port 0 means every port of the address.
-//   - service-port: one port of one Service in one IP family; the unit that
-//     owns a selectable backend set and a numeric id in the maps
-//     (model's servicePortKey, bpf.ServicePortID).
-//   - frontend: a ClusterIP:port of a service-port (bpf.Frontend).
-//   - selectable: a ready, non-draining endpoint a connection may be sent to.
-//   - pod drain: the cluster-wide fact that a pod takes no new connections,
-//     from its drain Lease or from this node's own knowledge of a pod it
-//     hosts (model.PodDrain). A draining endpoint is an endpoint of a drained pod
-//     or one its slice marks terminating or not ready.
-//   - drain Lease: the API object that carries a pod drain to every node
-//     (k8s.DrainLease); its holder is the node that hosts the pod.
-//   - hosted drain: this node's part of a drain of a pod it hosts: the
-//     Lease, SYN and connection counts, the offline waiters, the Events
-//     (package hosted).
-//   - drain entry: one datapath entry for a draining endpoint, with its
-//     policy (bpf.Drain); contributions are the reasons for it (a
-//     service-port, a pod drain's all-ports entry, a linger), merged with the
-//     most cautious policy winning.
-//   - departure: a draining endpoint that left every slice; it lingers
-//     (stays steered) for --linger unless another pod claims its IP.
-//   - claim: a pod's ownership of an IP (a ready listing, or a pod on this
-//     node); identity is the pod UID, never the IP.
-//   - pod status: the status view of one drained pod (PodStatus).
+// The words of docs/glossary.md name these types: endpoint
+// (bpf.EndpointKey; port 0 is every port of the address), service-port
+// (bpf.ServicePortID), frontend (bpf.Frontend), pod drain
+// (model.PodDrain), drain Lease (k8s.DrainLease), hosted drain (package
+// hosted), drain entry (bpf.Drain; the model's contributions are the
+// reasons for one, merged with the most cautious policy winning), pod
+// status (PodStatus).
 //
 // Each concept has one word, defined in the repository's docs/glossary.md.
 package daemon

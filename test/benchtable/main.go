@@ -6,6 +6,8 @@
 //
 //	benchtable run1.txt run2.txt ...
 //	benchtable -get 'BenchmarkClusterScale/endpoints=150k' p99-ms max run*.txt
+//
+// Words are defined in the repository's docs/glossary.md.
 package main
 
 import (

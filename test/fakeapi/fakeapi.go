@@ -11,6 +11,8 @@
 // client-go uses by default against API servers >= 1.34), every object as
 // ADDED, a bookmark that marks the end of the initial events, then every
 // change. Objects must be of types client-go's scheme knows.
+//
+// Words are defined in the repository's docs/glossary.md.
 package fakeapi
 
 import (

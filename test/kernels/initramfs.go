@@ -1,6 +1,8 @@
 // Package kernels boots Debian's own kernels under qemu with draind's
 // root-only tests inside (TestKernelMatrix): the datapath is tested on
 // every kernel family the project supports, not only the build machine's.
+//
+// Words are defined in the repository's docs/glossary.md.
 package kernels
 
 import (

@@ -6,6 +6,8 @@
 // between these files: tests look it up in all of them at once.
 //
 // It is used by both Go modules (the main one and test/cluster).
+//
+// Words are defined in the repository's docs/glossary.md.
 package readme
 
 import (

@@ -10,6 +10,8 @@
 // EndpointSlice controller, kube-proxy and the kubelet, the real daemon in
 // process) or the real kube-apiserver, EndpointSlice controller and
 // kube-proxy of test/cluster.
+//
+// Words are defined in the repository's docs/glossary.md.
 package scenario
 
 import (

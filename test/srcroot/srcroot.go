@@ -8,6 +8,8 @@
 // draind builds) a source file is named by its import path instead; the
 // module is then found upward from the working directory, which go test
 // sets to the package's directory and go run leaves where it was started.
+//
+// Words are defined in the repository's docs/glossary.md.
 package srcroot
 
 import (

@@ -12,6 +12,8 @@
 // killed (SIGKILL, no preStop) and its pod object is force-deleted (grace
 // 0). The figure is the time from the kill to the client's next successful
 // request, with kube-proxy alone and with draind.
+//
+// Words are defined in the repository's docs/glossary.md.
 package deadpeer
 
 import (

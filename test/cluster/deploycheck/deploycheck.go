@@ -7,6 +7,8 @@
 // The helpers here are also meant for other tests of the cluster bed that
 // need the shipped manifests (for example to run draind with exactly the
 // DaemonSet's RBAC).
+//
+// Words are defined in the repository's docs/glossary.md.
 package deploycheck
 
 import (

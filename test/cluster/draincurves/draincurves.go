@@ -6,6 +6,8 @@
 // when its live connections reached zero for good (it was drained). The
 // series go on while draind still steers the departed pod's IP (its
 // --linger) and end after that.
+//
+// Words are defined in the repository's docs/glossary.md.
 package draincurves
 
 import (

@@ -1,6 +1,8 @@
 // Package draindbin locates the draind module (the repository root, two
 // levels above test/cluster) and builds the draind binary the beds run as a
 // host process.
+//
+// Words are defined in the repository's docs/glossary.md.
 package draindbin
 
 import (

@@ -2,6 +2,8 @@
 // control plane (package kube): a bed node becomes a cluster Node with its
 // own kube-proxy, a bed pod running a server becomes a running, ready Pod.
 // The end-to-end scenarios are built from these pieces.
+//
+// Words are defined in the repository's docs/glossary.md.
 package e2e
 
 import (

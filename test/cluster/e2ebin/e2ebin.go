@@ -14,6 +14,8 @@
 // cores; free once cached. The cache is
 // ($XDG_CACHE_HOME or ~/.cache)/draind/e2e/<version>/, shared by every
 // clone and worktree, unless DRAIND_E2E_BIN_DIR names another directory.
+//
+// Words are defined in the repository's docs/glossary.md.
 package e2ebin
 
 import (

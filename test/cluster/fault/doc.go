@@ -16,4 +16,6 @@
 // The tests are root-only (PRIVILEGED_TESTS=1) and share one control plane
 // per test binary. Their durations are configurable through the
 // environment (see the DRAIND_FAULT_* constants).
+//
+// Words are defined in the repository's docs/glossary.md.
 package fault

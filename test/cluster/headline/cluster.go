@@ -4,6 +4,8 @@
 // mode, one per node) of package kube, a kubelet stand-in per node, and, in
 // draind variants, `draind run` as a separate process per node with the
 // ServiceAccount and RBAC of deploy/daemonset.
+//
+// Words are defined in the repository's docs/glossary.md.
 package headline
 
 import (

@@ -2,6 +2,8 @@
 // SDK (the library `helm template` and `helm install` run) and compares it
 // with the kustomize base: at default values both install the same
 // objects, apart from the labels Helm adds for its own bookkeeping.
+//
+// Words are defined in the repository's docs/glossary.md.
 package helmchart
 
 import (

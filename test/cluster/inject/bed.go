@@ -11,6 +11,8 @@
 // The helpers here (rendering, the webhook process, a round-robin relay
 // standing in for the Service) are exported for other beds, such as a
 // real-node rollout with the webhook installed.
+//
+// Words are defined in the repository's docs/glossary.md.
 package inject
 
 import (

@@ -6,6 +6,8 @@
 //
 // Everything listens on free loopback ports, so a crashed earlier run cannot
 // collide with this one, and Stop removes every process and file it created.
+//
+// Words are defined in the repository's docs/glossary.md.
 package kube
 
 import (

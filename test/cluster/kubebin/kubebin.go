@@ -11,6 +11,8 @@
 // ($XDG_CACHE_HOME or ~/.cache)/draind/kube/<version>/, so that every clone
 // and worktree of the project shares one build, unless DRAIND_KUBE_BIN_DIR
 // names another directory.
+//
+// Words are defined in the repository's docs/glossary.md.
 package kubebin
 
 import (

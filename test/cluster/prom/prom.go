@@ -1,6 +1,8 @@
 // Package prom runs Debian's Prometheus server for the tests and reads
 // its HTTP API: prom.go (the API client: instant and range queries),
 // server.go (the server a test starts and stops).
+//
+// Words are defined in the repository's docs/glossary.md.
 package prom
 
 import (

@@ -24,6 +24,8 @@
 // directory (cgroups, sysctls, a bpffs at /sys/fs/bpf, a few hard-coded
 // paths) is recorded before it is changed and restored by Stop, or by the
 // next Start after a crash. One real node runs on a host at a time.
+//
+// Words are defined in the repository's docs/glossary.md.
 package realnode
 
 import (

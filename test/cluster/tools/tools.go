@@ -4,6 +4,8 @@
 // what package e2ebin builds for the upstream e2e suite (its test servers
 // and the ginkgo runner that runs the suite in parallel), so that
 // go.mod and go.sum carry everything `go build` of them needs.
+//
+// Words are defined in the repository's docs/glossary.md.
 package tools
 
 import (

@@ -4,6 +4,8 @@
 // in /tests/run.list with PRIVILEGED_TESTS=1 and reports on the serial
 // console, then powers the machine off. Built static (CGO_ENABLED=0) by
 // TestKernelMatrix.
+//
+// Words are defined in the repository's docs/glossary.md.
 package main
 
 import (

@@ -7,6 +7,8 @@
 // draind daemon runs in this process, one per node, with the real BPF
 // datapath and conntrack. Nodes and pods are test/bed network namespaces with
 // real servers and clients.
+//
+// Words are defined in the repository's docs/glossary.md.
 package embedded
 
 import (

@@ -5,6 +5,8 @@
 // began and where it was drained (no live connection left).
 //
 //	go run ./cmd/draincurves -prometheus http://127.0.0.1:9090 -namespace shop -since 15m -o rollout.png
+//
+// Words are defined in the repository's docs/glossary.md.
 package main
 
 import (

@@ -7,6 +7,8 @@
 // Variants baseline, sleep and draind, quiet and under load; -tail sets the
 // traffic after each rollout (a minute by default). It exits non-zero when
 // the results contradict draind's claims (see headline.Check).
+//
+// Words are defined in the repository's docs/glossary.md.
 package main
 
 import (

@@ -4,6 +4,8 @@
 // e2ebin). It prints the two directories holding them. test/run calls it
 // before the module's tests so that the build time shows as its own step; CI
 // starts it in the background, early, and a warm cache makes it free.
+//
+// Words are defined in the repository's docs/glossary.md.
 package main
 
 import (

@@ -4,6 +4,8 @@
 // loadbalance, ready, bind) and the server the e2e suite runs from the
 // agnhost image as /coredns (hosts, log). Package e2ebin builds it with
 // the suite and caches it.
+//
+// Words are defined in the repository's docs/glossary.md.
 package main
 
 import (

@@ -8,6 +8,8 @@
 //	testapp client -target 10.96.0.10:80 -interval 20ms [-keepalive -max-age 1s] -stats :9000
 //	testapp dns-server -port 53 -name dns-test.draind.test -ready :8181
 //	testapp dns-client -mode go|sendto -server 10.96.0.10:53 -name dns-test.draind.test -interval 20ms -timeout 1s -stats :9000
+//
+// Words are defined in the repository's docs/glossary.md.
 package main
 
 import (
