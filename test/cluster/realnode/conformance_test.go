@@ -137,7 +137,30 @@ func runE2E(ctx context.Context, t *testing.T, m *realnode.Multi, cfg realnode.E
 	for _, s := range res.Failed {
 		t.Logf("failed %s: %s (%s)", what, s, res.Why[s])
 	}
+	logSlowestSpecs(t, what, res, 10)
 	return res
+}
+
+// logSlowestSpecs shows the n specs that ran longest and what all of them
+// took together: their sum over the run's length is how many of the
+// suite's processes were busy on average, so a slow run shows whether a
+// few specs or the whole machine held it up.
+func logSlowestSpecs(t *testing.T, what string, res *realnode.E2EResult, n int) {
+	t.Helper()
+	var sum time.Duration
+	for _, s := range res.Specs {
+		sum += s.Took
+	}
+	if res.Took <= 0 || len(res.Specs) == 0 {
+		return
+	}
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "conformance figures %s: specs ran %v in all, %.1f at a time on average; the slowest:",
+		what, sum.Round(time.Second), sum.Seconds()/res.Took.Seconds())
+	for _, s := range res.Specs[:min(n, len(res.Specs))] {
+		fmt.Fprintf(&sb, "\n| %v | %s |", s.Took.Round(100*time.Millisecond), s.Name)
+	}
+	t.Log(sb.String())
 }
 
 func readSpecList(path string) ([]string, error) {

@@ -78,9 +78,19 @@ type E2EResult struct {
 	Passed, Failed, Skipped []string // spec names, sorted
 	// Why is what the report says of a failed or skipped spec (its
 	// failure or skip message, cut short).
-	Why  map[string]string
+	Why map[string]string
+	// Specs is every spec that ran with its run time, slowest first: with
+	// Took, it tells a run slowed by a few long specs from one slowed by
+	// the machine.
+	Specs []SpecTime
+	Took  time.Duration
+	Log   string // the suite's output
+}
+
+// SpecTime is how long one spec ran.
+type SpecTime struct {
+	Name string
 	Took time.Duration
-	Log  string // the suite's output
 }
 
 // Ran is the number of specs that ran (passed or failed).
@@ -149,6 +159,7 @@ type ginkgoReport struct {
 		LeafNodeText            string
 		LeafNodeType            string
 		State                   string
+		RunTime                 time.Duration // nanoseconds in the report
 		Failure                 *struct{ Message string }
 	}
 }
@@ -177,17 +188,20 @@ func readE2EReport(path string) (*E2EResult, error) {
 				res.Why[name] = s.State + ": " + msg
 			}
 			switch s.State {
-			case "passed":
-				res.Passed = append(res.Passed, name)
 			case "skipped", "pending":
 				res.Skipped = append(res.Skipped, name)
+				continue
+			case "passed":
+				res.Passed = append(res.Passed, name)
 			default:
 				res.Failed = append(res.Failed, name)
 			}
+			res.Specs = append(res.Specs, SpecTime{Name: name, Took: s.RunTime})
 		}
 	}
 	for _, l := range [][]string{res.Passed, res.Failed, res.Skipped} {
 		sort.Strings(l)
 	}
+	sort.SliceStable(res.Specs, func(i, j int) bool { return res.Specs[i].Took > res.Specs[j].Took })
 	return res, nil
 }

@@ -1,0 +1,44 @@
+package realnode
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+)
+
+// A report as ginkgo writes it (--json-report): the spec states sort into
+// passed, failed and skipped, and the specs that ran carry their run time,
+// slowest first.
+func TestReadE2EReport(t *testing.T) {
+	const report = `[{"SpecReports": [
+  {"ContainerHierarchyTexts": ["[sig-network] Services"], "LeafNodeText": "should serve", "LeafNodeType": "It", "State": "passed", "RunTime": 2000000000},
+  {"ContainerHierarchyTexts": ["[sig-network] Services"], "LeafNodeText": "should fail", "LeafNodeType": "It", "State": "failed", "RunTime": 90000000000, "Failure": {"Message": "timed out"}},
+  {"ContainerHierarchyTexts": ["[sig-network] DNS"], "LeafNodeText": "should skip", "LeafNodeType": "It", "State": "skipped", "RunTime": 1000},
+  {"LeafNodeText": "", "LeafNodeType": "SynchronizedBeforeSuite", "State": "passed", "RunTime": 500000000000}
+]}]`
+	path := filepath.Join(t.TempDir(), "report.json")
+	if err := os.WriteFile(path, []byte(report), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	res, err := readE2EReport(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(res.Passed, []string{"[sig-network] Services should serve"}) ||
+		!slices.Equal(res.Failed, []string{"[sig-network] Services should fail"}) ||
+		!slices.Equal(res.Skipped, []string{"[sig-network] DNS should skip"}) {
+		t.Errorf("passed %q, failed %q, skipped %q", res.Passed, res.Failed, res.Skipped)
+	}
+	if res.Why["[sig-network] Services should fail"] != "failed: timed out" {
+		t.Errorf("why: %q", res.Why)
+	}
+	want := []SpecTime{{"[sig-network] Services should fail", 90 * time.Second}, {"[sig-network] Services should serve", 2 * time.Second}}
+	if !slices.Equal(res.Specs, want) {
+		t.Errorf("specs with their run time: %v, want %v", res.Specs, want)
+	}
+	if _, err := readE2EReport(filepath.Join(t.TempDir(), "none.json")); err == nil {
+		t.Error("a missing report read without error")
+	}
+}
