@@ -57,6 +57,10 @@ machine() {
 above() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a > b) }'; }
 
 echo "=== building the benchmark binaries"
+# Static and -trimpath, as the kernel matrix builds the same test binaries
+# and the image builds draind: after the tests, every package is in the
+# build cache already.
+export CGO_ENABLED=0 GOFLAGS="${GOFLAGS:+$GOFLAGS }-trimpath"
 go build -o "$out/benchtable" ./test/benchtable
 get() { "$out/benchtable" -get "$@"; } # get <benchmark> <metric> <median|min|max> <files>
 go test -c -o "$out/daemon.test" ./daemon
