@@ -17,19 +17,35 @@ import (
 // cluster rolls out); the datapath is handed the addresses (AppendAddrPorts).
 type Set string
 
+// A record is the family byte, the address (addrLen of the family) and the
+// port, big-endian.
+const (
+	family4 = 4
+	family6 = 6
+	portLen = 2
+)
+
+// addrLen is the length of the address a record of the family holds.
+func addrLen(family byte) int {
+	if family == family4 {
+		return 4
+	}
+	return 16
+}
+
 // Pack packs aps, in their order.
 func Pack(aps []netip.AddrPort) Set {
 	var b strings.Builder
-	b.Grow(7 * len(aps))
+	b.Grow((1 + addrLen(family4) + portLen) * len(aps))
 	for _, ap := range aps {
 		a := ap.Addr()
 		if a.Is4() {
-			b.WriteByte(4)
+			b.WriteByte(family4)
 			v := a.As4()
 			b.Write(v[:])
 		} else {
 			// Endpoints have no zone (k8s.Slice keeps none).
-			b.WriteByte(6)
+			b.WriteByte(family6)
 			v := a.As16()
 			b.Write(v[:])
 		}
@@ -42,16 +58,17 @@ func Pack(aps []netip.AddrPort) Set {
 // AppendAddrPorts appends the set, unpacked, to out.
 func (s Set) AppendAddrPorts(out []netip.AddrPort) []netip.AddrPort {
 	for i := 0; i < len(s); {
+		n := addrLen(s[i])
+		i++
 		var a netip.Addr
-		if s[i] == 4 {
-			a = netip.AddrFrom4([4]byte([]byte(s[i+1 : i+5])))
-			i += 5
+		if n == 4 {
+			a = netip.AddrFrom4([4]byte([]byte(s[i : i+n])))
 		} else {
-			a = netip.AddrFrom16([16]byte([]byte(s[i+1 : i+17])))
-			i += 17
+			a = netip.AddrFrom16([16]byte([]byte(s[i : i+n])))
 		}
+		i += n
 		out = append(out, netip.AddrPortFrom(a, uint16(s[i])<<8|uint16(s[i+1])))
-		i += 2
+		i += portLen
 	}
 	return out
 }
@@ -60,11 +77,7 @@ func (s Set) AppendAddrPorts(out []netip.AddrPort) []netip.AddrPort {
 func (s Set) Len() int {
 	n := 0
 	for i := 0; i < len(s); n++ {
-		if s[i] == 4 {
-			i += 7
-		} else {
-			i += 19
-		}
+		i += 1 + addrLen(s[i]) + portLen
 	}
 	return n
 }
