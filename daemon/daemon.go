@@ -327,7 +327,7 @@ func (d *Daemon) PodStatuses() []PodStatus {
 	view := make([]PodStatus, len(rows))
 	for i, r := range rows {
 		view[i] = PodStatus{Namespace: r.Namespace, Name: r.Name, UID: r.UID, IPs: r.IPs, Reason: r.Reason,
-			Since: r.Since, Deadline: r.Deadline, State: StateDraining, Entries: r.Entries}
+			Since: r.Since, Deadline: r.Deadline, State: StateDraining, Entries: keyStrings(r.Entries)}
 		if r.Lingering {
 			view[i].State = StateLingering
 		}

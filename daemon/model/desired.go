@@ -166,7 +166,7 @@ type PodStatus struct {
 	// Lingering: every entry of the pod lingers (it departed, or its
 	// drain says it is gone); else it drains.
 	Lingering bool
-	Entries   []string
+	Entries   []bpf.EndpointKey // sorted; the status view formats them
 }
 
 // PodStatuses groups the live contributions by pod into status rows
@@ -230,9 +230,7 @@ func (m *Model) PodStatuses() []PodStatus {
 		for _, ip := range r.ips {
 			r.IPs = append(r.IPs, ip.String())
 		}
-		for _, k := range r.keys {
-			r.Entries = append(r.Entries, k.String())
-		}
+		r.Entries = r.keys
 		out = append(out, r.PodStatus)
 	}
 	slices.SortFunc(out, func(a, b PodStatus) int {
