@@ -14,7 +14,9 @@ import (
 func TestReadE2EReport(t *testing.T) {
 	const report = `[{"SpecReports": [
   {"ContainerHierarchyTexts": ["[sig-network] Services"], "LeafNodeText": "should serve", "LeafNodeType": "It", "State": "passed", "RunTime": 2000000000},
-  {"ContainerHierarchyTexts": ["[sig-network] Services"], "LeafNodeText": "should fail", "LeafNodeType": "It", "State": "failed", "RunTime": 90000000000, "Failure": {"Message": "timed out"}},
+  {"ContainerHierarchyTexts": ["[sig-network] Services"], "LeafNodeText": "should fail", "LeafNodeType": "It", "State": "failed", "RunTime": 90000000000,
+   "Failure": {"Message": "timed out", "Location": {"FileName": "/src/test/e2e/network/service.go", "LineNumber": 3239}},
+   "CapturedGinkgoWriterOutput": "STEP: one\nSTEP: two\n"},
   {"ContainerHierarchyTexts": ["[sig-network] DNS"], "LeafNodeText": "should skip", "LeafNodeType": "It", "State": "skipped", "RunTime": 1000},
   {"LeafNodeText": "", "LeafNodeType": "SynchronizedBeforeSuite", "State": "passed", "RunTime": 500000000000}
 ]}]`
@@ -33,6 +35,9 @@ func TestReadE2EReport(t *testing.T) {
 	}
 	if res.Why["[sig-network] Services should fail"] != "failed: timed out" {
 		t.Errorf("why: %q", res.Why)
+	}
+	if d, want := res.Detail["[sig-network] Services should fail"], "at service.go:3239: timed out\nSTEP: one\nSTEP: two"; d != want || len(res.Detail) != 1 {
+		t.Errorf("detail: %q, want %q for the failed spec alone", res.Detail, want)
 	}
 	want := []SpecTime{{"[sig-network] Services should fail", 90 * time.Second}, {"[sig-network] Services should serve", 2 * time.Second}}
 	if !slices.Equal(res.Specs, want) {
@@ -54,8 +59,9 @@ func TestMergeE2E(t *testing.T) {
 	}
 	long := &E2EResult{
 		Failed: []string{"long"}, Skipped: []string{"a", "b", "x"},
-		Why:   map[string]string{"long": "failed: long", "a": "skipped: not focused"},
-		Specs: []SpecTime{{"long", 2 * time.Second}}, Took: 2 * time.Minute, Log: "long.log",
+		Why:    map[string]string{"long": "failed: long", "a": "skipped: not focused"},
+		Detail: map[string]string{"long": "at x.go:1: long"},
+		Specs:  []SpecTime{{"long", 2 * time.Second}}, Took: 2 * time.Minute, Log: "long.log",
 	}
 	got := mergeE2E(rest, long)
 	if !slices.Equal(got.Passed, []string{"a"}) || !slices.Equal(got.Failed, []string{"b", "long"}) || !slices.Equal(got.Skipped, []string{"x"}) {
@@ -68,6 +74,9 @@ func TestMergeE2E(t *testing.T) {
 	}
 	if want := []SpecTime{{"b", 3 * time.Second}, {"long", 2 * time.Second}, {"a", time.Second}}; !slices.Equal(got.Specs, want) {
 		t.Errorf("specs %v, want %v", got.Specs, want)
+	}
+	if got.Detail["long"] != "at x.go:1: long" {
+		t.Errorf("detail %q", got.Detail)
 	}
 	if got.Took != 2*time.Minute {
 		t.Errorf("took %v, want the longer run's", got.Took)

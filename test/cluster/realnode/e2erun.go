@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -84,8 +85,10 @@ type E2EConfig struct {
 type E2EResult struct {
 	Passed, Failed, Skipped []string // spec names, sorted
 	// Why is what the report says of a failed or skipped spec (its
-	// failure or skip message, cut short).
-	Why map[string]string
+	// failure or skip message, cut short); Detail, of a failed spec, where
+	// it failed and the end of what it logged, with its steps' times.
+	Why    map[string]string
+	Detail map[string]string
 	// Specs is every spec that ran with its run time, slowest first: with
 	// Took, it tells a run slowed by a few long specs from one slowed by
 	// the machine.
@@ -149,7 +152,7 @@ func (m *Multi) RunE2E(ctx context.Context, cfg E2EConfig) (*E2EResult, error) {
 // specs: a spec that ran in either has that run's state, one skipped in
 // both is skipped.
 func mergeE2E(a, b *E2EResult) *E2EResult {
-	out := &E2EResult{Why: map[string]string{}, Took: max(a.Took, b.Took), Log: a.Log + " and " + b.Log}
+	out := &E2EResult{Why: map[string]string{}, Detail: map[string]string{}, Took: max(a.Took, b.Took), Log: a.Log + " and " + b.Log}
 	ran := map[string]*E2EResult{} // spec → the run it ran in
 	for _, r := range []*E2EResult{a, b} {
 		out.Passed = append(out.Passed, r.Passed...)
@@ -161,6 +164,7 @@ func mergeE2E(a, b *E2EResult) *E2EResult {
 	}
 	skipped := map[string]bool{}
 	for _, r := range []*E2EResult{a, b} {
+		maps.Copy(out.Detail, r.Detail) // failed specs only: each ran in one run
 		for s, why := range r.Why {
 			if in := ran[s]; in == r || (in == nil && out.Why[s] == "") {
 				out.Why[s] = why
@@ -242,7 +246,14 @@ type ginkgoReport struct {
 		LeafNodeType            string
 		State                   string
 		RunTime                 time.Duration // nanoseconds in the report
-		Failure                 *struct{ Message string }
+		Failure                 *struct {
+			Message  string
+			Location struct {
+				FileName   string
+				LineNumber int
+			}
+		}
+		CapturedGinkgoWriterOutput string
 	}
 }
 
@@ -255,7 +266,7 @@ func readE2EReport(path string) (*E2EResult, error) {
 	if err := json.Unmarshal(b, &reports); err != nil {
 		return nil, fmt.Errorf("decoding %s: %w", path, err)
 	}
-	res := &E2EResult{Why: map[string]string{}}
+	res := &E2EResult{Why: map[string]string{}, Detail: map[string]string{}}
 	for _, r := range reports {
 		for _, s := range r.SpecReports {
 			if s.LeafNodeType != "It" {
@@ -277,6 +288,10 @@ func readE2EReport(path string) (*E2EResult, error) {
 				res.Passed = append(res.Passed, name)
 			default:
 				res.Failed = append(res.Failed, name)
+				if s.Failure != nil {
+					res.Detail[name] = fmt.Sprintf("at %s:%d: %s\n%s", filepath.Base(s.Failure.Location.FileName), s.Failure.Location.LineNumber,
+						lastLines(s.Failure.Message, 0, 10), lastLines(s.CapturedGinkgoWriterOutput, 28, 0))
+				}
 			}
 			res.Specs = append(res.Specs, SpecTime{Name: name, Took: s.RunTime})
 		}
@@ -286,4 +301,17 @@ func readE2EReport(path string) (*E2EResult, error) {
 	}
 	sort.SliceStable(res.Specs, func(i, j int) bool { return res.Specs[i].Took > res.Specs[j].Took })
 	return res, nil
+}
+
+// lastLines returns the last n lines of text (all if n is 0), of which
+// the first first (all if 0).
+func lastLines(text string, n, first int) string {
+	lines := strings.Split(strings.TrimRight(text, "\n"), "\n")
+	if n > 0 && len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	if first > 0 && len(lines) > first {
+		lines = lines[:first]
+	}
+	return strings.Join(lines, "\n")
 }
