@@ -31,19 +31,8 @@ const (
 // loaded machine each spec's kubectl exec slows, and "should fallback to
 // local terminating endpoints ... externalTrafficPolicy=Local" must run
 // five rounds of three of them within its server's 100 s grace period
-// (with seven processes it once did not, in CI).
+// (with seven it once did not, in CI).
 const conformanceProcs = 6
-
-// conformanceLong are the specs that wait minutes for a Service's session
-// affinity to time out (7 and 2.5 minutes on an idle bed, where no other
-// spec takes 3): one process of the six runs them from the start, one
-// after the other, beside the others' five, rather than wherever the
-// suite's random order deals them (dealt last, the longer one added 7
-// minutes to a run).
-const (
-	conformanceLong      = `session affinity timeout work for`
-	conformanceLongProcs = 1
-)
 
 // withoutDraindFile lists the specs that pass on the bed without draind;
 // DRAIND_CONFORMANCE_WITHOUT=1 measures and rewrites it.
@@ -69,8 +58,7 @@ func TestConformanceSigNetwork(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Hour)
 	defer cancel()
 	prepareE2E(ctx, t, b.m, bins)
-	cfg := realnode.E2EConfig{Bins: bins, Kubectl: kube.Binaries(t).Path(kubebin.Kubectl), Focus: conformanceFocus, Skip: conformanceSkip, Procs: conformanceProcs,
-		Long: conformanceLong, LongProcs: conformanceLongProcs}
+	cfg := realnode.E2EConfig{Bins: bins, Kubectl: kube.Binaries(t).Path(kubebin.Kubectl), Focus: conformanceFocus, Skip: conformanceSkip, Procs: conformanceProcs}
 	if os.Getenv(EnvConformanceWithout) == "1" {
 		if b.installed {
 			t.Fatalf("draind is already installed on the shared bed; run TestConformanceSigNetwork alone to measure without it")

@@ -47,38 +47,3 @@ func TestReadE2EReport(t *testing.T) {
 		t.Error("a missing report read without error")
 	}
 }
-
-// Two runs that split one suite's specs merge into one outcome: each spec
-// keeps the state and the message of the run it ran in; one skipped by
-// both stays skipped.
-func TestMergeE2E(t *testing.T) {
-	rest := &E2EResult{
-		Passed: []string{"a"}, Failed: []string{"b"}, Skipped: []string{"long", "x"},
-		Why:   map[string]string{"b": "failed: b", "long": "skipped: by --skip", "x": "skipped: x"},
-		Specs: []SpecTime{{"a", time.Second}, {"b", 3 * time.Second}}, Took: time.Minute, Log: "rest.log",
-	}
-	long := &E2EResult{
-		Failed: []string{"long"}, Skipped: []string{"a", "b", "x"},
-		Why:    map[string]string{"long": "failed: long", "a": "skipped: not focused"},
-		Detail: map[string]string{"long": "at x.go:1: long"},
-		Specs:  []SpecTime{{"long", 2 * time.Second}}, Took: 2 * time.Minute, Log: "long.log",
-	}
-	got := mergeE2E(rest, long)
-	if !slices.Equal(got.Passed, []string{"a"}) || !slices.Equal(got.Failed, []string{"b", "long"}) || !slices.Equal(got.Skipped, []string{"x"}) {
-		t.Errorf("passed %q, failed %q, skipped %q", got.Passed, got.Failed, got.Skipped)
-	}
-	for s, want := range map[string]string{"a": "", "b": "failed: b", "long": "failed: long", "x": "skipped: x"} {
-		if got.Why[s] != want {
-			t.Errorf("why %s: %q, want %q", s, got.Why[s], want)
-		}
-	}
-	if want := []SpecTime{{"b", 3 * time.Second}, {"long", 2 * time.Second}, {"a", time.Second}}; !slices.Equal(got.Specs, want) {
-		t.Errorf("specs %v, want %v", got.Specs, want)
-	}
-	if got.Detail["long"] != "at x.go:1: long" {
-		t.Errorf("detail %q", got.Detail)
-	}
-	if got.Took != 2*time.Minute {
-		t.Errorf("took %v, want the longer run's", got.Took)
-	}
-}

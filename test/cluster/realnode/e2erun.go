@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -72,13 +71,6 @@ type E2EConfig struct {
 	Procs   int    // parallel ginkgo processes ([Serial] specs run alone at the end)
 	Dir     string // where the report and the log go
 	DryRun  bool   // list the specs only
-	// Long matches the specs known to run for minutes where the others
-	// take one or two. They start at once, in a ginkgo run of their own
-	// with LongProcs of the Procs processes, beside the others' run: in
-	// one randomly ordered run, one of them dealt last would add its
-	// minutes to the run's length. None of them may be [Serial].
-	Long      string
-	LongProcs int
 }
 
 // E2EResult is what the suite's JSON report says of a run.
@@ -110,82 +102,6 @@ func (r *E2EResult) Ran() int { return len(r.Passed) + len(r.Failed) }
 // ginkgo, and returns its outcome. A failed spec is no error; a suite that
 // did not report is.
 func (m *Multi) RunE2E(ctx context.Context, cfg E2EConfig) (*E2EResult, error) {
-	if cfg.Long == "" || cfg.DryRun {
-		return m.runGinkgo(ctx, cfg)
-	}
-	if cfg.LongProcs < 1 || cfg.LongProcs >= cfg.Procs {
-		return nil, fmt.Errorf("the long specs' %d processes must leave the others at least one of %d", cfg.LongProcs, cfg.Procs)
-	}
-	rest, long := cfg, cfg
-	rest.Skip, rest.Procs = "("+cfg.Skip+")|("+cfg.Long+")", cfg.Procs-cfg.LongProcs
-	long.Focus, long.Procs, long.Dir = cfg.Long, cfg.LongProcs, filepath.Join(cfg.Dir, "long")
-	type outcome struct {
-		res *E2EResult
-		err error
-	}
-	done := make(chan outcome, 1)
-	go func() {
-		res, err := m.runGinkgo(ctx, long)
-		done <- outcome{res, err}
-	}()
-	res, err := m.runGinkgo(ctx, rest)
-	l := <-done
-	if err != nil {
-		return nil, err
-	}
-	if l.err != nil {
-		return nil, fmt.Errorf("the long specs' run: %w", l.err)
-	}
-	merged := mergeE2E(res, l.res)
-	// The long run's focus is Long alone: keep only what both select.
-	if focus, err := regexp.Compile(cfg.Focus); err == nil {
-		keep := func(l []string) []string {
-			return slices.DeleteFunc(l, func(s string) bool { return !focus.MatchString(s) })
-		}
-		merged.Passed, merged.Failed, merged.Skipped = keep(merged.Passed), keep(merged.Failed), keep(merged.Skipped)
-		merged.Specs = slices.DeleteFunc(merged.Specs, func(s SpecTime) bool { return !focus.MatchString(s.Name) })
-	}
-	return merged, nil
-}
-
-// mergeE2E joins the outcomes of two runs over one suite that split its
-// specs: a spec that ran in either has that run's state, one skipped in
-// both is skipped.
-func mergeE2E(a, b *E2EResult) *E2EResult {
-	out := &E2EResult{Why: map[string]string{}, Detail: map[string]string{}, Took: max(a.Took, b.Took), Log: a.Log + " and " + b.Log}
-	ran := map[string]*E2EResult{} // spec → the run it ran in
-	for _, r := range []*E2EResult{a, b} {
-		out.Passed = append(out.Passed, r.Passed...)
-		out.Failed = append(out.Failed, r.Failed...)
-		out.Specs = append(out.Specs, r.Specs...)
-		for _, s := range slices.Concat(r.Passed, r.Failed) {
-			ran[s] = r
-		}
-	}
-	skipped := map[string]bool{}
-	for _, r := range []*E2EResult{a, b} {
-		maps.Copy(out.Detail, r.Detail) // failed specs only: each ran in one run
-		for s, why := range r.Why {
-			if in := ran[s]; in == r || (in == nil && out.Why[s] == "") {
-				out.Why[s] = why
-			}
-		}
-		for _, s := range r.Skipped {
-			if ran[s] == nil && !skipped[s] {
-				skipped[s] = true
-				out.Skipped = append(out.Skipped, s)
-			}
-		}
-	}
-	for _, l := range [][]string{out.Passed, out.Failed, out.Skipped} {
-		sort.Strings(l)
-	}
-	sort.SliceStable(out.Specs, func(i, j int) bool { return out.Specs[i].Took > out.Specs[j].Took })
-	return out
-}
-
-// runGinkgo is one ginkgo run of the suite.
-func (m *Multi) runGinkgo(ctx context.Context, cfg E2EConfig) (*E2EResult, error) {
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 		return nil, err
 	}
