@@ -607,7 +607,8 @@ func (s *seqRun) compare() string {
 //     (what such an entry rewrites to is checked by the model package's
 //     TestLingeringSelectsNow);
 //   - the addresses of a pod this node hosted and saw vanish (its own gone
-//     Lease, the pod no more; a slice may still list it): a fresh daemon
+//     Lease, the pod no more; a slice may still list it, at its IPs or
+//     elsewhere): a fresh daemon
 //     finds only the Lease, which no local pod confirms any more, and
 //     fails open, as the trust rule says (a restart ends that steering
 //     early);
@@ -635,6 +636,9 @@ func (s *seqRun) historyKeys(models []*model.Model) map[bpf.EndpointKey]bool {
 		for _, ip := range pd.IPs {
 			skipAddr(out, models, ip) // its all-ports keys, and its listings'
 		}
+		for _, ip := range s.listedAt(pd.UID) {
+			skipAddr(out, models, ip) // a slice that lists it elsewhere
+		}
 	}
 	for _, l := range s.h.d.drainLeasesNow().list {
 		if l.Holder == testNode {
@@ -646,6 +650,23 @@ func (s *seqRun) historyKeys(models []*model.Model) map[bpf.EndpointKey]bool {
 					skipAddr(out, models, ip) // the answer of a departed host
 				}
 				break
+			}
+		}
+	}
+	return out
+}
+
+// listedAt returns the addresses the Services' slices list pod uid at,
+// which need not be the IPs its pod drain names.
+func (s *seqRun) listedAt(uid types.UID) []netip.Addr {
+	var out []netip.Addr
+	key := k8s.PodKeyOf(uid)
+	for _, svc := range seqServices() {
+		for _, sl := range s.h.d.state.SlicesOf(svc.Namespace + "/" + svc.Name) {
+			for i := range sl.Len() {
+				if sl.PodKey(i) == key {
+					out = append(out, sl.Addr(i))
+				}
 			}
 		}
 	}

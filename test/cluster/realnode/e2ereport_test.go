@@ -47,3 +47,23 @@ func TestReadE2EReport(t *testing.T) {
 		t.Error("a missing report read without error")
 	}
 }
+
+// A failed spec's detail keeps the head of its message and the tail of its
+// log.
+func TestHeadTailLines(t *testing.T) {
+	for _, c := range []struct {
+		text, head2, tail2 string
+	}{
+		{"", "", ""},
+		{"a\n", "a", "a"},
+		{"a\nb\nc\n", "a\nb", "b\nc"},
+		{"a\nb", "a\nb", "a\nb"},
+	} {
+		if got := headLines(c.text, 2); got != c.head2 {
+			t.Errorf("headLines(%q, 2) = %q, want %q", c.text, got, c.head2)
+		}
+		if got := tailLines(c.text, 2); got != c.tail2 {
+			t.Errorf("tailLines(%q, 2) = %q, want %q", c.text, got, c.tail2)
+		}
+	}
+}

@@ -206,7 +206,7 @@ func readE2EReport(path string) (*E2EResult, error) {
 				res.Failed = append(res.Failed, name)
 				if s.Failure != nil {
 					res.Detail[name] = fmt.Sprintf("at %s:%d: %s\n%s", filepath.Base(s.Failure.Location.FileName), s.Failure.Location.LineNumber,
-						lastLines(s.Failure.Message, 0, 10), lastLines(s.CapturedGinkgoWriterOutput, 28, 0))
+						headLines(s.Failure.Message, 10), tailLines(s.CapturedGinkgoWriterOutput, 28))
 				}
 			}
 			res.Specs = append(res.Specs, SpecTime{Name: name, Took: s.RunTime})
@@ -219,15 +219,14 @@ func readE2EReport(path string) (*E2EResult, error) {
 	return res, nil
 }
 
-// lastLines returns the last n lines of text (all if n is 0), of which
-// the first first (all if 0).
-func lastLines(text string, n, first int) string {
+// headLines returns the first n lines of text.
+func headLines(text string, n int) string {
 	lines := strings.Split(strings.TrimRight(text, "\n"), "\n")
-	if n > 0 && len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	if first > 0 && len(lines) > first {
-		lines = lines[:first]
-	}
-	return strings.Join(lines, "\n")
+	return strings.Join(lines[:min(n, len(lines))], "\n")
+}
+
+// tailLines returns the last n lines of text.
+func tailLines(text string, n int) string {
+	lines := strings.Split(strings.TrimRight(text, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
