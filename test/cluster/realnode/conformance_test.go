@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -34,6 +35,19 @@ const (
 // (with seven it once did not, in CI).
 const conformanceProcs = 6
 
+// specTimesFile is the longest each spec took in runs on an idle machine:
+// conformanceSeed deals the long ones out first.
+const specTimesFile = "testdata/conformance-spec-times.txt"
+
+// EnvConformanceSeed sets ginkgo's seed, which decides the specs' order,
+// instead of the one conformanceSeed picks.
+const EnvConformanceSeed = "DRAIND_CONFORMANCE_SEED"
+
+// EnvConformanceTimes makes TestConformanceSigNetwork fold the spec times
+// of its run with draind into specTimesFile (run it alone, on an idle
+// machine).
+const EnvConformanceTimes = "DRAIND_CONFORMANCE_TIMES"
+
 // withoutDraindFile lists the specs that pass on the bed without draind;
 // DRAIND_CONFORMANCE_WITHOUT=1 measures and rewrites it.
 const withoutDraindFile = "testdata/conformance-pass-without-draind.txt"
@@ -59,6 +73,8 @@ func TestConformanceSigNetwork(t *testing.T) {
 	defer cancel()
 	prepareE2E(ctx, t, b.m, bins)
 	cfg := realnode.E2EConfig{Bins: bins, Kubectl: kube.Binaries(t).Path(kubebin.Kubectl), Focus: conformanceFocus, Skip: conformanceSkip, Procs: conformanceProcs}
+	times := readSpecTimes(t)
+	cfg.Seed = conformanceSeed(ctx, t, b.m, cfg, times)
 	if os.Getenv(EnvConformanceWithout) == "1" {
 		if b.installed {
 			t.Fatalf("draind is already installed on the shared bed; run TestConformanceSigNetwork alone to measure without it")
@@ -79,6 +95,11 @@ func TestConformanceSigNetwork(t *testing.T) {
 	b.install(ctx, t)
 	cfg.Dir = filepath.Join(b.m.Dir, "e2e-with-draind")
 	res := runE2E(ctx, t, b.m, cfg, "with draind")
+	if os.Getenv(EnvConformanceTimes) == "1" {
+		if err := realnode.WriteSpecTimes(specTimesFile, specTimesHeader, times.Fold(res.Specs)); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for _, s := range want {
 		if !slices.Contains(res.Passed, s) {
 			t.Errorf("passes without draind, not with it: %s (%s)", s, res.Why[s])
@@ -87,6 +108,51 @@ func TestConformanceSigNetwork(t *testing.T) {
 	if t.Failed() {
 		t.Logf("the suite's log: %s", res.Log)
 	}
+}
+
+// specTimesHeader heads specTimesFile.
+var specTimesHeader = []string{
+	"The longest each upstream spec that TestConformanceSigNetwork runs took, over",
+	"runs alone on an idle 2-core machine with draind installed (6 processes). The",
+	"test picks the seed whose order deals the long ones out first",
+	"(realnode.PickSeed). " + EnvConformanceTimes + "=1 folds a run's times in.",
+}
+
+func readSpecTimes(t *testing.T) realnode.SpecTimes {
+	t.Helper()
+	f, err := os.Open(specTimesFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	st, err := realnode.ReadSpecTimes(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// conformanceSeed returns the seed the suite runs with: the first whose
+// order, by the spec times, leaves no long spec to the end (the same seed
+// for one build of the suite), or EnvConformanceSeed's.
+func conformanceSeed(ctx context.Context, t *testing.T, m *realnode.Multi, cfg realnode.E2EConfig, st realnode.SpecTimes) int64 {
+	t.Helper()
+	if v := os.Getenv(EnvConformanceSeed); v != "" {
+		seed, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || seed == 0 {
+			t.Fatalf("%s=%q: want a seed other than 0", EnvConformanceSeed, v)
+		}
+		t.Logf("conformance figures: seed %d, from %s", seed, EnvConformanceSeed)
+		return seed
+	}
+	cfg.Dir = filepath.Join(m.Dir, "e2e-order")
+	c, err := m.PickSeed(ctx, cfg, st, 40)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("conformance figures: seed %d (of %d tried): %v by %s for its order, %v at best",
+		c.Seed, c.Tried, c.Makespan.Round(time.Second), specTimesFile, c.Bound.Round(time.Second))
+	return c.Seed
 }
 
 func e2eBinaries(t *testing.T) *e2ebin.Set {

@@ -10,11 +10,14 @@ import (
 
 // A report as ginkgo writes it (--json-report): the spec states sort into
 // passed, failed and skipped, and the specs that ran carry their run time,
-// slowest first.
+// slowest first, and are ordered by when they started, which is not the
+// order the report lists them in.
 func TestReadE2EReport(t *testing.T) {
 	const report = `[{"SpecReports": [
-  {"ContainerHierarchyTexts": ["[sig-network] Services"], "LeafNodeText": "should serve", "LeafNodeType": "It", "State": "passed", "RunTime": 2000000000},
+  {"ContainerHierarchyTexts": ["[sig-network] Services"], "LeafNodeText": "should serve", "LeafNodeType": "It", "State": "passed", "RunTime": 2000000000,
+   "StartTime": "2026-12-05T10:00:02Z"},
   {"ContainerHierarchyTexts": ["[sig-network] Services"], "LeafNodeText": "should fail", "LeafNodeType": "It", "State": "failed", "RunTime": 90000000000,
+   "StartTime": "2026-12-05T10:00:01Z",
    "Failure": {"Message": "timed out", "Location": {"FileName": "/src/test/e2e/network/service.go", "LineNumber": 3239}},
    "CapturedGinkgoWriterOutput": "STEP: one\nSTEP: two\n"},
   {"ContainerHierarchyTexts": ["[sig-network] DNS"], "LeafNodeText": "should skip", "LeafNodeType": "It", "State": "skipped", "RunTime": 1000},
@@ -42,6 +45,9 @@ func TestReadE2EReport(t *testing.T) {
 	want := []SpecTime{{"[sig-network] Services should fail", 90 * time.Second}, {"[sig-network] Services should serve", 2 * time.Second}}
 	if !slices.Equal(res.Specs, want) {
 		t.Errorf("specs with their run time: %v, want %v", res.Specs, want)
+	}
+	if order := []string{"[sig-network] Services should fail", "[sig-network] Services should serve"}; !slices.Equal(res.Order, order) {
+		t.Errorf("the specs by when they started: %q, want %q", res.Order, order)
 	}
 	if _, err := readE2EReport(filepath.Join(t.TempDir(), "none.json")); err == nil {
 		t.Error("a missing report read without error")

@@ -70,7 +70,8 @@ type E2EConfig struct {
 	Skip    string // ginkgo skip regular expression
 	Procs   int    // parallel ginkgo processes ([Serial] specs run alone at the end)
 	Dir     string // where the report and the log go
-	DryRun  bool   // list the specs only
+	DryRun  bool   // list the specs only, in the order they are dealt (one process)
+	Seed    int64  // ginkgo's --seed, which decides the order (0: a random one)
 }
 
 // E2EResult is what the suite's JSON report says of a run.
@@ -85,6 +86,10 @@ type E2EResult struct {
 	// Took, it tells a run slowed by a few long specs from one slowed by
 	// the machine.
 	Specs []SpecTime
+	// Order is the specs that ran, by when they started: in a dry run,
+	// the order ginkgo deals them out. (The report does not list them in
+	// that order.)
+	Order []string
 	Took  time.Duration
 	Log   string // the suite's output
 }
@@ -138,12 +143,18 @@ func (m *Multi) RunE2E(ctx context.Context, cfg E2EConfig) (*E2EResult, error) {
 // suite's (the framework's flags).
 func (m *Multi) e2eArgs(cfg E2EConfig) []string {
 	procs := max(cfg.Procs, 1)
+	if cfg.DryRun {
+		procs = 1 // ginkgo dry-runs in one process only
+	}
 	args := []string{
 		fmt.Sprintf("--procs=%d", procs), "--focus=" + cfg.Focus, "--skip=" + cfg.Skip,
 		"--output-dir=" + cfg.Dir, "--json-report=report.json", "--timeout=3h", "--no-color", "--silence-skips",
 	}
 	if cfg.DryRun {
 		args = append(args, "--dry-run", "-v")
+	}
+	if cfg.Seed != 0 {
+		args = append(args, fmt.Sprintf("--seed=%d", cfg.Seed))
 	}
 	return append(args, cfg.Bins.Path(e2ebin.Suite), "--",
 		"--kubeconfig="+m.Kubeconfig, "--kubectl-path="+cfg.Kubectl,
@@ -161,6 +172,7 @@ type ginkgoReport struct {
 		LeafNodeText            string
 		LeafNodeType            string
 		State                   string
+		StartTime               time.Time
 		RunTime                 time.Duration // nanoseconds in the report
 		Failure                 *struct {
 			Message  string
@@ -183,6 +195,11 @@ func readE2EReport(path string) (*E2EResult, error) {
 		return nil, fmt.Errorf("decoding %s: %w", path, err)
 	}
 	res := &E2EResult{Why: map[string]string{}, Detail: map[string]string{}}
+	type startedSpec struct {
+		name string
+		at   time.Time
+	}
+	var started []startedSpec
 	for _, r := range reports {
 		for _, s := range r.SpecReports {
 			if s.LeafNodeType != "It" {
@@ -210,12 +227,17 @@ func readE2EReport(path string) (*E2EResult, error) {
 				}
 			}
 			res.Specs = append(res.Specs, SpecTime{Name: name, Took: s.RunTime})
+			started = append(started, startedSpec{name, s.StartTime})
 		}
 	}
 	for _, l := range [][]string{res.Passed, res.Failed, res.Skipped} {
 		sort.Strings(l)
 	}
 	sort.SliceStable(res.Specs, func(i, j int) bool { return res.Specs[i].Took > res.Specs[j].Took })
+	sort.SliceStable(started, func(i, j int) bool { return started[i].at.Before(started[j].at) })
+	for _, s := range started {
+		res.Order = append(res.Order, s.name)
+	}
 	return res, nil
 }
 
