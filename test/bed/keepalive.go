@@ -24,7 +24,8 @@ import (
 
 // Sample is one request of a keep-alive client.
 type Sample struct {
-	At     int64  `json:"at"` // unix ns when the request ended
+	At     int64  `json:"at"`   // unix ns when the request ended
+	Sent   int64  `json:"sent"` // unix ns when it was sent (or its dial began)
 	Server string `json:"server,omitempty"`
 	Err    string `json:"err,omitempty"`  // error class (etimedout: the socket itself timed out)
 	Conn   int    `json:"conn"`           // which connection (1, 2, ...)
@@ -78,34 +79,36 @@ func runKeepalive(req Request, k *keepalive) {
 			return
 		default:
 		}
+		sent := time.Now().UnixNano()
 		if conn == nil {
 			c, err := net.DialTimeout("tcp", req.Addr, to)
 			if err != nil {
-				k.add(Sample{At: time.Now().UnixNano(), Err: kaErrClass(err), Conn: n + 1, Dial: true})
+				k.add(Sample{At: time.Now().UnixNano(), Sent: sent, Err: kaErrClass(err), Conn: n + 1, Dial: true})
 				continue
 			}
 			n++
 			conn, rd = c, bufio.NewReader(c)
 			conn.SetReadDeadline(time.Now().Add(to))
 			if _, err := rd.ReadString('\n'); err != nil { // the greeting
-				k.add(Sample{At: time.Now().UnixNano(), Err: kaErrClass(err), Conn: n})
+				k.add(Sample{At: time.Now().UnixNano(), Sent: sent, Err: kaErrClass(err), Conn: n})
 				conn.Close()
 				conn = nil
 				continue
 			}
 		}
+		sent = time.Now().UnixNano()
 		conn.SetDeadline(time.Now().Add(to))
 		line, err := "", error(nil)
 		if _, err = conn.Write([]byte("hi\n")); err == nil {
 			line, err = rd.ReadString('\n')
 		}
 		if err != nil {
-			k.add(Sample{At: time.Now().UnixNano(), Err: kaErrClass(err), Conn: n})
+			k.add(Sample{At: time.Now().UnixNano(), Sent: sent, Err: kaErrClass(err), Conn: n})
 			conn.Close()
 			conn = nil
 			continue // redial at once
 		}
-		k.add(Sample{At: time.Now().UnixNano(), Server: strings.TrimSpace(line), Conn: n})
+		k.add(Sample{At: time.Now().UnixNano(), Sent: sent, Server: strings.TrimSpace(line), Conn: n})
 		select {
 		case <-k.stop:
 			return
@@ -114,11 +117,13 @@ func runKeepalive(req Request, k *keepalive) {
 	}
 }
 
-// FirstSuccessAfter returns the first successful request that ended after
-// t, and whether there is one.
+// FirstSuccessAfter returns the first successful request sent after t, and
+// whether there is one. Not the first that ended after t: the answer to a
+// request sent before t may be read after it (on a loaded machine the
+// client runs late) though the server that sent it was gone by t.
 func FirstSuccessAfter(samples []Sample, t time.Time) (Sample, bool) {
 	for _, s := range samples {
-		if s.Err == "" && s.At > t.UnixNano() {
+		if s.Err == "" && s.Sent > t.UnixNano() {
 			return s, true
 		}
 	}

@@ -451,7 +451,13 @@ func (n *Node) startProcIn(nsPath, name, bin string, args ...string) (*proc, err
 func (p *proc) deadErr() error {
 	select {
 	case <-p.done:
-		return fmt.Errorf("%s exited (%v): see %s", p.name, p.waitErr, p.logPath)
+		// The run's directory, and the log with it, may be gone by the
+		// time anyone reads the error: it carries the log's end.
+		end := "(unreadable)"
+		if b, err := os.ReadFile(p.logPath); err == nil {
+			end = tailLines(string(b), 15)
+		}
+		return fmt.Errorf("%s exited (%v); the end of its log %s:\n%s", p.name, p.waitErr, p.logPath, end)
 	default:
 		return nil
 	}
