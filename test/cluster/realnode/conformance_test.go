@@ -120,12 +120,7 @@ var specTimesHeader = []string{
 
 func readSpecTimes(t *testing.T) realnode.SpecTimes {
 	t.Helper()
-	f, err := os.Open(specTimesFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	st, err := realnode.ReadSpecTimes(f)
+	st, err := realnode.ReadSpecTimesFile(specTimesFile)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -111,6 +111,16 @@ func ReadSpecTimes(r io.Reader) (SpecTimes, error) {
 	return st, nil
 }
 
+// ReadSpecTimesFile reads the table at path (ReadSpecTimes).
+func ReadSpecTimesFile(path string) (SpecTimes, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return SpecTimes{}, err
+	}
+	defer f.Close()
+	return ReadSpecTimes(f)
+}
+
 // Fold returns st with the times of specs folded in: each spec's time is
 // the longer of the two, so that the table plans for the slow runs of a
 // spec whose time varies (the session-affinity-timeout specs take 2.5 or 7

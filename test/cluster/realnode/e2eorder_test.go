@@ -2,7 +2,6 @@ package realnode
 
 import (
 	"maps"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -45,12 +44,7 @@ func TestSpecTimesRoundTrip(t *testing.T) {
 	if err := WriteSpecTimes(path, []string{"a header"}, st); err != nil {
 		t.Fatal(err)
 	}
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	got, err := ReadSpecTimes(f)
+	got, err := ReadSpecTimesFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,12 +64,7 @@ func TestSpecTimesRoundTrip(t *testing.T) {
 
 // The committed table reads, and times most of the suite's specs.
 func TestCommittedSpecTimes(t *testing.T) {
-	f, err := os.Open("testdata/conformance-spec-times.txt")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	st, err := ReadSpecTimes(f)
+	st, err := ReadSpecTimesFile("testdata/conformance-spec-times.txt")
 	if err != nil {
 		t.Fatal(err)
 	}
