@@ -165,6 +165,39 @@ func TestHostileLeaseHolder(t *testing.T) {
 	})
 }
 
+// TestHostileLeaseOfAnotherHolder: a Lease named after a local pod but
+// written by another node, before the pod's offline call or over its
+// Lease during the drain, is a drain no node honours; this node replaces
+// it with its own, so that the drain reaches every node.
+func TestHostileLeaseOfAnotherHolder(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := localFixture(t)
+		name := k8s.LeaseName("p0")
+		ours := func(when string) {
+			t.Helper()
+			l := h.apiLease(name)
+			if l == nil {
+				t.Fatalf("%s the pod has no Lease", when)
+			}
+			if l.Holder != testNode || len(l.IPs) != 1 || l.IPs[0] != podIP {
+				t.Fatalf("%s the pod's Lease is held by %s for %v, want %s for %v", when, l.Holder, l.IPs, testNode, podIP)
+			}
+		}
+		h.lease("p0", "default", "pod-p0", "node-b", k8s.ReasonOperator, time.Minute, "10.0.0.9")
+		h.tick(0)
+		if r, ok := h.offline(podIP, 0, 0).result(t); !ok || r.Code != 200 {
+			t.Fatalf("the offline call answered %+v (answered %v)", r, ok)
+		}
+		ours("after the offline call")
+		h.lease("p0", "default", "pod-p0", "node-b", k8s.ReasonOperator, time.Minute, "10.0.0.9")
+		if l := h.apiLease(name); l == nil || l.Holder != "node-b" {
+			t.Fatal("node-b's write did not replace the Lease")
+		}
+		h.tick(time.Second)
+		ours("a pass after node-b replaced it")
+	})
+}
+
 // TestHostileRegistryOnlyLease: a Lease for a pod no slice lists is honoured
 // once the pod's own object confirms the holder and IPs.
 func TestHostileRegistryOnlyLease(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -240,12 +241,18 @@ func (r *DrainRequest) Lease(ns string, now time.Time) *coordinationv1.Lease {
 // Publish creates the pod's drain Lease, or renews it if it exists (joining
 // a drain in progress: the original reason and acquire time are kept).
 // created reports whether this call started the drain.
+//
+// A Lease of that name that describes another drain (another holder, pod
+// or IPs: stale, or written by someone other than the pod's node) is no
+// drain any node honours, and it must not stop the pod's own: it is
+// replaced by r's, which counts as created.
 func (c *Leases) Publish(ctx context.Context, r DrainRequest, now time.Time) (lease *DrainLease, created bool, err error) {
 	if r.PodUID == "" || len(r.IPs) == 0 {
 		return nil, false, errors.New("publishing drain lease: pod uid and IPs are required")
 	}
 	want := r.Lease(c.Namespace, now)
-	got, err := c.Client.CoordinationV1().Leases(c.Namespace).Create(ctx, want, metav1.CreateOptions{})
+	api := c.Client.CoordinationV1().Leases(c.Namespace)
+	got, err := api.Create(ctx, want, metav1.CreateOptions{})
 	if err == nil {
 		l, perr := ParseLease(got)
 		return l, true, perr
@@ -253,12 +260,45 @@ func (c *Leases) Publish(ctx context.Context, r DrainRequest, now time.Time) (le
 	if !apierrors.IsAlreadyExists(err) {
 		return nil, false, fmt.Errorf("creating drain lease for %s/%s: %w", r.PodNamespace, r.PodName, err)
 	}
-	var ann map[string]string
-	if r.SteerPodIP {
-		ann = map[string]string{AnnSteerPodIP: "true"}
+	for attempt := 0; ; attempt++ {
+		cur, err := api.Get(ctx, want.Name, metav1.GetOptions{})
+		if err != nil {
+			return nil, false, fmt.Errorf("joining drain lease %s: %w", want.Name, err)
+		}
+		if cl, perr := ParseLease(cur); perr == nil && r.Describes(cl) {
+			var ann map[string]string
+			if r.SteerPodIP {
+				ann = map[string]string{AnnSteerPodIP: "true"}
+			}
+			l, err := c.Renew(ctx, want.Name, r.Duration, now, ann)
+			return l, false, err
+		}
+		want.ResourceVersion = cur.ResourceVersion
+		upd, err := api.Update(ctx, want, metav1.UpdateOptions{})
+		if apierrors.IsConflict(err) && attempt < 5 {
+			continue
+		}
+		if err != nil {
+			return nil, false, fmt.Errorf("replacing drain lease %s, which describes another drain: %w", want.Name, err)
+		}
+		l, perr := ParseLease(upd)
+		return l, true, perr
 	}
-	l, err := c.Renew(ctx, want.Name, r.Duration, now, ann)
-	return l, false, err
+}
+
+// Describes reports whether l is the Lease of r's drain: the same pod,
+// holder and IPs (in any order), so that publishing r joins it.
+func (r DrainRequest) Describes(l *DrainLease) bool {
+	if l.PodUID != r.PodUID || l.PodNamespace != r.PodNamespace || l.PodName != r.PodName ||
+		l.Holder != r.Node || l.Claim != r.Claim || len(l.IPs) != len(r.IPs) {
+		return false
+	}
+	for _, ip := range r.IPs {
+		if !slices.Contains(l.IPs, ip) {
+			return false
+		}
+	}
+	return true
 }
 
 // Renew moves a Lease's renew time to now and may update its annotations

@@ -65,6 +65,45 @@ func TestLeaseProtocol(t *testing.T) {
 	}
 }
 
+// TestPublishReplacesAnotherDrainsLease: a Lease named after the pod that
+// describes another drain (another holder or IPs, or one no node can
+// parse) is replaced by the pod's own, which counts as created; the same
+// drain in another IP order is joined.
+func TestPublishReplacesAnotherDrainsLease(t *testing.T) {
+	ctx := context.Background()
+	other := request()
+	other.Node, other.Reason, other.IPs = "node-b", ReasonOperator, []netip.Addr{netip.MustParseAddr("10.0.0.9")}
+	malformed := other.Lease("draind-system", t0)
+	delete(malformed.Annotations, AnnPodIPs)
+	for name, existing := range map[string]*coordinationv1.Lease{
+		"another holder": other.Lease("draind-system", t0),
+		"malformed":      malformed,
+	} {
+		t.Run(name, func(t *testing.T) {
+			c := &Leases{Client: fake.NewClientset(existing), Namespace: "draind-system"}
+			l, created, err := c.Publish(ctx, request(), t0.Add(time.Second))
+			if err != nil || !created {
+				t.Fatalf("publish over %s's Lease: %v created=%v", name, err, created)
+			}
+			if l.Holder != "node-a" || l.Reason != ReasonOffline || len(l.IPs) != 2 || !l.Acquired.Equal(t0.Add(time.Second)) {
+				t.Fatalf("the Lease after publishing: %+v", l)
+			}
+		})
+	}
+	t.Run("same drain, IPs reordered", func(t *testing.T) {
+		c := &Leases{Client: fake.NewClientset(), Namespace: "draind-system"}
+		if _, _, err := c.Publish(ctx, request(), t0); err != nil {
+			t.Fatal(err)
+		}
+		again := request()
+		again.IPs = []netip.Addr{again.IPs[1], again.IPs[0]}
+		l, created, err := c.Publish(ctx, again, t0.Add(time.Second))
+		if err != nil || created || !l.Acquired.Equal(t0) {
+			t.Fatalf("publishing the same drain again: %+v created=%v err=%v", l, created, err)
+		}
+	})
+}
+
 // TestLeaseRenewRetriesConflicts: a concurrent writer (the node updating
 // progress while an operator joins) costs a retry, not an error.
 func TestLeaseRenewRetriesConflicts(t *testing.T) {

@@ -66,6 +66,11 @@ func (l *Drains) step(uid types.UID, ld *drain, dl *k8s.DrainLease, p *k8s.Pod, 
 	if dl != nil && dl.Holder == l.cfg.Node {
 		ld.leaseSeen = true
 	}
+	if dl != nil && ld.published && !l.request(ld).Describes(dl) {
+		// The Lease was replaced by another drain's (another holder or
+		// IPs): no node honours it for this pod. Publishing replaces it.
+		ld.published = false
+	}
 	deleted := ld.leaseLost || (ld.leaseSeen && dl == nil)
 	switch {
 	case ld.state == StateCancelled:
