@@ -627,17 +627,31 @@ func (c *Claims) Generation() uint64 {
 // hosted it until its listing ended less than keep ago; until is when such
 // a departed host's answer ends (zero: the listings' answer). It is the
 // trusted slices' lease.Record: a fact, not a verdict on any Lease.
+// Listings that place the pod at ip on different nodes contradict each
+// other: the answer is then no node, listed, which matches no holder, in
+// whatever order the slices came.
 func (c *Claims) HostOf(ip netip.Addr, uid types.UID) (node string, listed bool, until time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	pod := k8s.PodKeyOf(uid)
+	contradicted := false
 	c.eachListing(ip, func(s *k8s.Slice, i int) bool {
-		if s.PodKey(i) == pod {
-			listed = true
-			node = s.Node(i)
+		if s.PodKey(i) != pod {
+			return true
 		}
-		return node == ""
+		listed = true
+		switch n := s.Node(i); {
+		case n == "":
+		case node == "":
+			node = n
+		case n != node:
+			contradicted = true
+		}
+		return !contradicted
 	})
+	if contradicted {
+		return "", true, time.Time{}
+	}
 	if node != "" {
 		return node, true, time.Time{}
 	}

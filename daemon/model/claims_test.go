@@ -195,7 +195,12 @@ func TestClaimsMatchReference(t *testing.T) {
 				if isWatched {
 					answers[k] = answer{node, gotListed, until, gen}
 				}
+				distinct := slices.Compact(slices.Sorted(slices.Values(ns)))
 				switch {
+				case len(distinct) > 1: // contradicting listings: no node, whatever their order
+					if !gotListed || node != "" || !until.IsZero() {
+						t.Fatalf("step %d: hostOf(%v, %s) = %q, %v, %v; listed on %v, want listed on no node", step, ip, uid, node, gotListed, until, distinct)
+					}
 				case len(ns) > 0:
 					if !gotListed || !slices.Contains(ns, node) {
 						t.Fatalf("step %d: hostOf(%v, %s) = %q, %v; want listed on one of %v", step, ip, uid, node, gotListed, ns)
