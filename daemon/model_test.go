@@ -643,3 +643,37 @@ func checkRefreshed(t *testing.T, h *harness, fresh time.Time) {
 		}
 	}
 }
+
+// TestSharedEndpointRewritesInKeyOrder: a drained pod that two Services
+// list rewrites connections to its IP to the Service first by name,
+// whichever of them started steering first (and so got the lower
+// service-port id): a restarted daemon writes the same entry.
+func TestSharedEndpointRewritesInKeyOrder(t *testing.T) {
+	for _, first := range []string{"a", "b"} {
+		t.Run(first+" first", func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := newHarness(t)
+				h.lease("p0", "default", "pod-p0", "node-b", k8s.ReasonOffline, time.Hour, "10.0.0.1")
+				for i, name := range []string{first, map[string]string{"a": "b", "b": "a"}[first]} {
+					h.addService(svc(name, []string{fmt.Sprintf("10.96.0.%d", 20+i)}, []corev1.ServicePort{port("http", 80, corev1.ProtocolTCP)}))
+					h.putSlice(slice(name+"-1", name, v4, httpPorts(8080), onNode(ready("10.0.0.1", "p0"), "node-b"),
+						onNode(ready(fmt.Sprintf("10.0.1.%d", 1+i), "q"+name), "node-b")))
+					h.pass()
+				}
+				dr, ok := h.dp.Drains[key("10.0.0.1:8080", bpf.TCP)]
+				if !ok || dr.Policy != bpf.PolicyRewrite {
+					t.Fatalf("the drained pod's entry is %+v (present %v), want a rewrite:\n%s", dr, ok, h.describe())
+				}
+				to := ""
+				for _, sp := range h.d.model.ServicePortStatuses() {
+					if sp.ID == dr.Service {
+						to = sp.Service
+					}
+				}
+				if to != "default/a" {
+					t.Fatalf("the drained pod's entry rewrites to %q, want default/a:\n%s", to, h.describe())
+				}
+			})
+		})
+	}
+}

@@ -509,7 +509,7 @@ func renderDatapath(d *Daemon, sd *datapathtest.Sockets, skip map[bpf.EndpointKe
 		svc := name(dr.Service)
 		if dr.Policy != bpf.PolicyRewrite {
 			// Kept for accounting only: of several service-ports the entry
-			// could rewrite to, the lowest id, i.e. the first allocated.
+			// could rewrite to, the first by key (Model.rewritesFirst).
 			svc = "(accounting)"
 		}
 		lines = append(lines, fmt.Sprintf("drain %v -> %s %v", dr.Key, svc, dr.Policy))

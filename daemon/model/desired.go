@@ -32,7 +32,7 @@ func (m *Model) desiredDrain(k bpf.EndpointKey, now time.Time) (bpf.Drain, bool)
 		if !m.steersPodIP(c, k.Addr) {
 			p = bpf.PolicyOff // reachable at its IP: only its VIPs steer away
 		}
-		if rewriteTo != 0 && (d.Service == 0 || rewriteTo < d.Service) {
+		if rewriteTo != 0 && (d.Service == 0 || m.rewritesFirst(rewriteTo, d.Service)) {
 			d.Service = rewriteTo // kept for accounting when another policy wins
 		}
 		if !found || p > d.Policy {
@@ -44,6 +44,20 @@ func (m *Model) desiredDrain(k bpf.EndpointKey, now time.Time) (bpf.Drain, bool)
 		found = true
 	}
 	return d, found
+}
+
+// rewritesFirst reports whether service-port a comes before b in the order
+// of their keys (Service, port name, protocol, family): of several
+// service-ports a key's entry could rewrite to, it rewrites to the first,
+// whatever order their ids were allocated in.
+func (m *Model) rewritesFirst(a, b bpf.ServicePortID) bool {
+	sa, sb := m.servicePorts[a], m.servicePorts[b]
+	if sa == nil || sb == nil {
+		return a < b
+	}
+	ka, kb := sa.key, sb.key
+	return cmp.Or(strings.Compare(ka.Service, kb.Service), strings.Compare(ka.Port, kb.Port),
+		cmp.Compare(ka.Proto, kb.Proto), cmp.Compare(ka.Family, kb.Family)) < 0
 }
 
 // steersPodIP reports whether a contribution may steer connections made
