@@ -3,6 +3,7 @@ package realnode_test
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -106,8 +107,24 @@ func TestConformanceSigNetwork(t *testing.T) {
 		}
 	}
 	if t.Failed() {
-		t.Logf("the suite's log: %s", res.Log)
+		keepForDiagnosis(t, b.m, cfg.Dir)
 	}
+}
+
+// keepForDiagnosis copies the suite's files and every node's logs out of
+// the bed, which the package's last test removes, and says where.
+func keepForDiagnosis(t *testing.T, m *realnode.Multi, e2eDir string) {
+	t.Helper()
+	dst, err := os.MkdirTemp("", "draind-conformance-failed-")
+	if err != nil {
+		t.Logf("keeping the logs: %v", err)
+		return
+	}
+	err = errors.Join(os.CopyFS(filepath.Join(dst, "e2e"), os.DirFS(e2eDir)), m.KeepLogs(filepath.Join(dst, "nodes")))
+	if err != nil {
+		t.Logf("keeping the logs (kept what could be): %v", err)
+	}
+	t.Logf("the suite's log and the nodes' logs (kube-proxy, kubelet, draind's pods) are kept in %s", dst)
 }
 
 // specTimesHeader heads specTimesFile.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -445,6 +446,50 @@ func (m *Multi) stop() error {
 		m.lock.Close()
 	}
 	return errors.Join(errs...)
+}
+
+// KeepLogs copies into dst, which outlives the bed, what explains a failure
+// on it: each node's component logs (containerd, kubelet, kube-proxy) and
+// its pods' container logs (draind's among them), in dst/<node>.
+func (m *Multi) KeepLogs(dst string) error {
+	var errs []error
+	for _, n := range m.Nodes {
+		errs = append(errs, n.keepLogs(filepath.Join(dst, n.Name)))
+	}
+	return errors.Join(errs...)
+}
+
+func (n *Node) keepLogs(dst string) error {
+	logs, err := filepath.Glob(n.path("*.log"))
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		return err
+	}
+	var errs []error
+	for _, l := range logs {
+		errs = append(errs, copyFile(l, filepath.Join(dst, filepath.Base(l))))
+	}
+	errs = append(errs, os.CopyFS(filepath.Join(dst, "pod-logs"), os.DirFS(n.path("pod-logs"))))
+	return errors.Join(errs...)
+}
+
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.Create(dst)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
 }
 
 // On returns the node named name of n's bed: for a node of a multi-node
