@@ -20,7 +20,8 @@ import (
 //   - this node's Leases: this node's pods;
 //   - another node's Lease of a pod that trusted slices list: their
 //     listings of the pod UID (model.Claims.HostOf, which remembers an
-//     ended listing for a while); a listing on another node refuses it;
+//     ended listing for a while); a listing on another node refuses it, and
+//     listings on two nodes leave it to the Pod object;
 //   - a pod no trusted slice lists (a registry-only workload): its Pod
 //     object, read once per Lease off the runner's path (Trust, which
 //     judges it with byPodObject); at start-up, a Lease whose pod the API
@@ -58,6 +59,9 @@ func (j *Judge) Believed(l *k8s.DrainLease, local map[netip.Addr]*k8s.Pod, buf [
 
 // judge is Believed for a Lease that has not expired.
 func (j *Judge) judge(l *k8s.DrainLease, local map[netip.Addr]*k8s.Pod, buf []netip.Addr) ([]netip.Addr, bool, time.Time) {
+	if l.Holder == "" {
+		return buf, false, time.Time{} // no node hosts the pod for it
+	}
 	if l.Holder == j.Node {
 		ips, _, _ := hostedIPs(l, localPods{node: j.Node, byIP: local}.HostOf, buf)
 		return ips, len(ips) > len(buf), time.Time{}

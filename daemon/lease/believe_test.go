@@ -33,7 +33,7 @@ func (r sliceRecord) HostOf(ip netip.Addr, uid types.UID) (string, bool, time.Ti
 }
 
 // TestJudgeBelieved: Judge.Believed applies each rule a Lease is believed
-// by: expiry; this node's Leases by this node's pods alone; another node's
+// by: expiry; a holder (none: refused); this node's Leases by this node's pods alone; another node's
 // by the trusted slices' listings (only the IPs listed on the holder, a
 // listing elsewhere or without a node refusing it, an ended listing
 // counting until its end); a pod no slice lists by its Pod object (asked
@@ -77,6 +77,8 @@ func TestJudgeBelieved(t *testing.T) {
 		{name: "listed on another node at one IP", holder: "node-b",
 			slices: sliceRecord{ip7: {uid, "node-b", time.Time{}}, ip8: {uid, "node-c", time.Time{}}}, pod: pod("node-b", uid, "10.0.0.7"), until: exp},
 		{name: "listed without a node", holder: "node-b", slices: sliceRecord{ip7: {uid, "", time.Time{}}}, until: exp},
+		{name: "no holder, listed without a node", holder: "", slices: sliceRecord{ip7: {uid, "", time.Time{}}}, until: exp},
+		{name: "no holder, Pod object without a node", holder: "", pod: pod("", uid, "10.0.0.7"), until: exp},
 		{name: "another pod listed at the IP", holder: "node-b", slices: sliceRecord{ip7: {"uid-other", "node-b", time.Time{}}},
 			pod: pod("node-b", uid, "10.0.0.7"), asksPod: true, want: []netip.Addr{ip7}, ok: true, until: exp},
 		{name: "ended listing on the holder", holder: "node-b", slices: sliceRecord{ip7: {uid, "node-b", ended}},

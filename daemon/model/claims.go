@@ -628,8 +628,8 @@ func (c *Claims) Generation() uint64 {
 // a departed host's answer ends (zero: the listings' answer). It is the
 // trusted slices' lease.Record: a fact, not a verdict on any Lease.
 // Listings that place the pod at ip on different nodes contradict each
-// other: the answer is then no node, listed, which matches no holder, in
-// whatever order the slices came.
+// other, whatever order the slices came in: the slices then answer nothing
+// (not listed), and the pod's own object decides (lease.Judge).
 func (c *Claims) HostOf(ip netip.Addr, uid types.UID) (node string, listed bool, until time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -650,7 +650,7 @@ func (c *Claims) HostOf(ip netip.Addr, uid types.UID) (node string, listed bool,
 		return !contradicted
 	})
 	if contradicted {
-		return "", true, time.Time{}
+		return "", false, time.Time{}
 	}
 	if node != "" {
 		return node, true, time.Time{}
