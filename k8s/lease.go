@@ -243,9 +243,10 @@ func (r *DrainRequest) Lease(ns string, now time.Time) *coordinationv1.Lease {
 // created reports whether this call started the drain.
 //
 // A Lease of that name that describes another drain (another holder, pod
-// or IPs: stale, or written by someone other than the pod's node) is no
-// drain any node honours, and it must not stop the pod's own: it is
-// replaced by r's, which counts as created.
+// or IPs: stale, or written by someone other than the pod's node), or
+// that no node watches (its label changed), is no drain any node honours,
+// and it must not stop the pod's own: it is replaced by r's, which counts
+// as created.
 func (c *Leases) Publish(ctx context.Context, r DrainRequest, now time.Time) (lease *DrainLease, created bool, err error) {
 	if r.PodUID == "" || len(r.IPs) == 0 {
 		return nil, false, errors.New("publishing drain lease: pod uid and IPs are required")
@@ -263,9 +264,9 @@ func (c *Leases) Publish(ctx context.Context, r DrainRequest, now time.Time) (le
 	for attempt := 0; ; attempt++ {
 		cur, err := api.Get(ctx, want.Name, metav1.GetOptions{})
 		if err != nil {
-			return nil, false, fmt.Errorf("joining drain lease %s: %w", want.Name, err)
+			return nil, false, fmt.Errorf("reading drain lease %s to join it: %w", want.Name, err)
 		}
-		if cl, perr := ParseLease(cur); perr == nil && r.Describes(cl) {
+		if cl, perr := ParseLease(cur); perr == nil && r.Describes(cl) && cur.Labels[LabelDrain] == want.Labels[LabelDrain] {
 			var ann map[string]string
 			if r.SteerPodIP {
 				ann = map[string]string{AnnSteerPodIP: "true"}
@@ -287,18 +288,16 @@ func (c *Leases) Publish(ctx context.Context, r DrainRequest, now time.Time) (le
 }
 
 // Describes reports whether l is the Lease of r's drain: the same pod,
-// holder and IPs (in any order), so that publishing r joins it.
+// holder and set of IPs (in any order), so that publishing r joins it.
 func (r DrainRequest) Describes(l *DrainLease) bool {
 	if l.PodUID != r.PodUID || l.PodNamespace != r.PodNamespace || l.PodName != r.PodName ||
-		l.Holder != r.Node || l.Claim != r.Claim || len(l.IPs) != len(r.IPs) {
+		l.Holder != r.Node || l.Claim != r.Claim {
 		return false
 	}
-	for _, ip := range r.IPs {
-		if !slices.Contains(l.IPs, ip) {
-			return false
-		}
+	missingFrom := func(ips []netip.Addr) func(netip.Addr) bool {
+		return func(ip netip.Addr) bool { return !slices.Contains(ips, ip) }
 	}
-	return true
+	return !slices.ContainsFunc(r.IPs, missingFrom(l.IPs)) && !slices.ContainsFunc(l.IPs, missingFrom(r.IPs))
 }
 
 // Renew moves a Lease's renew time to now and may update its annotations

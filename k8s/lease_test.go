@@ -10,6 +10,7 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -66,18 +67,25 @@ func TestLeaseProtocol(t *testing.T) {
 }
 
 // TestPublishReplacesAnotherDrainsLease: a Lease named after the pod that
-// describes another drain (another holder or IPs, or one no node can
-// parse) is replaced by the pod's own, which counts as created; the same
-// drain in another IP order is joined.
+// describes another drain (another holder or IPs), or that no node can
+// parse or watches, is replaced by the pod's own, which counts as
+// created; the same drain in another IP order is joined.
 func TestPublishReplacesAnotherDrainsLease(t *testing.T) {
 	ctx := context.Background()
 	other := request()
 	other.Node, other.Reason, other.IPs = "node-b", ReasonOperator, []netip.Addr{netip.MustParseAddr("10.0.0.9")}
 	malformed := other.Lease("draind-system", t0)
 	delete(malformed.Annotations, AnnPodIPs)
+	ours := request()
+	unwatched := ours.Lease("draind-system", t0)
+	delete(unwatched.Labels, LabelDrain)
+	fewerIPs := request()
+	fewerIPs.IPs = fewerIPs.IPs[:1]
 	for name, existing := range map[string]*coordinationv1.Lease{
 		"another holder": other.Lease("draind-system", t0),
 		"malformed":      malformed,
+		"unlabelled":     unwatched,
+		"fewer IPs":      fewerIPs.Lease("draind-system", t0),
 	} {
 		t.Run(name, func(t *testing.T) {
 			c := &Leases{Client: fake.NewClientset(existing), Namespace: "draind-system"}
@@ -87,6 +95,13 @@ func TestPublishReplacesAnotherDrainsLease(t *testing.T) {
 			}
 			if l.Holder != "node-a" || l.Reason != ReasonOffline || len(l.IPs) != 2 || !l.Acquired.Equal(t0.Add(time.Second)) {
 				t.Fatalf("the Lease after publishing: %+v", l)
+			}
+			got, err := c.Client.CoordinationV1().Leases("draind-system").Get(ctx, l.Name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Labels[LabelDrain] != "true" {
+				t.Fatalf("the Lease after publishing is labelled %v: no node watches it", got.Labels)
 			}
 		})
 	}
