@@ -70,6 +70,12 @@ func TestConformanceSigNetwork(t *testing.T) {
 	requireRealNode(t)
 	bins := e2eBinaries(t)
 	b := sharedMultiBed(t)
+	e2eDir := filepath.Join(b.m.Dir, "e2e-with-draind")
+	t.Cleanup(func() {
+		if t.Failed() {
+			keepForDiagnosis(t, b.m, e2eDir)
+		}
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Hour)
 	defer cancel()
 	prepareE2E(ctx, t, b.m, bins)
@@ -94,7 +100,7 @@ func TestConformanceSigNetwork(t *testing.T) {
 		t.Fatalf("%s lists no spec: nothing to compare with (measure it with %s=1)", withoutDraindFile, EnvConformanceWithout)
 	}
 	b.install(ctx, t)
-	cfg.Dir = filepath.Join(b.m.Dir, "e2e-with-draind")
+	cfg.Dir = e2eDir
 	res := runE2E(ctx, t, b.m, cfg, "with draind")
 	if os.Getenv(EnvConformanceTimes) == "1" {
 		if err := realnode.WriteSpecTimes(specTimesFile, specTimesHeader, times.Fold(res.Specs)); err != nil {
@@ -106,13 +112,11 @@ func TestConformanceSigNetwork(t *testing.T) {
 			t.Errorf("passes without draind, not with it: %s (%s)", s, res.Why[s])
 		}
 	}
-	if t.Failed() {
-		keepForDiagnosis(t, b.m, cfg.Dir)
-	}
 }
 
-// keepForDiagnosis copies the suite's files and every node's logs out of
-// the bed, which the package's last test removes, and says where.
+// keepForDiagnosis copies the suite's files (if it ran) and every node's
+// logs out of the bed, which the package's last test removes, and says
+// where.
 func keepForDiagnosis(t *testing.T, m *realnode.Multi, e2eDir string) {
 	t.Helper()
 	dst, err := os.MkdirTemp("", "draind-conformance-failed-")
@@ -120,7 +124,10 @@ func keepForDiagnosis(t *testing.T, m *realnode.Multi, e2eDir string) {
 		t.Logf("keeping the logs: %v", err)
 		return
 	}
-	err = errors.Join(os.CopyFS(filepath.Join(dst, "e2e"), os.DirFS(e2eDir)), m.KeepLogs(filepath.Join(dst, "nodes")))
+	err = m.KeepLogs(filepath.Join(dst, "nodes"))
+	if _, serr := os.Stat(e2eDir); serr == nil {
+		err = errors.Join(err, realnode.CopyTree(filepath.Join(dst, "e2e"), e2eDir))
+	}
 	if err != nil {
 		t.Logf("keeping the logs (kept what could be): %v", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -471,8 +472,33 @@ func (n *Node) keepLogs(dst string) error {
 	for _, l := range logs {
 		errs = append(errs, copyFile(l, filepath.Join(dst, filepath.Base(l))))
 	}
-	errs = append(errs, os.CopyFS(filepath.Join(dst, "pod-logs"), os.DirFS(n.path("pod-logs"))))
+	errs = append(errs, CopyTree(filepath.Join(dst, "pod-logs"), n.path("pod-logs")))
 	return errors.Join(errs...)
+}
+
+// CopyTree copies the regular files under src into dst, going on past a
+// file it cannot copy (a pod's log directory the kubelet removes
+// meanwhile): the error names every one.
+func CopyTree(dst, src string) error {
+	var errs []error
+	err := filepath.WalkDir(src, func(p string, e fs.DirEntry, err error) error {
+		if err != nil {
+			errs = append(errs, err)
+			return nil
+		}
+		rel, err := filepath.Rel(src, p)
+		if err != nil {
+			return err
+		}
+		switch {
+		case e.IsDir():
+			errs = append(errs, os.MkdirAll(filepath.Join(dst, rel), 0o755))
+		case e.Type().IsRegular():
+			errs = append(errs, copyFile(p, filepath.Join(dst, rel)))
+		}
+		return nil
+	})
+	return errors.Join(append(errs, err)...)
 }
 
 func copyFile(src, dst string) error {
