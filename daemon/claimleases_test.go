@@ -53,8 +53,8 @@ func (h *harness) apiLease(name string) *k8s.DrainLease {
 
 // TestClaimPublishedForReusedIP: the node of a new pod at an IP that
 // another node's drain Lease names publishes a claim Lease it holds, for
-// as long as that Lease lives, and deletes it then; it never deletes the
-// other node's Lease.
+// as long as that Lease lives (and again if another node writes it as its
+// own), and deletes it then; it never deletes the other node's Lease.
 func TestClaimPublishedForReusedIP(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newHarness(t)
@@ -82,6 +82,15 @@ func TestClaimPublishedForReusedIP(t *testing.T) {
 		}
 		if n := foreignDeletes.Load(); n != 0 {
 			t.Fatalf("%d deletes of node-b's Lease", n)
+		}
+		// node-c writes the claim as its own: this node publishes it again.
+		h.claimLease("new", "pod-new", "node-c", "10.0.0.7")
+		if c := h.apiLease(k8s.ClaimName("new")); c == nil || c.Holder != "node-c" {
+			t.Fatal("node-c's write did not replace the claim")
+		}
+		h.tick(time.Second)
+		if c := h.apiLease(k8s.ClaimName("new")); c == nil || c.Holder != testNode {
+			t.Fatal("a pass after node-c wrote the claim, it is not this node's again")
 		}
 		// node-b ends its drain: the claim has done its work.
 		h.deleteLease("old")

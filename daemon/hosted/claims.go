@@ -73,7 +73,9 @@ func (l *Drains) publishClaims(leases map[types.UID]*k8s.DrainLease, lp *LocalPo
 			l.deleteLease(k8s.ClaimName(uid), l.cfg.Node)
 		}
 	}
+	seen := map[types.UID]*k8s.DrainLease{}
 	for _, cl := range l.cfg.State.ClaimLeases() {
+		seen[cl.PodUID] = cl
 		if want[cl.PodUID] == nil && !l.cfg.Writer.Has(cl.Name) {
 			l.deleteLease(cl.Name, cl.Holder) // ours, left by an earlier run
 		}
@@ -85,6 +87,11 @@ func (l *Drains) publishClaims(leases map[types.UID]*k8s.DrainLease, lp *LocalPo
 				Node: l.cfg.Node, Reason: "ip-claim", Duration: l.cfg.LeaseDuration, Claim: true}}
 			l.claimed[uid] = c
 			l.cfg.Log.Info("claiming a reused pod IP", logKeyPod, p.Namespace+"/"+p.Name, "ips", p.IPs)
+		}
+		if cl := seen[uid]; c.published && cl != nil && !c.req.Describes(cl) {
+			// Replaced by another node's claim: no node believes that
+			// one for this pod. Publishing replaces it.
+			c.published = false
 		}
 		switch {
 		case !c.published:
