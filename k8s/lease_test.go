@@ -105,6 +105,21 @@ func TestPublishReplacesAnotherDrainsLease(t *testing.T) {
 			}
 		})
 	}
+	t.Run("conflicts while replacing", func(t *testing.T) {
+		client := fake.NewClientset(other.Lease("draind-system", t0))
+		conflicts := 2
+		client.PrependReactor("update", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
+			if conflicts > 0 {
+				conflicts--
+				return true, nil, apierrors.NewConflict(schema.GroupResource{Resource: "leases"}, "drain-uid-a", errors.New("stale"))
+			}
+			return false, nil, nil
+		})
+		c := &Leases{Client: client, Namespace: "draind-system"}
+		if l, created, err := c.Publish(ctx, request(), t0.Add(time.Second)); err != nil || !created || l.Holder != "node-a" || conflicts != 0 {
+			t.Fatalf("publish after conflicts: %v created=%v (%d left)", err, created, conflicts)
+		}
+	})
 	t.Run("same drain, IPs reordered", func(t *testing.T) {
 		c := &Leases{Client: fake.NewClientset(), Namespace: "draind-system"}
 		if _, _, err := c.Publish(ctx, request(), t0); err != nil {
