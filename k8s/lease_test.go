@@ -107,17 +107,10 @@ func TestPublishReplacesAnotherDrainsLease(t *testing.T) {
 	}
 	t.Run("conflicts while replacing", func(t *testing.T) {
 		client := fake.NewClientset(other.Lease("draind-system", t0))
-		conflicts := 2
-		client.PrependReactor("update", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
-			if conflicts > 0 {
-				conflicts--
-				return true, nil, apierrors.NewConflict(schema.GroupResource{Resource: "leases"}, "drain-uid-a", errors.New("stale"))
-			}
-			return false, nil, nil
-		})
+		conflicts := conflictUpdates(client, 2)
 		c := &Leases{Client: client, Namespace: "draind-system"}
-		if l, created, err := c.Publish(ctx, request(), t0.Add(time.Second)); err != nil || !created || l.Holder != "node-a" || conflicts != 0 {
-			t.Fatalf("publish after conflicts: %v created=%v (%d left)", err, created, conflicts)
+		if l, created, err := c.Publish(ctx, request(), t0.Add(time.Second)); err != nil || !created || l.Holder != "node-a" || *conflicts != 0 {
+			t.Fatalf("publish after conflicts: %v created=%v (%d left)", err, created, *conflicts)
 		}
 	})
 	t.Run("same drain, IPs reordered", func(t *testing.T) {
@@ -134,6 +127,19 @@ func TestPublishReplacesAnotherDrainsLease(t *testing.T) {
 	})
 }
 
+// conflictUpdates makes the next n Lease updates through client fail with
+// a conflict; the count left is returned.
+func conflictUpdates(client *fake.Clientset, n int) *int {
+	client.PrependReactor("update", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if n > 0 {
+			n--
+			return true, nil, apierrors.NewConflict(schema.GroupResource{Resource: "leases"}, "drain-uid-a", errors.New("stale"))
+		}
+		return false, nil, nil
+	})
+	return &n
+}
+
 // TestLeaseRenewRetriesConflicts: a concurrent writer (the node updating
 // progress while an operator joins) costs a retry, not an error.
 func TestLeaseRenewRetriesConflicts(t *testing.T) {
@@ -143,16 +149,9 @@ func TestLeaseRenewRetriesConflicts(t *testing.T) {
 	if _, _, err := c.Publish(ctx, request(), t0); err != nil {
 		t.Fatal(err)
 	}
-	conflicts := 2
-	client.PrependReactor("update", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
-		if conflicts > 0 {
-			conflicts--
-			return true, nil, apierrors.NewConflict(schema.GroupResource{Resource: "leases"}, "drain-uid-a", errors.New("stale"))
-		}
-		return false, nil, nil
-	})
-	if _, err := c.Renew(ctx, "drain-uid-a", 0, t0.Add(time.Second), nil); err != nil || conflicts != 0 {
-		t.Fatalf("renew after conflicts: %v (%d left)", err, conflicts)
+	conflicts := conflictUpdates(client, 2)
+	if _, err := c.Renew(ctx, "drain-uid-a", 0, t0.Add(time.Second), nil); err != nil || *conflicts != 0 {
+		t.Fatalf("renew after conflicts: %v (%d left)", err, *conflicts)
 	}
 }
 
