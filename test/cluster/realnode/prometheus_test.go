@@ -195,7 +195,8 @@ func checkPodSeries(ctx context.Context, t *testing.T, p *nodeProm, res *rollout
 			row += fmt.Sprintf(" | %.0f → %.0f", v[0], v[len(v)-1])
 			switch {
 			case strings.HasSuffix(m, "live_connections") && v[len(v)-1] != 0:
-				t.Errorf("%s%s ends at %v live connections: the pod never drained in the series", m, sel, v[len(v)-1])
+				t.Errorf("%s%s ends at %v live connections: the pod never drained in the series (%s)", m, sel, v[len(v)-1],
+					liveBySource(ctx, p, sel, restarted.Add(-10*time.Second), to))
 			case strings.HasSuffix(m, "steered_total") && i == 0 && !(v[len(v)-1] > v[0]):
 				t.Errorf("%s%s went from %v to %v: the stale client dials this pod's IP, draind steered none of it", m, sel, v[0], v[len(v)-1])
 			}
@@ -203,6 +204,26 @@ func checkPodSeries(ctx context.Context, t *testing.T, p *nodeProm, res *rollout
 		rows = append(rows, row+" |")
 	}
 	t.Logf("per-pod drain series in Prometheus (first → last sample during the rollout):\n| pod | live connections | syns | steered |\n|---|---|---|---|\n%s", strings.Join(rows, "\n"))
+}
+
+// liveBySource is each source's live-connection series of one pod
+// (draind_draining_pod_live_connections_by_source), each sample as
+// time=value: which source held a connection the pod was said to keep.
+func liveBySource(ctx context.Context, p *nodeProm, sel string, from, to time.Time) string {
+	s, err := p.QueryRange(ctx, "draind_draining_pod_live_connections_by_source"+sel, from, to, scrapeInterval)
+	if err != nil {
+		return fmt.Sprintf("by source: %v", err)
+	}
+	var out []string
+	for _, x := range s {
+		var vals []string
+		for _, v := range x.Values {
+			at, _ := v[0].(float64)
+			vals = append(vals, fmt.Sprintf("%s=%v", time.Unix(0, int64(at*1e9)).UTC().Format("15:04:05"), v[1]))
+		}
+		out = append(out, fmt.Sprintf("%s: %s", x.Metric["source"], strings.Join(vals, " ")))
+	}
+	return "by source: " + strings.Join(out, "; ")
 }
 
 // reportProgramming prints draind's and kube-proxy's network-programming
