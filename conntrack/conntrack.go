@@ -88,12 +88,19 @@ type Counts struct {
 	UDP int
 }
 
-// LiveTCP is the number of TCP flows that are still a connection: every
-// state but TIME_WAIT and CLOSE (a half-closed connection still carries data).
+// LiveTCP is the number of TCP flows that are a connection the endpoint
+// holds: every state but SYN_SENT, TIME_WAIT and CLOSE (a half-closed
+// connection still carries data). A SYN_SENT flow is a SYN the endpoint
+// never answered: one dropped on its way (a NetworkPolicy, a pod whose
+// network is being torn down) stays so for two minutes, and a SYN that
+// does reach a draining pod is counted where it arrives, as a new
+// connection, not here.
 func (c Counts) LiveTCP() int {
 	n := 0
 	for s, v := range c.TCP {
-		if TCPState(s) != TCPTimeWait && TCPState(s) != TCPClose {
+		switch TCPState(s) {
+		case TCPSynSent, TCPTimeWait, TCPClose:
+		default:
 			n += v
 		}
 	}

@@ -351,6 +351,40 @@ func TestPrivilegedReusedIPKeepsNewPodFlows(t *testing.T) {
 	}
 }
 
+// e. A SYN the pod never answers (its network going, a policy dropping
+// it) leaves a SYN_SENT flow with the pod as its reply source for two
+// minutes: Count sees it, and LiveTCP does not count it as a connection
+// the pod holds, while the pod's established connection still counts.
+func TestPrivilegedUnansweredSYNIsNotLive(t *testing.T) {
+	c := newCluster(t)
+	p1 := c.pod("p1")
+	// A Service makes the node track its flows, as kube-proxy's does; the
+	// client dials the pod's IP (a stale registry entry, a probe).
+	c.service(tcpVIP, "tcp", tcpPort, p1)
+	direct := netip.AddrPortFrom(p1.IP4, tcpPort)
+	c.openOn("kept", direct, "tcp", "p1")
+	before := c.count(p1.IP4)
+	if before.TCP[TCPEstablished] != 1 || before.LiveTCP() != 1 {
+		t.Fatalf("before: Count(p1) = %+v, want one established connection, live", before)
+	}
+	// The pod's side of its link goes down: the node still routes to it,
+	// so the flow is confirmed, and nothing answers.
+	if _, err := p1.NS.Run("ip", "link", "set", "eth0", "down"); err != nil {
+		t.Fatal(err)
+	}
+	r, err := c.client.Call(bed.Request{Op: "open", ID: "lost", Addr: direct.String(), Timeout: 300 * time.Millisecond})
+	if err == nil && r.Err == "" {
+		t.Fatalf("a connection to p1 with its link down was answered by %q", r.Server)
+	}
+	after := c.count(p1.IP4)
+	if after.TCP[TCPSynSent] < 1 {
+		t.Fatalf("after the unanswered SYN: Count(p1) = %+v, want a SYN_SENT flow", after)
+	}
+	if got := after.LiveTCP(); got != 1 {
+		t.Fatalf("after the unanswered SYN: LiveTCP() = %d of %+v, want 1 (the established connection alone)", got, after)
+	}
+}
+
 // testNS is a fresh namespace for tests on synthetic flows.
 func testNS(t testing.TB) *bed.NetNS {
 	t.Helper()

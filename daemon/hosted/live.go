@@ -14,7 +14,8 @@ import (
 //     the node (bpf.Datapath.CountingSince: the first time a draind with
 //     the socket hooks attached to fresh maps). For a pod created after
 //     that instant the count is complete, whatever the CNI does;
-//   - conntrack: the node's flows whose reply source is the pod. Only CNIs
+//   - conntrack: the node's flows whose reply source is the pod, but for
+//     SYNs it never answered (conntrack.Counts.LiveTCP). Only CNIs
 //     that pass pod traffic through the host's netfilter have them; for a
 //     pod created before counting started they are the only record of its
 //     older connections.
