@@ -217,9 +217,8 @@ func liveBySource(ctx context.Context, p *nodeProm, sel string, from, to time.Ti
 	var out []string
 	for _, x := range s {
 		var vals []string
-		for _, v := range x.Values {
-			at, _ := v[0].(float64)
-			vals = append(vals, fmt.Sprintf("%s=%v", time.Unix(0, int64(at*1e9)).UTC().Format("15:04:05"), v[1]))
+		for _, pt := range x.Points() {
+			vals = append(vals, fmt.Sprintf("%s=%v", pt.T.UTC().Format("15:04:05"), pt.V))
 		}
 		out = append(out, fmt.Sprintf("%s: %s", x.Metric["source"], strings.Join(vals, " ")))
 	}
