@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -960,16 +961,13 @@ func dumpMaps(m map[MapName]*ebpf.Map) (*Dump, error) {
 		return nil, fmt.Errorf("dumping services: %w", err)
 	}
 	for id, sv := range svcs {
-		b := Backends{Service: ServicePortID(id), Expires: fromBoot(sv.ExpiresNs)}
-		for i := uint32(0); i < sv.Count; i++ {
-			k := steerBackendKey{SvcId: id, Slot: uint16(i), Gen: uint8(sv.Gen & 1)}
-			var bv steerBackendVal
-			if err := m[MapBackends].Lookup(&k, &bv); err != nil {
-				return nil, fmt.Errorf("dumping backend %d of service-port %d: %w", i, id, err)
-			}
-			b.Backends = append(b.Backends, netip.AddrPortFrom(decodeAddr(bv.Addr), bv.Port))
+		b, ok, err := dumpBackends(m, id, sv)
+		if err != nil {
+			return nil, err
 		}
-		out.Backends = append(out.Backends, b)
+		if ok {
+			out.Backends = append(out.Backends, b)
+		}
 	}
 	c, err := readCounters(m[MapCounters])
 	if err != nil {
@@ -985,6 +983,63 @@ func dumpMaps(m map[MapName]*ebpf.Map) (*Dump, error) {
 	slices.SortFunc(out.Drains, func(a, b Drain) int { return a.Key.Compare(b.Key) })
 	sort.Slice(out.Backends, func(i, j int) bool { return out.Backends[i].Service < out.Backends[j].Service })
 	return out, nil
+}
+
+// dumpRetries bounds how often dumpBackends starts a service-port over
+// because the daemon replaced its set while it was read; it waits a little
+// longer before each (the daemon replaces a set a few times a second at
+// most).
+const dumpRetries = 8
+
+// dumpBackends reads the live backend set of service-port id, whose entry
+// read sv. A dump holds no lock against the daemon (`draind bpf dump` is
+// another process): between reading the entry and its slots the daemon may
+// switch the service-port to a new generation and free the old slots, or
+// delete it. A set counts as read when every slot was there and the entry
+// is the same after reading them as before; otherwise, after a short wait,
+// it is read again from the entry as it is then. ok is false when the
+// service-port was deleted.
+func dumpBackends(m map[MapName]*ebpf.Map, id uint32, sv steerSvcVal) (b Backends, ok bool, err error) {
+	entry := func() (steerSvcVal, bool, error) {
+		var v steerSvcVal
+		err := m[MapServices].Lookup(&id, &v)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return v, false, nil
+		}
+		if err != nil {
+			return v, false, fmt.Errorf("dumping service-port %d: %w", id, err)
+		}
+		return v, true, nil
+	}
+	for try := range dumpRetries {
+		if try > 0 {
+			time.Sleep(time.Duration(try) * 100 * time.Microsecond)
+			if sv, ok, err = entry(); !ok {
+				return Backends{}, false, err
+			}
+		}
+		b = Backends{Service: ServicePortID(id), Expires: fromBoot(sv.ExpiresNs)}
+		whole := true
+		for i := uint32(0); i < sv.Count; i++ {
+			k := steerBackendKey{SvcId: id, Slot: uint16(i), Gen: uint8(sv.Gen & 1)}
+			var bv steerBackendVal
+			if err := m[MapBackends].Lookup(&k, &bv); errors.Is(err, ebpf.ErrKeyNotExist) {
+				whole = false
+				break
+			} else if err != nil {
+				return Backends{}, false, fmt.Errorf("dumping backend %d of service-port %d: %w", i, id, err)
+			}
+			b.Backends = append(b.Backends, netip.AddrPortFrom(decodeAddr(bv.Addr), bv.Port))
+		}
+		now, ok, err := entry()
+		if !ok {
+			return Backends{}, false, err
+		}
+		if whole && now == sv {
+			return b, true, nil
+		}
+	}
+	return Backends{}, false, fmt.Errorf("dumping service-port %d: %d reads in a row found a slot missing or the set replaced", id, dumpRetries)
 }
 
 // Pinned is read-only access to pinned maps, without loading programs: what
