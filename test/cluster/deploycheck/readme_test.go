@@ -10,30 +10,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/draind/draind/deploy/release"
+	"github.com/draind/draind/test/cluster/files"
 	"github.com/draind/draind/test/readme"
 )
-
-// copyTree copies dir src into dst (regular files only).
-func copyTree(t *testing.T, src, dst string) {
-	t.Helper()
-	err := filepath.WalkDir(src, func(p string, d os.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(src, p)
-		if d.IsDir() {
-			return os.MkdirAll(filepath.Join(dst, rel), 0o755)
-		}
-		b, err := os.ReadFile(p)
-		if err != nil {
-			return err
-		}
-		return os.WriteFile(filepath.Join(dst, rel), b, 0o644)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-}
 
 func daemonSetImage(t *testing.T, objs []*unstructured.Unstructured) string {
 	t.Helper()
@@ -147,7 +126,9 @@ func TestREADMEOverlays(t *testing.T) {
 			seen[name] = true
 			root := t.TempDir()
 			// All of deploy/: overlays may include its components too.
-			copyTree(t, filepath.Dir(base), filepath.Join(root, "deploy"))
+			if err := files.CopyTree(filepath.Join(root, "deploy"), filepath.Dir(base)); err != nil {
+				t.Fatal(err)
+			}
 			dir := filepath.Join(root, "deploy", "overlays", name)
 			if err := os.MkdirAll(dir, 0o755); err != nil {
 				t.Fatal(err)

@@ -41,6 +41,7 @@ import (
 
 	"github.com/draind/draind/test/cluster/deploycheck"
 	"github.com/draind/draind/test/cluster/draindbin"
+	"github.com/draind/draind/test/cluster/files"
 )
 
 // Component directories under deploy/.
@@ -64,7 +65,7 @@ func RenderOverlay(components []string, extra string) ([]*unstructured.Unstructu
 		return nil, fmt.Errorf("creating an overlay directory: %w", err)
 	}
 	defer os.RemoveAll(tmp)
-	if err := copyTree(filepath.Join(root, "deploy"), filepath.Join(tmp, "deploy")); err != nil {
+	if err := files.CopyTree(filepath.Join(tmp, "deploy"), filepath.Join(root, "deploy")); err != nil {
 		return nil, err
 	}
 	var k strings.Builder
@@ -84,23 +85,6 @@ func RenderOverlay(components []string, extra string) ([]*unstructured.Unstructu
 		return nil, err
 	}
 	return deploycheck.Render(dir)
-}
-
-func copyTree(src, dst string) error {
-	return filepath.WalkDir(src, func(p string, d os.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(src, p)
-		if d.IsDir() {
-			return os.MkdirAll(filepath.Join(dst, rel), 0o755)
-		}
-		b, err := os.ReadFile(p)
-		if err != nil {
-			return err
-		}
-		return os.WriteFile(filepath.Join(dst, rel), b, 0o644)
-	})
 }
 
 // Added returns the objects of with that base does not have (by kind,

@@ -20,6 +20,7 @@ import (
 	"github.com/draind/draind/deploy/release"
 	"github.com/draind/draind/test/cluster/deploycheck"
 	"github.com/draind/draind/test/cluster/draindbin"
+	"github.com/draind/draind/test/cluster/files"
 )
 
 func render(t *testing.T, components []string, extra string) []*unstructured.Unstructured {
@@ -249,7 +250,7 @@ func TestInjectComponentInBase(t *testing.T) {
 		t.Fatal(err)
 	}
 	tmp := t.TempDir()
-	if err := copyTree(filepath.Join(root, "deploy"), filepath.Join(tmp, "deploy")); err != nil {
+	if err := files.CopyTree(filepath.Join(tmp, "deploy"), filepath.Join(root, "deploy")); err != nil {
 		t.Fatal(err)
 	}
 	k := filepath.Join(tmp, "deploy", "daemonset", "kustomization.yaml")

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/draind/draind/test/cluster/e2ebin"
+	"github.com/draind/draind/test/cluster/files"
 	"github.com/draind/draind/test/cluster/kube"
 	"github.com/draind/draind/test/cluster/kubebin"
 	"github.com/draind/draind/test/cluster/realnode"
@@ -126,7 +127,7 @@ func keepForDiagnosis(t *testing.T, m *realnode.Multi, e2eDir string) {
 	}
 	err = m.KeepLogs(filepath.Join(dst, "nodes"))
 	if _, serr := os.Stat(e2eDir); serr == nil {
-		err = errors.Join(err, realnode.CopyTree(filepath.Join(dst, "e2e"), e2eDir))
+		err = errors.Join(err, files.CopyTree(filepath.Join(dst, "e2e"), e2eDir))
 	}
 	if err != nil {
 		t.Logf("keeping the logs (kept what could be): %v", err)

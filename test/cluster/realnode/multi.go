@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"io/fs"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -18,6 +16,7 @@ import (
 	"time"
 
 	"github.com/draind/draind/conntrack"
+	"github.com/draind/draind/test/cluster/files"
 	"github.com/draind/draind/test/cluster/kube"
 	"github.com/draind/draind/test/cluster/kubebin"
 )
@@ -470,52 +469,10 @@ func (n *Node) keepLogs(dst string) error {
 	}
 	var errs []error
 	for _, l := range logs {
-		errs = append(errs, copyFile(l, filepath.Join(dst, filepath.Base(l))))
+		errs = append(errs, files.CopyFile(filepath.Join(dst, filepath.Base(l)), l))
 	}
-	errs = append(errs, CopyTree(filepath.Join(dst, "pod-logs"), n.path("pod-logs")))
+	errs = append(errs, files.CopyTree(filepath.Join(dst, "pod-logs"), n.path("pod-logs")))
 	return errors.Join(errs...)
-}
-
-// CopyTree copies the regular files under src into dst, going on past a
-// file it cannot copy (a pod's log directory the kubelet removes
-// meanwhile): the error names every one.
-func CopyTree(dst, src string) error {
-	var errs []error
-	err := filepath.WalkDir(src, func(p string, e fs.DirEntry, err error) error {
-		if err != nil {
-			errs = append(errs, err)
-			return nil
-		}
-		rel, err := filepath.Rel(src, p)
-		if err != nil {
-			return err
-		}
-		switch {
-		case e.IsDir():
-			errs = append(errs, os.MkdirAll(filepath.Join(dst, rel), 0o755))
-		case e.Type().IsRegular():
-			errs = append(errs, copyFile(p, filepath.Join(dst, rel)))
-		}
-		return nil
-	})
-	return errors.Join(append(errs, err)...)
-}
-
-func copyFile(src, dst string) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.Create(dst)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
 }
 
 // On returns the node named name of n's bed: for a node of a multi-node

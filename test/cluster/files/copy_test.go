@@ -1,4 +1,4 @@
-package realnode
+package files
 
 import (
 	"os"
