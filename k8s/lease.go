@@ -266,24 +266,29 @@ func (c *Leases) Publish(ctx context.Context, r DrainRequest, now time.Time) (le
 		if err != nil {
 			return nil, false, fmt.Errorf("reading drain lease %s to join it: %w", want.Name, err)
 		}
-		if cl, perr := ParseLease(cur); perr == nil && r.Describes(cl) && cur.Labels[LabelDrain] == want.Labels[LabelDrain] {
+		var upd *coordinationv1.Lease
+		cl, perr := ParseLease(cur)
+		joining := perr == nil && r.Describes(cl) && cur.Labels[LabelDrain] == want.Labels[LabelDrain]
+		if joining {
 			var ann map[string]string
 			if r.SteerPodIP {
 				ann = map[string]string{AnnSteerPodIP: "true"}
 			}
-			l, err := c.Renew(ctx, want.Name, r.Duration, now, ann)
-			return l, false, err
+			upd, err = c.renew(ctx, cur, r.Duration, now, ann)
+		} else {
+			want.ResourceVersion = cur.ResourceVersion
+			upd, err = api.Update(ctx, want, metav1.UpdateOptions{})
 		}
-		want.ResourceVersion = cur.ResourceVersion
-		upd, err := api.Update(ctx, want, metav1.UpdateOptions{})
-		if apierrors.IsConflict(err) && attempt < 5 {
-			continue
-		}
-		if err != nil {
+		switch {
+		case apierrors.IsConflict(err) && attempt < 5:
+			continue // changed meanwhile: read it again and decide again
+		case err != nil && joining:
+			return nil, false, fmt.Errorf("joining drain lease %s: %w", want.Name, err)
+		case err != nil:
 			return nil, false, fmt.Errorf("replacing drain lease %s, which describes another drain: %w", want.Name, err)
 		}
 		l, perr := ParseLease(upd)
-		return l, true, perr
+		return l, !joining, perr
 	}
 }
 
@@ -309,19 +314,7 @@ func (c *Leases) Renew(ctx context.Context, name string, duration time.Duration,
 		if err != nil {
 			return nil, fmt.Errorf("renewing drain lease %s: %w", name, err)
 		}
-		mt := metav1.NewMicroTime(now)
-		cur.Spec.RenewTime = &mt
-		if duration > 0 {
-			secs := int32(duration / time.Second)
-			cur.Spec.LeaseDurationSeconds = &secs
-		}
-		if len(ann) > 0 && cur.Annotations == nil {
-			cur.Annotations = map[string]string{}
-		}
-		for k, v := range ann {
-			cur.Annotations[k] = v
-		}
-		upd, err := api.Update(ctx, cur, metav1.UpdateOptions{})
+		upd, err := c.renew(ctx, cur, duration, now, ann)
 		if apierrors.IsConflict(err) && attempt < 5 {
 			continue
 		}
@@ -330,6 +323,25 @@ func (c *Leases) Renew(ctx context.Context, name string, duration time.Duration,
 		}
 		return ParseLease(upd)
 	}
+}
+
+// renew writes cur, just read, back with its renew time at now, its
+// duration (if not 0) and the annotations ann; the Update's error (a
+// conflict when cur is stale) is returned as it is.
+func (c *Leases) renew(ctx context.Context, cur *coordinationv1.Lease, duration time.Duration, now time.Time, ann map[string]string) (*coordinationv1.Lease, error) {
+	mt := metav1.NewMicroTime(now)
+	cur.Spec.RenewTime = &mt
+	if duration > 0 {
+		secs := int32(duration / time.Second)
+		cur.Spec.LeaseDurationSeconds = &secs
+	}
+	if len(ann) > 0 && cur.Annotations == nil {
+		cur.Annotations = map[string]string{}
+	}
+	for k, v := range ann {
+		cur.Annotations[k] = v
+	}
+	return c.Client.CoordinationV1().Leases(c.Namespace).Update(ctx, cur, metav1.UpdateOptions{})
 }
 
 // Delete removes a drain Lease; absent is fine.

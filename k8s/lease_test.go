@@ -155,6 +155,58 @@ func TestLeaseRenewRetriesConflicts(t *testing.T) {
 	}
 }
 
+// TestPublishJoinReadsOnce: joining a drain in progress reads its Lease
+// once and writes it once; when another writer replaces the Lease between
+// that read and the write (the write conflicts), the join reads it again
+// and decides again: a Lease that now describes another drain is replaced
+// by the pod's, not renewed as if it were still the pod's.
+func TestPublishJoinReadsOnce(t *testing.T) {
+	ctx := context.Background()
+	gets := func(client *fake.Clientset) int {
+		n := 0
+		for _, a := range client.Actions() {
+			if a.Matches("get", "leases") {
+				n++
+			}
+		}
+		return n
+	}
+	ours := request()
+	client := fake.NewClientset(ours.Lease("draind-system", t0))
+	c := &Leases{Client: client, Namespace: "draind-system"}
+	l, created, err := c.Publish(ctx, request(), t0.Add(time.Second))
+	if err != nil || created || !l.Acquired.Equal(t0) || !l.Renewed.Equal(t0.Add(time.Second)) {
+		t.Fatalf("joining: %+v created=%v err=%v", l, created, err)
+	}
+	if n := gets(client); n != 1 {
+		t.Errorf("joining read the Lease %d times, want once", n)
+	}
+
+	other := request()
+	other.Node, other.Reason = "node-b", ReasonOperator
+	client = fake.NewClientset(ours.Lease("draind-system", t0))
+	replaced := false
+	client.PrependReactor("update", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if replaced {
+			return false, nil, nil
+		}
+		replaced = true
+		gvr := coordinationv1.SchemeGroupVersion.WithResource("leases")
+		if err := client.Tracker().Update(gvr, other.Lease("draind-system", t0), "draind-system"); err != nil {
+			return true, nil, err
+		}
+		return true, nil, apierrors.NewConflict(schema.GroupResource{Resource: "leases"}, "drain-uid-a", errors.New("replaced"))
+	})
+	c = &Leases{Client: client, Namespace: "draind-system"}
+	l, created, err = c.Publish(ctx, request(), t0.Add(time.Second))
+	if err != nil || !created || l.Holder != "node-a" || !l.Acquired.Equal(t0.Add(time.Second)) {
+		t.Fatalf("joining a Lease replaced meanwhile: %+v created=%v err=%v, want node-a's drain in its place", l, created, err)
+	}
+	if n := gets(client); n != 2 {
+		t.Errorf("after a conflict the join read the Lease %d times, want twice", n)
+	}
+}
+
 func TestParseLeaseRejectsMalformed(t *testing.T) {
 	req := request()
 	good := req.Lease("draind-system", t0)
