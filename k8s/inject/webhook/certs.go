@@ -87,7 +87,8 @@ func (r *CertReconciler) Run(ctx context.Context) error {
 // reconcile is one pass. The Secret is written before the bundle is
 // published, and Plan signs with a new CA only once it is published, so
 // the certificate served is always one the API server already trusts
-// (except the very first, which nothing trusted before).
+// (except the very first, which nothing trusted before). A configuration
+// that cannot be read fails the pass after the certificate is loaded.
 func (r *CertReconciler) reconcile(ctx context.Context) error {
 	s, err := r.Client.CoreV1().Secrets(r.Namespace).Get(ctx, r.Secret, metav1.GetOptions{})
 	if err != nil {
@@ -98,12 +99,8 @@ func (r *CertReconciler) reconcile(ctx context.Context) error {
 	}
 	var published [][]byte
 	var names []string
-	mwc, err := r.Client.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, r.WebhookConfig, metav1.GetOptions{})
-	if err != nil {
-		// Serve anyway: the configuration may be installed after us.
-		r.Log.Warn("reading the webhook configuration; its caBundle is not kept until it can be read", "name", r.WebhookConfig, "err", err)
-		mwc = nil
-	} else {
+	mwc, mwcErr := r.Client.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, r.WebhookConfig, metav1.GetOptions{})
+	if mwcErr == nil {
 		for _, w := range mwc.Webhooks {
 			published = append(published, w.ClientConfig.CABundle)
 			names = append(names, w.Name)
@@ -120,12 +117,21 @@ func (r *CertReconciler) reconcile(ctx context.Context) error {
 		}
 		r.Log.Info("TLS material updated", "secret", r.Namespace+"/"+r.Secret, "changes", changes)
 	}
-	if mwc != nil {
+	if mwcErr == nil {
 		if err := r.publish(ctx, mwc.ResourceVersion, names, published, data[selfcert.KeyBundle]); err != nil {
 			return err
 		}
 	}
-	return r.load(data[selfcert.KeyCert], data[selfcert.KeyKey])
+	if err := r.load(data[selfcert.KeyCert], data[selfcert.KeyKey]); err != nil {
+		return err
+	}
+	if mwcErr != nil {
+		// Served all the same: the configuration may be applied after the
+		// webhook starts (kubectl applies it last). The error makes Run
+		// read it again within seconds, not a whole interval later.
+		return fmt.Errorf("reading MutatingWebhookConfiguration %s: its caBundle is not kept until it can be read: %w", r.WebhookConfig, mwcErr)
+	}
+	return nil
 }
 
 // publish writes bundle into the caBundle of every entry that differs, by

@@ -295,6 +295,66 @@ func TestWebhookCertReconciler(t *testing.T) {
 	}
 }
 
+// TestWebhookCertConfigAppliedLater: a webhook that starts before its
+// configuration exists serves a certificate at once and publishes the
+// bundle within seconds of the configuration appearing, not an interval
+// (here an hour) later: the pass that could not read it failed, so the
+// next comes on the short retry.
+func TestWebhookCertConfigAppliedLater(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	client := fake.NewClientset(&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "draind-webhook-tls", Namespace: "draind-system"}})
+	cc := selfcert.Config{DNSNames: []string{"draind-webhook.draind-system.svc"},
+		CAValidity: 30 * 24 * time.Hour, CertValidity: 3 * 24 * time.Hour, PublishDelay: time.Minute}
+	r := &CertReconciler{Client: client, Namespace: "draind-system", Secret: "draind-webhook-tls", WebhookConfig: "draind-webhook",
+		Config: cc, Interval: time.Hour, Now: time.Now, Log: quietLog}
+	if err := r.reconcile(ctx); !apierrors.IsNotFound(err) || r.Current() == nil {
+		t.Fatalf("a pass without the configuration: err %v, serving %v; want not found and a certificate served", err, r.Current() != nil)
+	}
+	reads := make(chan struct{}, 1)
+	client.PrependReactor("get", "mutatingwebhookconfigurations", func(k8stesting.Action) (bool, runtime.Object, error) {
+		select {
+		case reads <- struct{}{}:
+		default:
+		}
+		return false, nil, nil
+	})
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	<-reads // Run's first pass found no configuration
+	mwcs := client.AdmissionregistrationV1().MutatingWebhookConfigurations()
+	if _, err := mwcs.Create(ctx, webhookConfigObject(), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var published [][]byte
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		m, err := mwcs.Get(ctx, "draind-webhook", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		published = published[:0]
+		for _, w := range m.Webhooks {
+			if len(w.ClientConfig.CABundle) > 0 {
+				published = append(published, w.ClientConfig.CABundle)
+			}
+		}
+		if len(published) == 2 {
+			break
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Run: %v", err)
+	}
+	s, err := client.CoreV1().Secrets("draind-system").Get(context.Background(), "draind-webhook-tls", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(published) != 2 || !bytes.Equal(published[0], s.Data[selfcert.KeyBundle]) || !bytes.Equal(published[1], s.Data[selfcert.KeyBundle]) {
+		t.Fatalf("30 s after the configuration appeared, %d of its 2 entries carry the Secret's bundle", len(published))
+	}
+}
+
 // TestWebhookNeverMutatesProtectedNamespaces: with a selector as wide as
 // it gets (the namespace entry, the pod opting in), a pod in kube-system or
 // in draind's own namespace (--namespace, here not draind-system) is
