@@ -38,3 +38,33 @@ func TestParseConsole(t *testing.T) {
 		t.Errorf("TestA printed nothing of its own, said %q", got)
 	}
 }
+
+// TestParseConsoleCrash: a guest kernel crash is told apart from a failed
+// test run, named by its first report line and its panic line, and its
+// report kept; an ordinary run has none.
+func TestParseConsoleCrash(t *testing.T) {
+	console := strings.Join([]string{
+		"kernel 6.12.118+deb13-cloud-amd64",
+		"=== RUN   TestPrivilegedUDPPodIPPolicies",
+		"=== RUN   TestPrivilegedUDPPodIPPolicies/ipv4",
+		"[  170.967693] traps: PANIC: double fault, error_code: 0x0",
+		"[  170.979961] Oops: double fault: 0000 [#1] PREEMPT SMP NOPTI",
+		"[  170.982364] RIP: 0010:__kmalloc_node_noprof+0xd8/0x430",
+		"[  170.989919] Call Trace:",
+		"[  171.006207] Kernel panic - not syncing: Fatal exception in interrupt",
+	}, "\n")
+	r := parseConsole([]byte(console))
+	if want := "traps: PANIC: double fault, error_code: 0x0, then Fatal exception in interrupt"; r.panicked != want {
+		t.Errorf("panicked %q, want %q", r.panicked, want)
+	}
+	if len(r.crash) != 5 || !strings.Contains(r.crash[2], "RIP: 0010:__kmalloc_node_noprof") {
+		t.Errorf("crash report %q", r.crash)
+	}
+	if r.done || len(r.tests) != 0 {
+		t.Errorf("a crashed run parsed as done=%v with tests %v", r.done, r.tests)
+	}
+	ok := parseConsole([]byte("kernel 6.1.0\n=== RUN   TestA\n--- PASS: TestA (1.00s)\nDRAIND-KERNEL-DONE\n"))
+	if ok.panicked != "" || len(ok.crash) != 0 {
+		t.Errorf("a clean run parsed as crashed: %q %q", ok.panicked, ok.crash)
+	}
+}

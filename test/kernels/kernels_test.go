@@ -151,11 +151,23 @@ func runKernel(t *testing.T, k kernel, bin string) string {
 		t.Fatal(err)
 	}
 	logPath := filepath.Join(os.TempDir(), "draind-kernel-"+k.release+".log")
-	console := boot(t, vmlinuz[0], initrd, logPath)
-	r := parseConsole(console)
+	r := parseConsole(boot(t, vmlinuz[0], initrd, logPath))
+	rerun := ""
+	if r.panicked != "" {
+		// The guest kernel itself crashed (seen once: a double fault in
+		// kmalloc under the emulated CPU). That is no verdict on draind:
+		// the machine boots once more, and a second crash fails the run.
+		first := logPath + ".panic"
+		if err := os.Rename(logPath, first); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s: the guest kernel crashed (%s; console in %s), booting it once more:\n%s", k.release, r.panicked, first, strings.Join(r.crash, "\n"))
+		rerun = " (after a guest kernel crash: " + r.panicked + ")"
+		r = parseConsole(boot(t, vmlinuz[0], initrd, logPath))
+	}
 	checkRun(t, k, r, logPath)
-	return fmt.Sprintf("| %s | %s | %s | %d/%d passed | %s |", k.release, r.kernel, r.featureLine(),
-		r.passed(), len(r.tests), time.Since(start).Round(time.Second))
+	return fmt.Sprintf("| %s | %s | %s | %d/%d passed%s | %s |", k.release, r.kernel, r.featureLine(),
+		r.passed(), len(r.tests), rerun, time.Since(start).Round(time.Second))
 }
 
 // boot runs the kernel with the initramfs until init powers it off, and
@@ -198,6 +210,8 @@ type result struct {
 	exits    []string            // test binaries that exited non-zero
 	last     []string            // the console's last lines
 	done     bool
+	panicked string   // the kernel's panic line, if it crashed
+	crash    []string // the crash report's first lines (Oops, RIP, call trace)
 }
 
 var (
@@ -205,6 +219,8 @@ var (
 	reRun     = regexp.MustCompile(`^=== RUN\s+([^/\s]+)$`)
 	reFeature = regexp.MustCompile(`kernel feature (\S+) on=(true|false)`)
 	reResult  = regexp.MustCompile(`^DRAIND-KERNEL-RESULT (\S+) exit=(-?\d+)`)
+	rePanic   = regexp.MustCompile(`Kernel panic - not syncing: (.*)`)
+	reOops    = regexp.MustCompile(`\] (Oops: |BUG: |traps: PANIC: |general protection fault)`)
 )
 
 func parseConsole(b []byte) result {
@@ -229,7 +245,15 @@ func parseConsole(b []byte) result {
 			r.kernel = v
 		} else if strings.HasPrefix(l, "DRAIND-KERNEL-DONE") {
 			r.done = true
+		} else if m := rePanic.FindStringSubmatch(l); m != nil && r.panicked == "" {
+			r.panicked = strings.TrimSpace(m[1])
 		}
+		if (len(r.crash) > 0 || reOops.MatchString(l)) && len(r.crash) < 12 {
+			r.crash = append(r.crash, l)
+		}
+	}
+	if r.panicked != "" && len(r.crash) > 0 {
+		r.panicked = strings.TrimSpace(r.crash[0][strings.Index(r.crash[0], "]")+1:]) + ", then " + r.panicked
 	}
 	return r
 }
