@@ -60,8 +60,24 @@ func TestParseConsoleCrash(t *testing.T) {
 	if len(r.crash) != 5 || !strings.Contains(r.crash[2], "RIP: 0010:__kmalloc_node_noprof") {
 		t.Errorf("crash report %q", r.crash)
 	}
-	if r.done || len(r.tests) != 0 {
+	if r.done || len(r.tests) != 0 || len(r.failures()) != 0 {
 		t.Errorf("a crashed run parsed as done=%v with tests %v", r.done, r.tests)
+	}
+	// A test that failed before the crash stays failed: the second boot
+	// runs it again, and must not hide it.
+	failedFirst := parseConsole([]byte(strings.Join([]string{
+		"kernel 6.12.118",
+		"=== RUN   TestA",
+		"    a_test.go:9: refused with EPERM",
+		"--- FAIL: TestA (1.00s)",
+		"=== RUN   TestB",
+		"--- PASS: TestB (1.00s)",
+		"[  99.0] Oops: general protection fault: 0000 [#1] SMP",
+		"[  99.1] Kernel panic - not syncing: Fatal exception",
+	}, "\n")))
+	if f := failedFirst.failures(); failedFirst.panicked == "" || len(f) != 1 ||
+		!strings.HasPrefix(f[0], "TestA FAIL") || !strings.Contains(f[0], "refused with EPERM") {
+		t.Errorf("a crash after a failed test: panicked %q, failures %q", failedFirst.panicked, f)
 	}
 	ok := parseConsole([]byte("kernel 6.1.0\n=== RUN   TestA\n--- PASS: TestA (1.00s)\nDRAIND-KERNEL-DONE\n"))
 	if ok.panicked != "" || len(ok.crash) != 0 {

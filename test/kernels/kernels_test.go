@@ -162,6 +162,11 @@ func runKernel(t *testing.T, k kernel, bin string) string {
 			t.Fatal(err)
 		}
 		t.Logf("%s: the guest kernel crashed (%s; console in %s), booting it once more:\n%s", k.release, r.panicked, first, strings.Join(r.crash, "\n"))
+		// The second boot runs every test again: what failed before the
+		// crash fails the run all the same.
+		for _, f := range r.failures() {
+			t.Errorf("%s (%s, before the guest kernel crashed; console in %s): %s", k.release, r.kernel, first, f)
+		}
 		rerun = " (after a guest kernel crash: " + r.panicked + ")"
 		r = parseConsole(boot(t, vmlinuz[0], initrd, logPath))
 	}
@@ -282,6 +287,17 @@ func (r result) said(name string) string {
 	return ":\n" + strings.Join(lines, "\n")
 }
 
+// failures names each test that did not pass, with what it said.
+func (r result) failures() []string {
+	var out []string
+	for _, name := range sortedKeys(r.tests) {
+		if r.tests[name] != "PASS" {
+			out = append(out, name+" "+r.tests[name]+r.said(name))
+		}
+	}
+	return out
+}
+
 func (r result) featureLine() string {
 	var out []string
 	for name, on := range r.features {
@@ -301,10 +317,8 @@ func checkRun(t *testing.T, k kernel, r result, logPath string) {
 	if !r.done || len(r.exits) > 0 {
 		t.Errorf("%s: the run did not complete (done=%v, %v): console in %s, ending:\n%s", k.release, r.done, r.exits, logPath, strings.Join(r.last, "\n"))
 	}
-	for _, name := range sortedKeys(r.tests) {
-		if r.tests[name] != "PASS" {
-			t.Errorf("%s (%s): %s %s (console in %s)%s", k.release, r.kernel, name, r.tests[name], logPath, r.said(name))
-		}
+	for _, f := range r.failures() {
+		t.Errorf("%s (%s, console in %s): %s", k.release, r.kernel, logPath, f)
 	}
 	if len(r.tests) != wantTests {
 		t.Errorf("%s: only %d tests reported (console in %s)", k.release, len(r.tests), logPath)
