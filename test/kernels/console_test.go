@@ -6,7 +6,7 @@ import (
 )
 
 func TestParseConsole(t *testing.T) {
-	console := strings.Join([]string{
+	r := parseLines(
 		"kernel 6.12.1-cloud-amd64",
 		"=== RUN   TestA",
 		"=== RUN   TestA/ipv4",
@@ -19,8 +19,7 @@ func TestParseConsole(t *testing.T) {
 		"FAIL",
 		"DRAIND-KERNEL-RESULT /tests/x.test exit=1 seconds=3.0",
 		"DRAIND-KERNEL-DONE",
-	}, "\n")
-	r := parseConsole([]byte(console))
+	)
 	if r.kernel != "6.12.1-cloud-amd64" || !r.done || len(r.exits) != 1 || r.passed() != 1 {
 		t.Errorf("parsed %+v", r)
 	}
@@ -43,7 +42,7 @@ func TestParseConsole(t *testing.T) {
 // test run, named by its first report line and its panic line, and its
 // report kept; an ordinary run has none.
 func TestParseConsoleCrash(t *testing.T) {
-	console := strings.Join([]string{
+	r := parseLines(
 		"kernel 6.12.118+deb13-cloud-amd64",
 		"=== RUN   TestPrivilegedUDPPodIPPolicies",
 		"=== RUN   TestPrivilegedUDPPodIPPolicies/ipv4",
@@ -52,8 +51,7 @@ func TestParseConsoleCrash(t *testing.T) {
 		"[  170.982364] RIP: 0010:__kmalloc_node_noprof+0xd8/0x430",
 		"[  170.989919] Call Trace:",
 		"[  171.006207] Kernel panic - not syncing: Fatal exception in interrupt",
-	}, "\n")
-	r := parseConsole([]byte(console))
+	)
 	if want := "traps: PANIC: double fault, error_code: 0x0, then Fatal exception in interrupt"; r.panicked != want {
 		t.Errorf("panicked %q, want %q", r.panicked, want)
 	}
@@ -65,7 +63,7 @@ func TestParseConsoleCrash(t *testing.T) {
 	}
 	// A test that failed before the crash stays failed: the second boot
 	// runs it again, and must not hide it.
-	failedFirst := parseConsole([]byte(strings.Join([]string{
+	failedFirst := parseLines(
 		"kernel 6.12.118",
 		"=== RUN   TestA",
 		"    a_test.go:9: refused with EPERM",
@@ -74,13 +72,18 @@ func TestParseConsoleCrash(t *testing.T) {
 		"--- PASS: TestB (1.00s)",
 		"[  99.0] Oops: general protection fault: 0000 [#1] SMP",
 		"[  99.1] Kernel panic - not syncing: Fatal exception",
-	}, "\n")))
+	)
 	if f := failedFirst.failures(); failedFirst.panicked == "" || len(f) != 1 ||
 		!strings.HasPrefix(f[0], "TestA FAIL") || !strings.Contains(f[0], "refused with EPERM") {
 		t.Errorf("a crash after a failed test: panicked %q, failures %q", failedFirst.panicked, f)
 	}
-	ok := parseConsole([]byte("kernel 6.1.0\n=== RUN   TestA\n--- PASS: TestA (1.00s)\nDRAIND-KERNEL-DONE\n"))
+	ok := parseLines("kernel 6.1.0", "=== RUN   TestA", "--- PASS: TestA (1.00s)", "DRAIND-KERNEL-DONE", "")
 	if ok.panicked != "" || len(ok.crash) != 0 {
 		t.Errorf("a clean run parsed as crashed: %q %q", ok.panicked, ok.crash)
 	}
+}
+
+// parseLines parses a console made of these lines.
+func parseLines(lines ...string) result {
+	return parseConsole([]byte(strings.Join(lines, "\n")))
 }
