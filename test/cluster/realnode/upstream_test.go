@@ -23,6 +23,12 @@ import (
 
 // The upstream sig-network specs run here, and why the others do not, are
 // documented in docs/conformance.md; keep the two in step.
+//
+// This file's name sorts after the package's other test files, so the
+// suite runs last in realnode: the rollout tests before it are waiting on
+// grace periods most of the time and run beside the module's other
+// packages, and the suite, which keeps both cores busy, runs once most of
+// those packages are done instead of beside all of them.
 const (
 	conformanceFocus = `\[sig-network\] (Services|EndpointSlice|EndpointSliceMirroring|Conntrack|DNS|Connectivity|Networking Granular Checks)|\[sig-network\].*\[Conformance\]`
 	conformanceSkip  = `\[Disruptive\]|\[Flaky\]|\[Feature:|\[FeatureGate:|\[Alpha\]|\[Beta\]|\[Provider:|LoadBalancer|ESIPP|IPVS|` +
@@ -79,6 +85,12 @@ func TestConformanceSigNetwork(t *testing.T) {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Hour)
 	defer cancel()
+	// The suite runs in the mode the bed starts in, the mode
+	// withoutDraindFile was measured in, whichever mode the rollout tests
+	// before it left kube-proxy in.
+	if err := b.m.SetProxyMode(ctx, realnode.ProxyIPTables); err != nil {
+		t.Fatal(err)
+	}
 	prepareE2E(ctx, t, b.m, bins)
 	cfg := realnode.E2EConfig{Bins: bins, Kubectl: kube.Binaries(t).Path(kubebin.Kubectl), Focus: conformanceFocus, Skip: conformanceSkip, Procs: conformanceProcs}
 	times := readSpecTimes(t)
