@@ -275,6 +275,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 // entries of a registry-only drain it adopted, nor those of a pod that is
 // gone since (restart.go).
 func (d *Daemon) checkLeases(ctx context.Context) {
+	d.hosted.AdoptGone(d.clock.Now(), d.pinned.held)
 	d.modelMu.Lock()
 	d.podDrains(d.localPodsNow(), d.clock.Now())
 	d.modelMu.Unlock()

@@ -621,3 +621,93 @@ func TestRestartKeepsDepartureSeenByNoOne(t *testing.T) {
 		}
 	})
 }
+
+// TestRestartKeepsGoneLocalPod: a pod of this node is deleted and its
+// drain begins (its address rewritten to the Service); draind restarts,
+// and while none runs the pod drains, leaves its Service and is deleted.
+// The restarted draind finds its Lease and no pod of its UID on the node,
+// and keeps the pinned rewrite, lingering, as a pod of another node gone
+// while draind was down, until the Lease is deleted: a stale caller's
+// connection to the address never goes to the dead address.
+func TestRestartKeepsGoneLocalPod(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := localFixture(t)
+		h.putPod(h.deletingPod("pod-p0", "p0", "10.0.0.1"))
+		h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "p0"), onNode(ready("10.0.0.2", "p1"), "node-b")))
+		h.tick(0)
+		h.waitLeases(1)
+		const rewrite = "drain 10.0.0.1:8080/TCP rewrite [10.0.0.2:8080]"
+		// Draining, the pod still serves: its entries do not steer yet.
+		if got := normalized(mustDump(t, h.dp)); !strings.Contains(got, "drain 10.0.0.1:8080/TCP off") {
+			t.Fatalf("before the restart:\n%s", got)
+		}
+		// draind is down: the pod leaves its slice and its object goes.
+		h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(ready("10.0.0.2", "p1"), "node-b")))
+		h.deletePod("default", "pod-p0")
+
+		h2, ops := h.restartAndPass()
+		if got := normalized(mustDump(t, h.dp)); !strings.Contains(got, rewrite) {
+			t.Fatalf("after the restart:\n%s\nwant %q; operations:\n%s", got, rewrite, opsString(ops))
+		}
+		h2.pass()
+		if got := normalized(mustDump(t, h.dp)); !strings.Contains(got, rewrite) {
+			t.Fatalf("a pass after the restart:\n%s\nwant %q", got, rewrite)
+		}
+		if ps := h2.d.PodStatuses(); !slices.ContainsFunc(ps, func(p PodStatus) bool { return p.Local && p.State == StateGone && p.UID == "p0" }) {
+			t.Errorf("the pod is not gone, steered, after the restart: %+v", ps)
+		}
+		h2.deleteLease("p0") // draind undrain
+		h2.tick(0)
+		h2.pass()
+		if got := normalized(mustDump(t, h.dp)); strings.Contains(got, "10.0.0.1") {
+			t.Errorf("still steered after its Lease was deleted:\n%s", got)
+		}
+	})
+}
+
+// TestRestartGoneLocalPodLingersFromRestart: the drain of a pod of this
+// node gone while no draind ran ends --linger after the restart, and its
+// Lease is deleted then.
+func TestRestartGoneLocalPodLingersFromRestart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := localFixture(t, func(c *Config) { c.Linger = 20 * time.Second })
+		h.putPod(h.deletingPod("pod-p0", "p0", "10.0.0.1"))
+		h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "p0"), onNode(ready("10.0.0.2", "p1"), "node-b")))
+		h.tick(0)
+		h.waitLeases(1)
+		h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(ready("10.0.0.2", "p1"), "node-b")))
+		h.deletePod("default", "pod-p0")
+
+		h2, _ := h.restartAndPass()
+		const rewrite = "drain 10.0.0.1:8080/TCP rewrite [10.0.0.2:8080]"
+		h2.tick(10 * time.Second)
+		if got := normalized(mustDump(t, h.dp)); !strings.Contains(got, rewrite) {
+			t.Fatalf("10 s after the restart:\n%s\nwant %q", got, rewrite)
+		}
+		h2.tick(11 * time.Second)
+		h2.tick(0)
+		h2.waitLeases(0)
+		h2.pass()
+		if got := normalized(mustDump(t, h.dp)); strings.Contains(got, "10.0.0.1") {
+			t.Errorf("still steered after the linger:\n%s", got)
+		}
+	})
+}
+
+// TestRestartAdoptsOnlyHeldLeases: a Lease of this node for a pod it does
+// not have, whose addresses no pinned entry held (no draind here acted on
+// it), adopts nothing at a restart: nothing steers its address.
+func TestRestartAdoptsOnlyHeldLeases(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := localFixture(t)
+		h.lease("z", "default", "pod-z", testNode, k8s.ReasonOffline, time.Minute, "10.0.0.9")
+		h2, _ := h.restartAndPass()
+		h2.tick(0)
+		if got := normalized(mustDump(t, h.dp)); strings.Contains(got, "10.0.0.9") {
+			t.Errorf("a Lease no draind acted on steers after a restart:\n%s", got)
+		}
+		if ld := h2.hostedDrain("z"); ld != nil {
+			t.Errorf("adopted: %+v", ld)
+		}
+	})
+}

@@ -32,6 +32,13 @@ import (
 //     next, then lingers as if this draind had seen it leave, rewritten to
 //     the Service rather than refused as a pod no Service lists.
 //
+//   - a Lease of this node whose pod this node no longer has (it drained
+//     and was deleted while no draind ran here) becomes a gone drain of
+//     this node (hosted.Drains.AdoptGone) for the addresses the pinned
+//     entries held, steering or not yet: the pod's address lingers, and
+//     its pinned entries come back as a departure from its Service as
+//     above.
+//
 // Nothing outlives what the cluster still says: the Lease must exist (its
 // deletion ends both), another pod claiming the address ends them, and the
 // linger runs at most --linger from the restart. Leases of this node are
@@ -40,14 +47,17 @@ import (
 // pinnedSteering is what the pinned maps steered at start-up.
 type pinnedSteering struct {
 	addrs    map[netip.Addr]bool // addresses with an entry in force (policy not off)
+	held     map[netip.Addr]bool // addresses with an entry, in force or not yet (off)
 	rewrites []pinnedRewrite
 }
 
 // pinnedRewrite is a pinned entry rewriting key to the service-port whose
-// frontends were vips.
+// frontends were vips; off: the entry did not steer yet (a pod of this
+// node, draining and still serving its established connections).
 type pinnedRewrite struct {
 	key  bpf.EndpointKey
 	vips []bpf.EndpointKey
+	off  bool
 }
 
 // pinnedFrom reads what d steered at now.
@@ -56,14 +66,18 @@ func pinnedFrom(d *bpf.Dump, now time.Time) pinnedSteering {
 	for _, f := range d.Frontends {
 		vips[f.Service] = append(vips[f.Service], f.Key)
 	}
-	p := pinnedSteering{addrs: map[netip.Addr]bool{}}
+	p := pinnedSteering{addrs: map[netip.Addr]bool{}, held: map[netip.Addr]bool{}}
 	for _, dr := range d.Drains {
-		if dr.Policy == bpf.PolicyOff || !dr.Expires.After(now) {
+		if !dr.Expires.After(now) {
 			continue
 		}
-		p.addrs[dr.Key.Addr] = true
-		if dr.Policy == bpf.PolicyRewrite && dr.Key.Port != 0 && len(vips[dr.Service]) > 0 {
-			p.rewrites = append(p.rewrites, pinnedRewrite{key: dr.Key, vips: vips[dr.Service]})
+		p.held[dr.Key.Addr] = true
+		off := dr.Policy == bpf.PolicyOff
+		if !off {
+			p.addrs[dr.Key.Addr] = true
+		}
+		if (off || dr.Policy == bpf.PolicyRewrite) && dr.Key.Port != 0 && len(vips[dr.Service]) > 0 {
+			p.rewrites = append(p.rewrites, pinnedRewrite{key: dr.Key, vips: vips[dr.Service], off: off})
 		}
 	}
 	return p
@@ -79,7 +93,9 @@ func (d *Daemon) restoreDepartures(now time.Time) {
 			continue
 		}
 		for _, r := range d.pinned.rewrites {
-			if !slices.Contains(l.IPs, r.key.Addr) {
+			// An entry that did not steer yet comes back only for a pod
+			// of this node, whose drain this node decides (AdoptGone).
+			if !slices.Contains(l.IPs, r.key.Addr) || (r.off && l.Holder != d.cfg.Node) {
 				continue
 			}
 			svc, port, ok := d.serviceOfVIPs(l.PodNamespace, r.vips)

@@ -3,6 +3,7 @@ package hosted
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"slices"
 	"time"
 
@@ -197,6 +198,39 @@ func (l *Drains) ownLease(uid types.UID) *k8s.DrainLease {
 		}
 	}
 	return nil
+}
+
+// AdoptGone adopts, at start-up (before the first pass), this node's
+// unexpired drain Leases of pods this node no longer has: they drained and
+// were deleted while no draind ran here, so no drain here saw them go.
+// Only the IPs held (a previous draind's pinned entries for them, steering
+// or not yet) count: a Lease no draind here acted on adopts nothing. Each
+// becomes a gone drain at now: those IPs stay steered for --linger from
+// now, as if this draind had seen the pod go, and its Lease is deleted
+// when that ends (or at once if another pod claims an IP).
+func (l *Drains) AdoptGone(now time.Time, held map[netip.Addr]bool) {
+	leases := l.cfg.State.DrainLeases()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	pods := l.localPods().ByUID
+	for _, dl := range leases {
+		if dl.Holder != l.cfg.Node || pods[dl.PodUID] != nil || l.pods[dl.PodUID] != nil || !dl.Expires().After(now) {
+			continue
+		}
+		var ips []netip.Addr
+		for _, ip := range dl.IPs {
+			if held[ip] {
+				ips = append(ips, ip)
+			}
+		}
+		if len(ips) == 0 {
+			continue
+		}
+		l.pods[dl.PodUID] = &drain{uid: dl.PodUID, namespace: dl.PodNamespace, name: dl.PodName, ips: ips,
+			reason: dl.Reason, started: dl.Acquired, state: StateGone, goneAt: now, steerPodIP: true,
+			leaseSeen: true, published: true, lastRenew: dl.Renewed}
+		l.cfg.Log.Info("drain adopted", logKeyPod, dl.PodNamespace+"/"+dl.PodName, logKeyReason, dl.Reason, "state", StateGone)
+	}
 }
 
 // adopt takes over the drain of local pod p that this node's Lease dl
