@@ -986,10 +986,16 @@ func dumpMaps(m map[MapName]*ebpf.Map) (*Dump, error) {
 }
 
 // dumpRetries bounds how often dumpBackends starts a service-port over
-// because the daemon replaced its set while it was read; it waits a little
-// longer before each (the daemon replaces a set a few times a second at
-// most).
-const dumpRetries = 8
+// because the daemon replaced its set while it was read. It waits twice as
+// long before each (dumpBackoff, from 100 µs up to 10 ms, about 50 ms in
+// all): the daemon replaces a set a few times a second at most, and a read
+// that a loaded machine preempted mid-way is tried again after the burst.
+const dumpRetries = 12
+
+// dumpBackoff is the wait before read try (from 1) of a service-port.
+func dumpBackoff(try int) time.Duration {
+	return min(100*time.Microsecond<<(try-1), 10*time.Millisecond)
+}
 
 // dumpBackends reads the live backend set of service-port id, whose entry
 // read sv. A dump holds no lock against the daemon (`draind bpf dump` is
@@ -1013,7 +1019,7 @@ func dumpBackends(m map[MapName]*ebpf.Map, id uint32, sv steerSvcVal) (b Backend
 	}
 	for try := range dumpRetries {
 		if try > 0 {
-			time.Sleep(time.Duration(try) * 100 * time.Microsecond)
+			time.Sleep(dumpBackoff(try))
 			if sv, ok, err = entry(); !ok {
 				return Backends{}, false, err
 			}
