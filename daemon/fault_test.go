@@ -622,6 +622,26 @@ func TestRestartKeepsDepartureSeenByNoOne(t *testing.T) {
 	})
 }
 
+// goneLocalRewrite is the entry of goneWhileDown's pod once it is gone.
+const goneLocalRewrite = "drain 10.0.0.1:8080/TCP rewrite [10.0.0.2:8080]"
+
+// goneWhileDown: localFixture's pod p0 is deleted and drains (its Lease
+// published, its entries pinned, not steering yet: it still serves); then,
+// with h's draind taken as down, it leaves its slice and its object goes.
+func goneWhileDown(t *testing.T, h *harness) *harness {
+	t.Helper()
+	h.putPod(h.deletingPod("pod-p0", "p0", "10.0.0.1"))
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "p0"), onNode(ready("10.0.0.2", "p1"), "node-b")))
+	h.tick(0)
+	h.waitLeases(1)
+	if got := normalized(mustDump(t, h.dp)); !strings.Contains(got, "drain 10.0.0.1:8080/TCP off") {
+		t.Fatalf("the draining pod, before the restart:\n%s", got)
+	}
+	h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(ready("10.0.0.2", "p1"), "node-b")))
+	h.deletePod("default", "pod-p0")
+	return h
+}
+
 // TestRestartKeepsGoneLocalPod: a pod of this node is deleted and its
 // drain begins (its address rewritten to the Service); draind restarts,
 // and while none runs the pod drains, leaves its Service and is deleted.
@@ -631,27 +651,14 @@ func TestRestartKeepsDepartureSeenByNoOne(t *testing.T) {
 // connection to the address never goes to the dead address.
 func TestRestartKeepsGoneLocalPod(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		h := localFixture(t)
-		h.putPod(h.deletingPod("pod-p0", "p0", "10.0.0.1"))
-		h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "p0"), onNode(ready("10.0.0.2", "p1"), "node-b")))
-		h.tick(0)
-		h.waitLeases(1)
-		const rewrite = "drain 10.0.0.1:8080/TCP rewrite [10.0.0.2:8080]"
-		// Draining, the pod still serves: its entries do not steer yet.
-		if got := normalized(mustDump(t, h.dp)); !strings.Contains(got, "drain 10.0.0.1:8080/TCP off") {
-			t.Fatalf("before the restart:\n%s", got)
-		}
-		// draind is down: the pod leaves its slice and its object goes.
-		h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(ready("10.0.0.2", "p1"), "node-b")))
-		h.deletePod("default", "pod-p0")
-
+		h := goneWhileDown(t, localFixture(t))
 		h2, ops := h.restartAndPass()
-		if got := normalized(mustDump(t, h.dp)); !strings.Contains(got, rewrite) {
-			t.Fatalf("after the restart:\n%s\nwant %q; operations:\n%s", got, rewrite, opsString(ops))
+		if got := normalized(mustDump(t, h.dp)); !strings.Contains(got, goneLocalRewrite) {
+			t.Fatalf("after the restart:\n%s\nwant %q; operations:\n%s", got, goneLocalRewrite, opsString(ops))
 		}
 		h2.pass()
-		if got := normalized(mustDump(t, h.dp)); !strings.Contains(got, rewrite) {
-			t.Fatalf("a pass after the restart:\n%s\nwant %q", got, rewrite)
+		if got := normalized(mustDump(t, h.dp)); !strings.Contains(got, goneLocalRewrite) {
+			t.Fatalf("a pass after the restart:\n%s\nwant %q", got, goneLocalRewrite)
 		}
 		if ps := h2.d.PodStatuses(); !slices.ContainsFunc(ps, func(p PodStatus) bool { return p.Local && p.State == StateGone && p.UID == "p0" }) {
 			t.Errorf("the pod is not gone, steered, after the restart: %+v", ps)
@@ -670,19 +677,11 @@ func TestRestartKeepsGoneLocalPod(t *testing.T) {
 // Lease is deleted then.
 func TestRestartGoneLocalPodLingersFromRestart(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		h := localFixture(t, func(c *Config) { c.Linger = 20 * time.Second })
-		h.putPod(h.deletingPod("pod-p0", "p0", "10.0.0.1"))
-		h.putSlice(slice("web-1", "web", v4, httpPorts(8080), terminating("10.0.0.1", "p0"), onNode(ready("10.0.0.2", "p1"), "node-b")))
-		h.tick(0)
-		h.waitLeases(1)
-		h.putSlice(slice("web-1", "web", v4, httpPorts(8080), onNode(ready("10.0.0.2", "p1"), "node-b")))
-		h.deletePod("default", "pod-p0")
-
+		h := goneWhileDown(t, localFixture(t, func(c *Config) { c.Linger = 20 * time.Second }))
 		h2, _ := h.restartAndPass()
-		const rewrite = "drain 10.0.0.1:8080/TCP rewrite [10.0.0.2:8080]"
 		h2.tick(10 * time.Second)
-		if got := normalized(mustDump(t, h.dp)); !strings.Contains(got, rewrite) {
-			t.Fatalf("10 s after the restart:\n%s\nwant %q", got, rewrite)
+		if got := normalized(mustDump(t, h.dp)); !strings.Contains(got, goneLocalRewrite) {
+			t.Fatalf("10 s after the restart:\n%s\nwant %q", got, goneLocalRewrite)
 		}
 		h2.tick(11 * time.Second)
 		h2.tick(0)
