@@ -41,8 +41,10 @@ import (
 //
 // Nothing outlives what the cluster still says: the Lease must exist (its
 // deletion ends both), another pod claiming the address ends them, and the
-// linger runs at most --linger from the restart. Leases of this node are
-// not inherited: this node's own pods confirm them.
+// linger runs at most --linger from the restart. The Lease check does not
+// inherit Leases of this node (lease.Trust.Inherit): this node's own pods
+// confirm them, and those of its gone pods come back as its own gone
+// drains (AdoptGone, above).
 
 // pinnedSteering is what the pinned maps steered at start-up.
 type pinnedSteering struct {
