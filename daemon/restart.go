@@ -30,8 +30,7 @@ import (
 //     departure of that Service, the way a vanished endpoint does
 //     (sockets_vanish.go): it drains in the first pass and departs from the
 //     next, then lingers as if this draind had seen it leave, rewritten to
-//     the Service rather than refused as a pod no Service lists.
-//
+//     the Service rather than refused as a pod no Service lists;
 //   - a Lease of this node whose pod this node no longer has (it drained
 //     and was deleted while no draind ran here) becomes a gone drain of
 //     this node (hosted.Drains.AdoptGone) for the addresses the pinned
@@ -39,12 +38,13 @@ import (
 //     its pinned entries come back as a departure from its Service as
 //     above.
 //
-// Nothing outlives what the cluster still says: the Lease must exist (its
-// deletion ends both), another pod claiming the address ends them, and the
-// linger runs at most --linger from the restart. The Lease check does not
-// inherit Leases of this node (lease.Trust.Inherit): this node's own pods
-// confirm them, and those of its gone pods come back as its own gone
-// drains (AdoptGone, above).
+// Nothing outlives what the cluster still says: the Lease must exist
+// (its deletion ends both), another pod claiming the address ends
+// them, and the linger runs at most --linger from the restart.
+// The Lease check does not inherit Leases of this node
+// (lease.Trust.Inherit): this node's own pods confirm them, and the
+// Leases of its gone pods come back as its own gone drains
+// (AdoptGone, above).
 
 // pinnedSteering is what the pinned maps steered at start-up.
 type pinnedSteering struct {
